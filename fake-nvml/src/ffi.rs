@@ -1,0 +1,229 @@
+//! NVML's C types and the plumbing every exported call shares.
+
+use std::ffi::{c_char, c_uint, c_ulonglong, c_void, CStr};
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::panic::{self, AssertUnwindSafe};
+use std::{env, ptr};
+
+use crate::scenario::{Error, Gpu, Process, Scenario};
+
+/// Environment variable naming the file that records each call.
+const CALL_LOG_ENV: &str = "FAKE_NVML_CALL_LOG";
+
+/// `nvmlReturn_t`.
+pub type Return = c_uint;
+
+/// `NVML_SUCCESS`.
+const SUCCESS: Return = 0;
+
+/// `nvmlDevice_t`: an opaque handle that encodes the device index.
+pub type Device = *mut c_void;
+
+/// `NVML_VALUE_NOT_AVAILABLE` as it appears in a 64-bit usage field.
+const VALUE_NOT_AVAILABLE: c_ulonglong = c_ulonglong::MAX;
+
+/// `nvmlProcessInfo_t` marker for "no MIG instance".
+const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
+
+/// `nvmlPciInfo_t`.
+#[repr(C)]
+pub struct PciInfo {
+    /// `busIdLegacy`
+    pub bus_id_legacy: [c_char; 16],
+    /// `domain`
+    pub domain: c_uint,
+    /// `bus`
+    pub bus: c_uint,
+    /// `device`
+    pub device: c_uint,
+    /// `pciDeviceId`
+    pub pci_device_id: c_uint,
+    /// `pciSubSystemId`
+    pub pci_sub_system_id: c_uint,
+    /// `busId`
+    pub bus_id: [c_char; 32],
+}
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+pub struct Memory {
+    /// `total`
+    pub total: c_ulonglong,
+    /// `free`
+    pub free: c_ulonglong,
+    /// `used`, which in this version includes the reserved memory.
+    pub used: c_ulonglong,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct MemoryV2 {
+    /// `version`, set by the caller.
+    pub version: c_uint,
+    /// `total`
+    pub total: c_ulonglong,
+    /// `reserved`
+    pub reserved: c_ulonglong,
+    /// `free`
+    pub free: c_ulonglong,
+    /// `used`
+    pub used: c_ulonglong,
+}
+
+/// `nvmlProcessInfo_t` (the v2 layout the `_v3` calls fill).
+#[repr(C)]
+pub struct ProcessInfo {
+    /// `pid`
+    pub pid: c_uint,
+    /// `usedGpuMemory`
+    pub used_gpu_memory: c_ulonglong,
+    /// `gpuInstanceId`
+    pub gpu_instance_id: c_uint,
+    /// `computeInstanceId`
+    pub compute_instance_id: c_uint,
+}
+
+impl From<&Process> for ProcessInfo {
+    fn from(process: &Process) -> Self {
+        Self {
+            pid: process.pid,
+            used_gpu_memory: process.used_bytes.unwrap_or(VALUE_NOT_AVAILABLE),
+            gpu_instance_id: NO_INSTANCE,
+            compute_instance_id: NO_INSTANCE,
+        }
+    }
+}
+
+/// The handle for device `index`; offset by one so that no handle is null.
+pub fn handle(index: usize) -> Device {
+    ptr::without_provenance_mut(index + 1)
+}
+
+/// The device index a handle encodes (still to be checked against the scenario).
+fn index_of(device: Device) -> Result<usize, Error> {
+    device.addr().checked_sub(1).ok_or(Error::InvalidArg)
+}
+
+/// Runs the body of exported call `symbol`: logs it and turns its outcome, or a
+/// panic, into a return code, since unwinding into C would abort the exporter.
+pub fn call(symbol: &str, body: impl FnOnce() -> Result<(), Error>) -> Return {
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+        log_call(symbol);
+        body()
+    }));
+    match outcome {
+        Ok(Ok(())) => SUCCESS,
+        Ok(Err(err)) => err as Return,
+        Err(_) => Error::Unknown as Return,
+    }
+}
+
+/// Like [`call`], for a call on one device: resolves the handle against the current
+/// scenario and plays that device's delay and injected error first.
+pub fn device_call(
+    symbol: &str,
+    device: Device,
+    body: impl FnOnce(usize, &Gpu) -> Result<(), Error>,
+) -> Return {
+    call(symbol, || {
+        let scenario = Scenario::load()?;
+        let index = index_of(device)?;
+        let gpu = scenario.gpu(index)?;
+        gpu.enter(symbol)?;
+        body(index, gpu)
+    })
+}
+
+/// Appends `symbol` to the call log, if one is configured.
+fn log_call(symbol: &str) {
+    let Some(path) = env::var_os(CALL_LOG_ENV) else {
+        return;
+    };
+    if let Ok(mut file) = OpenOptions::new().create(true).append(true).open(path) {
+        // One write of the whole line: with O_APPEND, lines from concurrent calls
+        // (or processes) never interleave. A failing log must not fail the call.
+        let _ = file.write_all(format!("{symbol}\n").as_bytes());
+    }
+}
+
+/// Copies `text` and a terminating NUL into the C buffer `dst` of `capacity` bytes.
+///
+/// # Safety
+/// `dst` is null or valid for writes of `capacity` bytes.
+pub unsafe fn write_c_str(dst: *mut c_char, capacity: usize, text: &[u8]) -> Result<(), Error> {
+    if dst.is_null() {
+        return Err(Error::InvalidArg);
+    }
+    if text.len() >= capacity {
+        return Err(Error::InsufficientSize);
+    }
+    // SAFETY: the caller guarantees `capacity` bytes, and `text` plus NUL fits in them.
+    unsafe {
+        ptr::copy_nonoverlapping(text.as_ptr().cast(), dst, text.len());
+        dst.add(text.len()).write(0);
+    }
+    Ok(())
+}
+
+/// `text` as a NUL-terminated C array, or `InsufficientSize` when it does not fit.
+pub fn c_array<const N: usize>(text: &[u8]) -> Result<[c_char; N], Error> {
+    if text.len() >= N {
+        return Err(Error::InsufficientSize);
+    }
+    let mut array = [0; N];
+    for (dst, &byte) in array.iter_mut().zip(text) {
+        *dst = byte as c_char;
+    }
+    Ok(array)
+}
+
+/// Fills a caller's process array with NVML's two-step contract: a `count` too
+/// small gets `InsufficientSize` and the count needed.
+///
+/// # Safety
+/// `infos` is null or valid for writes of `*count` entries.
+pub unsafe fn write_processes(
+    processes: &[Process],
+    count: Option<&mut c_uint>,
+    infos: *mut ProcessInfo,
+) -> Result<(), Error> {
+    let count = count.ok_or(Error::InvalidArg)?;
+    let needed = c_uint::try_from(processes.len()).map_err(|_| Error::Unknown)?;
+    let room = *count;
+    *count = needed;
+    if room < needed {
+        return Err(Error::InsufficientSize);
+    }
+    if needed == 0 {
+        return Ok(());
+    }
+    if infos.is_null() {
+        return Err(Error::InvalidArg);
+    }
+    for (i, process) in processes.iter().enumerate() {
+        // SAFETY: i < needed <= room, the entries the caller vouched for; `write`
+        // because nvml-wrapper's MPS path hands over uninitialised memory.
+        unsafe { infos.add(i).write(process.into()) };
+    }
+    Ok(())
+}
+
+/// NVML's description of a return code.
+pub fn message(code: Return) -> &'static CStr {
+    match code {
+        SUCCESS => c"Success",
+        1 => c"Uninitialized",
+        2 => c"Invalid Argument",
+        3 => c"Not Supported",
+        4 => c"Insufficient Permissions",
+        6 => c"Not Found",
+        7 => c"Insufficient Size",
+        9 => c"Driver Not Loaded",
+        10 => c"Timeout",
+        15 => c"GPU is lost",
+        16 => c"GPU requires reset",
+        18 => c"RM has detected an NVML/RM version mismatch",
+        _ => c"Unknown Error",
+    }
+}

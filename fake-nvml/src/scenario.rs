@@ -1,0 +1,170 @@
+//! The JSON scenario file the fake answers from (format in docs/fake-nvml.md).
+
+use std::collections::HashMap;
+use std::io::ErrorKind;
+use std::{env, fs, thread, time::Duration};
+
+use serde::Deserialize;
+
+/// Environment variable naming the scenario file.
+const SCENARIO_ENV: &str = "FAKE_NVML_SCENARIO";
+
+/// An NVML error code, named in scenario files as in nvml-wrapper's `NvmlError`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum Error {
+    /// `NVML_ERROR_UNINITIALIZED`
+    Uninitialized = 1,
+    /// `NVML_ERROR_INVALID_ARGUMENT`
+    InvalidArg = 2,
+    /// `NVML_ERROR_NOT_SUPPORTED`
+    NotSupported = 3,
+    /// `NVML_ERROR_NO_PERMISSION`
+    NoPermission = 4,
+    /// `NVML_ERROR_NOT_FOUND`
+    NotFound = 6,
+    /// `NVML_ERROR_INSUFFICIENT_SIZE`
+    InsufficientSize = 7,
+    /// `NVML_ERROR_DRIVER_NOT_LOADED`
+    DriverNotLoaded = 9,
+    /// `NVML_ERROR_TIMEOUT`
+    Timeout = 10,
+    /// `NVML_ERROR_GPU_IS_LOST`
+    GpuLost = 15,
+    /// `NVML_ERROR_RESET_REQUIRED`
+    ResetRequired = 16,
+    /// `NVML_ERROR_LIB_RM_VERSION_MISMATCH`
+    LibRmVersionMismatch = 18,
+    /// `NVML_ERROR_UNKNOWN`
+    Unknown = 999,
+}
+
+/// The whole simulated machine.
+// Unknown fields are rejected so that a misspelt key fails loudly instead of being ignored.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// What `nvmlInit_v2` returns instead of success.
+    #[serde(default)]
+    pub init_error: Option<Error>,
+    /// What `nvmlSystemGetDriverVersion` answers.
+    pub driver_version: String,
+    /// The devices, in index order.
+    pub gpus: Vec<Gpu>,
+}
+
+/// One simulated device.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    /// The device UUID, `GPU-...`.
+    pub uuid: String,
+    /// The product name.
+    pub name: String,
+    /// Raw name bytes that override `name`, to send invalid UTF-8.
+    #[serde(default)]
+    pub name_bytes: Option<Vec<u8>>,
+    /// The PCI bus id, `DDDDDDDD:BB:DD.F` in hex.
+    pub pci_bus_id: String,
+    /// The minor number of `/dev/nvidiaN`.
+    pub minor: u32,
+    /// Framebuffer memory.
+    pub memory: Memory,
+    /// Processes with a compute context.
+    #[serde(default)]
+    pub compute_processes: Vec<Process>,
+    /// Processes with a graphics context.
+    #[serde(default)]
+    pub graphics_processes: Vec<Process>,
+    /// Processes running through MPS.
+    #[serde(default)]
+    pub mps_processes: Vec<Process>,
+    /// Per exported symbol, the error that call returns for this device.
+    #[serde(default)]
+    pub errors: HashMap<String, Error>,
+    /// Per exported symbol, how long that call sleeps first.
+    #[serde(default)]
+    pub delays_ms: HashMap<String, u64>,
+}
+
+/// Framebuffer memory in bytes, split as `nvmlMemory_v2_t` does.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Memory {
+    /// Installed memory.
+    pub total: u64,
+    /// Memory the driver keeps for itself.
+    pub reserved: u64,
+    /// Memory allocated by processes.
+    pub used: u64,
+    /// Free memory; derived from the others when absent.
+    #[serde(default)]
+    pub free: Option<u64>,
+}
+
+/// One process holding a context on a device.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Process {
+    /// The process id.
+    pub pid: u32,
+    /// Its memory usage; `None` when NVML cannot tell.
+    pub used_bytes: Option<u64>,
+}
+
+impl Scenario {
+    /// Reads the scenario file afresh, so tests can change it between two calls.
+    pub fn load() -> Result<Self, Error> {
+        let path = env::var_os(SCENARIO_ENV).ok_or(Error::Unknown)?;
+        let text = fs::read(&path).map_err(|err| {
+            // A missing file is a legitimate "no driver" scenario; anything else is a test bug.
+            if err.kind() != ErrorKind::NotFound {
+                eprintln!("fake-nvml: cannot read {}: {err}", path.to_string_lossy());
+            }
+            Error::Unknown
+        })?;
+        serde_json::from_slice(&text).map_err(|err| {
+            eprintln!("fake-nvml: cannot parse {}: {err}", path.to_string_lossy());
+            Error::Unknown
+        })
+    }
+
+    /// The device at `index`, or `InvalidArg` past the end.
+    pub fn gpu(&self, index: usize) -> Result<&Gpu, Error> {
+        self.gpus.get(index).ok_or(Error::InvalidArg)
+    }
+}
+
+impl Gpu {
+    /// Plays this device's delay and injected error for the call `symbol`.
+    pub fn enter(&self, symbol: &str) -> Result<(), Error> {
+        if let Some(&ms) = self.delays_ms.get(symbol) {
+            thread::sleep(Duration::from_millis(ms));
+        }
+        self.errors.get(symbol).map_or(Ok(()), |&err| Err(err))
+    }
+
+    /// The name as sent to the caller.
+    pub fn name_bytes(&self) -> &[u8] {
+        self.name_bytes.as_deref().unwrap_or(self.name.as_bytes())
+    }
+
+    /// Domain, bus and device numbers parsed from the bus id, if it is well formed.
+    pub fn pci_location(&self) -> Option<(u32, u32, u32)> {
+        let hex = |s: &str| u32::from_str_radix(s, 16).ok();
+        let (domain, rest) = self.pci_bus_id.split_once(':')?;
+        let (bus, rest) = rest.split_once(':')?;
+        let (device, _function) = rest.split_once('.')?;
+        Some((hex(domain)?, hex(bus)?, hex(device)?))
+    }
+}
+
+impl Memory {
+    /// Free memory, as given or as what the driver and processes leave.
+    pub fn free(&self) -> u64 {
+        self.free.unwrap_or_else(|| {
+            self.total
+                .saturating_sub(self.reserved)
+                .saturating_sub(self.used)
+        })
+    }
+}

@@ -1,0 +1,378 @@
+//! Loads the built library through nvml-wrapper, exactly as the exporter does.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+use std::{env, fs, process};
+
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::{MemoryInfo, ProcessInfo};
+use nvml_wrapper::Nvml;
+use nvml_wrapper_sys::bindings::*;
+use serde_json::{json, Value};
+
+/// Serialises the tests: the fake reads its configuration from the process environment.
+static ENV: Mutex<()> = Mutex::new(());
+
+/// The library cargo built next to this test binary.
+fn library() -> PathBuf {
+    let exe = env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps folder");
+    [deps, deps.parent().expect("profile folder")]
+        .iter()
+        .map(|dir| dir.join("libfake_nvml.so"))
+        .find(|lib| lib.exists())
+        .expect("libfake_nvml.so is built along with the tests")
+}
+
+/// One test's scenario file and call log, holding the environment for the test's duration.
+struct Fake {
+    dir: PathBuf,
+    _env: MutexGuard<'static, ()>,
+}
+
+impl Fake {
+    /// Takes the environment and starts a scenario in a fresh folder.
+    fn new(name: &str, scenario: &Value) -> Self {
+        let guard = ENV.lock().unwrap_or_else(PoisonError::into_inner);
+        let dir = env::temp_dir().join(format!("fake-nvml-{}-{name}", process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        env::set_var("FAKE_NVML_SCENARIO", dir.join("scenario.json"));
+        env::remove_var("FAKE_NVML_CALL_LOG");
+        let fake = Self { dir, _env: guard };
+        fake.write(scenario);
+        fake
+    }
+
+    /// Replaces the scenario the way the exporter's tests do: write aside, then rename.
+    fn write(&self, scenario: &Value) {
+        self.write_raw(&scenario.to_string());
+    }
+
+    /// Replaces the scenario with text that need not be valid JSON.
+    fn write_raw(&self, text: &str) {
+        let tmp = self.dir.join("scenario.json.tmp");
+        fs::write(&tmp, text).unwrap();
+        fs::rename(&tmp, self.dir.join("scenario.json")).unwrap();
+    }
+
+    /// Takes the scenario away, as on a machine without the driver.
+    fn remove(&self) {
+        fs::remove_file(self.dir.join("scenario.json")).unwrap();
+    }
+
+    /// Starts the call log and returns its path.
+    fn log_calls(&self) -> PathBuf {
+        let log = self.dir.join("calls.log");
+        env::set_var("FAKE_NVML_CALL_LOG", &log);
+        log
+    }
+
+    /// Loads the library as the exporter does.
+    fn init(&self) -> Result<Nvml, NvmlError> {
+        Nvml::builder().lib_path(library().as_os_str()).init()
+    }
+
+    /// Loads the library, expecting success.
+    fn nvml(&self) -> Nvml {
+        self.init().expect("init")
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A healthy idle H200 at `index`.
+fn gpu(index: u32) -> Value {
+    json!({
+        "uuid": format!("GPU-6f1c2a51-0000-0000-0000-00000000000{index}"),
+        "name": "NVIDIA H200",
+        "pci_bus_id": format!("00000000:{:02X}:00.0", 0x19 + index),
+        "minor": index,
+        "memory": { "total": 150_754_820_096_u64, "reserved": 644_939_776, "used": 9_238_806_528_u64 },
+    })
+}
+
+/// A scenario with these GPUs.
+fn machine(gpus: Vec<Value>) -> Value {
+    json!({ "driver_version": "580.159.04", "gpus": gpus })
+}
+
+/// A process entry; `None` for unknown usage.
+fn process(pid: u32, used_bytes: Option<u64>) -> Value {
+    json!({ "pid": pid, "used_bytes": used_bytes })
+}
+
+/// The fields of a process entry the fake controls.
+fn used(info: &ProcessInfo) -> (u32, UsedGpuMemory) {
+    (info.pid, info.used_gpu_memory.clone())
+}
+
+#[test]
+fn devices_have_their_identity() {
+    let fake = Fake::new("identity", &machine(vec![gpu(0), gpu(1)]));
+    let nvml = fake.nvml();
+
+    assert_eq!(nvml.sys_driver_version().unwrap(), "580.159.04");
+    assert_eq!(nvml.device_count().unwrap(), 2);
+    let device = nvml.device_by_index(1).unwrap();
+    assert_eq!(device.index().unwrap(), 1);
+    assert_eq!(
+        device.uuid().unwrap(),
+        "GPU-6f1c2a51-0000-0000-0000-000000000001"
+    );
+    assert_eq!(device.name().unwrap(), "NVIDIA H200");
+    assert_eq!(device.minor_number().unwrap(), 1);
+    let pci = device.pci_info().unwrap();
+    assert_eq!(pci.bus_id, "00000000:1A:00.0");
+    assert_eq!((pci.domain, pci.bus, pci.device), (0, 0x1a, 0));
+    assert!(matches!(
+        nvml.device_by_index(2),
+        Err(NvmlError::InvalidArg)
+    ));
+}
+
+#[test]
+fn name_bytes_can_be_invalid_utf8() {
+    let mut bad = gpu(0);
+    bad["name_bytes"] = json!([0x4e, 0xff, 0x56]);
+    let fake = Fake::new("name-bytes", &machine(vec![bad]));
+    let nvml = fake.nvml();
+
+    let name = nvml.device_by_index(0).unwrap().name();
+    assert!(matches!(name, Err(NvmlError::Utf8Error(_))), "{name:?}");
+}
+
+#[test]
+fn memory_v2_reports_reserved_apart() {
+    let mut given_free = gpu(1);
+    given_free["memory"]["free"] = json!(42);
+    let fake = Fake::new("memory", &machine(vec![gpu(0), given_free]));
+    let nvml = fake.nvml();
+
+    let derived = nvml.device_by_index(0).unwrap().memory_info().unwrap();
+    let MemoryInfo {
+        total,
+        reserved,
+        used,
+        free,
+        ..
+    } = derived;
+    assert_eq!(
+        (total, reserved, used),
+        (150_754_820_096, 644_939_776, 9_238_806_528)
+    );
+    assert_eq!(free, total - reserved - used);
+    assert_eq!(
+        nvml.device_by_index(1).unwrap().memory_info().unwrap().free,
+        42
+    );
+}
+
+#[test]
+fn process_lists_survive_the_two_step_protocol() {
+    let mut busy = gpu(0);
+    // More than the 5 entries of headroom nvml-wrapper adds to the count it was told.
+    busy["compute_processes"] = (1..=7)
+        .map(|pid| process(pid, Some(pid as u64 * 1000)))
+        .collect();
+    busy["compute_processes"][3] = process(4, None);
+    busy["mps_processes"] = json!([process(90, Some(1)), process(91, Some(2))]);
+    let fake = Fake::new("processes", &machine(vec![busy]));
+    let nvml = fake.nvml();
+    let device = nvml.device_by_index(0).unwrap();
+
+    assert_eq!(device.running_compute_processes_count().unwrap(), 7);
+    let compute = device.running_compute_processes().unwrap();
+    assert_eq!(compute.len(), 7);
+    assert_eq!(used(&compute[0]), (1, UsedGpuMemory::Used(1000)));
+    assert_eq!(used(&compute[3]), (4, UsedGpuMemory::Unavailable));
+    assert_eq!(used(&compute[6]), (7, UsedGpuMemory::Used(7000)));
+    assert_eq!(compute[0].gpu_instance_id, None);
+    assert_eq!(compute[0].compute_instance_id, None);
+
+    assert!(device.running_graphics_processes().unwrap().is_empty());
+    assert_eq!(device.running_graphics_processes_count().unwrap(), 0);
+    let mps: Vec<_> = device
+        .mps_running_compute_processes()
+        .unwrap()
+        .iter()
+        .map(used)
+        .collect();
+    assert_eq!(
+        mps,
+        [(90, UsedGpuMemory::Used(1)), (91, UsedGpuMemory::Used(2))]
+    );
+}
+
+#[test]
+fn injected_errors_hit_one_call_of_one_device() {
+    let mut lost = gpu(1);
+    lost["errors"] = json!({ "nvmlDeviceGetMemoryInfo_v2": "GpuLost" });
+    let fake = Fake::new("errors", &machine(vec![gpu(0), lost]));
+    let nvml = fake.nvml();
+
+    assert!(nvml.device_by_index(0).unwrap().memory_info().is_ok());
+    let device = nvml.device_by_index(1).unwrap();
+    assert!(matches!(device.memory_info(), Err(NvmlError::GpuLost)));
+    assert!(device.uuid().is_ok());
+}
+
+#[test]
+fn the_documented_example_is_served_as_described() {
+    let doc =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/fake-nvml.md"));
+    let doc = doc.expect("docs/fake-nvml.md");
+    let example = doc
+        .split("```json")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next());
+    let fake = Fake::new("doc", &machine(vec![]));
+    fake.write_raw(example.expect("a json block"));
+    let nvml = fake.nvml();
+    let device = nvml.device_by_index(0).unwrap();
+
+    let started = Instant::now();
+    assert!(matches!(device.memory_info(), Err(NvmlError::GpuLost)));
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    let compute = device.running_compute_processes().unwrap();
+    assert_eq!(
+        compute.iter().map(used).collect::<Vec<_>>(),
+        [(432, UsedGpuMemory::Used(9_229_565_952))]
+    );
+}
+
+#[test]
+fn init_fails_as_the_scenario_says() {
+    let mut scenario = machine(vec![gpu(0)]);
+    scenario["init_error"] = json!("LibRmVersionMismatch");
+    let fake = Fake::new("init", &scenario);
+    assert!(matches!(fake.init(), Err(NvmlError::LibRmVersionMismatch)));
+
+    fake.write_raw("{ not json");
+    assert!(matches!(fake.init(), Err(NvmlError::DriverNotLoaded)));
+    fake.remove();
+    assert!(matches!(fake.init(), Err(NvmlError::DriverNotLoaded)));
+
+    fake.write(&machine(vec![gpu(0)]));
+    let nvml = fake.nvml();
+    fake.remove();
+    assert!(matches!(nvml.device_count(), Err(NvmlError::Unknown)));
+}
+
+#[test]
+fn a_rewritten_scenario_shows_on_the_next_call() {
+    let fake = Fake::new("rewrite", &machine(vec![gpu(0)]));
+    let nvml = fake.nvml();
+    let device = nvml.device_by_index(0).unwrap();
+    assert_eq!(device.memory_info().unwrap().used, 9_238_806_528);
+    assert!(device.running_compute_processes().unwrap().is_empty());
+
+    let mut changed = gpu(0);
+    changed["memory"]["used"] = json!(1);
+    changed["compute_processes"] = json!([process(7, Some(1))]);
+    fake.write(&machine(vec![changed, gpu(1)]));
+    assert_eq!(device.memory_info().unwrap().used, 1);
+    assert_eq!(device.running_compute_processes().unwrap().len(), 1);
+    assert_eq!(nvml.device_count().unwrap(), 2);
+}
+
+#[test]
+fn every_call_is_logged_by_symbol_name() {
+    let mut busy = gpu(0);
+    busy["compute_processes"] = json!([process(1, None)]);
+    let fake = Fake::new("log", &machine(vec![busy]));
+    let log = fake.log_calls();
+    {
+        let nvml = fake.nvml();
+        let device = nvml.device_by_index(0).unwrap();
+        device.memory_info().unwrap();
+        device.running_compute_processes().unwrap();
+        device.running_graphics_processes().unwrap();
+    }
+
+    let expected = [
+        "nvmlInit_v2",
+        // nvml-wrapper asks for the driver version inside init.
+        "nvmlSystemGetDriverVersion",
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetMemoryInfo_v2",
+        // Once for the count, once for the list.
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        // An empty list needs only the count.
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlShutdown",
+    ];
+    assert_eq!(
+        fs::read_to_string(log).unwrap().lines().collect::<Vec<_>>(),
+        expected
+    );
+}
+
+/// What nvml-wrapper does not expose, called through its own raw bindings.
+#[test]
+fn raw_calls_follow_nvml_contracts() {
+    let mut busy = gpu(0);
+    busy["compute_processes"] = json!([process(1, None), process(2, Some(5)), process(3, Some(6))]);
+    let _fake = Fake::new("raw", &machine(vec![busy]));
+    let lib = unsafe { NvmlLib::new(library()) }.unwrap();
+    unsafe {
+        assert_eq!(lib.nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
+        let mut device: nvmlDevice_t = std::ptr::null_mut();
+        assert_eq!(
+            lib.nvmlDeviceGetHandleByIndex_v2(0, &mut device),
+            nvmlReturn_enum_NVML_SUCCESS
+        );
+
+        let mut v1 = nvmlMemory_t {
+            total: 0,
+            free: 0,
+            used: 0,
+        };
+        assert_eq!(
+            lib.nvmlDeviceGetMemoryInfo(device, &mut v1),
+            nvmlReturn_enum_NVML_SUCCESS
+        );
+        assert_eq!(v1.used, 644_939_776 + 9_238_806_528);
+        assert_eq!(v1.free, 150_754_820_096 - 644_939_776 - 9_238_806_528);
+
+        let empty = nvmlProcessInfo_t {
+            pid: 0,
+            usedGpuMemory: 0,
+            gpuInstanceId: 0,
+            computeInstanceId: 0,
+        };
+        let mut infos = [empty; 3];
+        let mut count = 2;
+        let listed =
+            lib.nvmlDeviceGetComputeRunningProcesses_v3(device, &mut count, infos.as_mut_ptr());
+        assert_eq!(
+            (listed, count),
+            (nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, 3)
+        );
+        let listed =
+            lib.nvmlDeviceGetComputeRunningProcesses_v3(device, &mut count, infos.as_mut_ptr());
+        assert_eq!((listed, count), (nvmlReturn_enum_NVML_SUCCESS, 3));
+        assert_eq!(infos[0].usedGpuMemory, NVML_VALUE_NOT_AVAILABLE as u64);
+        assert_eq!(infos[2].gpuInstanceId, 0xFFFF_FFFF);
+
+        let mut short = [0; 8];
+        let uuid = lib.nvmlDeviceGetUUID(device, short.as_mut_ptr(), short.len() as u32);
+        assert_eq!(uuid, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+        let mut minor = 0;
+        let stale = lib.nvmlDeviceGetMinorNumber(std::ptr::without_provenance_mut(7), &mut minor);
+        assert_eq!(stale, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        let null = lib.nvmlDeviceGetMinorNumber(device, std::ptr::null_mut());
+        assert_eq!(null, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+
+        let lost =
+            std::ffi::CStr::from_ptr(lib.nvmlErrorString(nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST));
+        assert_eq!(lost.to_str().unwrap(), "GPU is lost");
+        assert_eq!(lib.nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
+    }
+}
