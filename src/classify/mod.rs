@@ -1,0 +1,446 @@
+//! Pure functions from one [`Observation`] to a verdict per GPU: who owns the memory, in
+//! which state, and how much of it no live process owns. Nothing here touches the system.
+
+use crate::observe::{
+    DeviceFiles, GpuError, GpuState, Holder, MemoryReading, NvmlProcess, NvmlReading, Observation,
+    ProcessLookup,
+};
+use serde::Serialize;
+use std::collections::BTreeSet;
+
+#[cfg(test)]
+mod tests;
+
+/// Tunables of the classification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Bytes per listed context that the driver uses without charging any process
+    /// (measured: about 9 MiB per context on an H200); below this, used memory that no
+    /// process is charged for is noise, not an orphan.
+    pub context_overhead_bytes: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            context_overhead_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// Where an owner of GPU memory stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OwnerState {
+    /// Alive and schedulable (`R`, `S`, `I`).
+    Running,
+    /// Stopped by a signal or a tracer (`T`, `t`).
+    Stopped,
+    /// In uninterruptible sleep (`D`), typically inside the driver.
+    Uninterruptible,
+    /// Main thread is a zombie while other threads still hold the device.
+    Zombie,
+    /// No live process: the PID is gone or now belongs to a process without the device.
+    Gone,
+    /// Exists but `/proc` would not tell us enough to decide.
+    Unknown,
+}
+
+impl OwnerState {
+    /// Every state, in the order metrics list them.
+    pub const ALL: [OwnerState; 6] = [
+        OwnerState::Running,
+        OwnerState::Stopped,
+        OwnerState::Uninterruptible,
+        OwnerState::Zombie,
+        OwnerState::Gone,
+        OwnerState::Unknown,
+    ];
+
+    /// The label value used in metrics and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnerState::Running => "running",
+            OwnerState::Stopped => "stopped",
+            OwnerState::Uninterruptible => "uninterruptible",
+            OwnerState::Zombie => "zombie",
+            OwnerState::Gone => "gone",
+            OwnerState::Unknown => "unknown",
+        }
+    }
+
+    /// The state of a live process from its `/proc/PID/stat` letter.
+    pub fn from_proc_letter(letter: char) -> OwnerState {
+        match letter {
+            'T' | 't' => OwnerState::Stopped,
+            'D' => OwnerState::Uninterruptible,
+            'Z' => OwnerState::Zombie,
+            'X' | 'x' => OwnerState::Gone,
+            _ => OwnerState::Running,
+        }
+    }
+}
+
+/// Why unattributed memory is or is not called orphaned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnattributedTrust {
+    /// We see every process and every live owner's usage: the remainder is orphaned.
+    Counted,
+    /// Not in the host PID namespace: NVML hides foreign processes, so the remainder proves nothing.
+    Blind,
+    /// A live owner's usage is unavailable: the remainder may be that owner's memory.
+    UsageUnavailable,
+}
+
+/// One process NVML charges memory to, with its verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Owner {
+    /// Process id as NVML reports it.
+    pub pid: u32,
+    /// Command name, when the process exists.
+    pub comm: Option<String>,
+    /// Parent PID, when the process exists.
+    pub ppid: Option<u32>,
+    /// The verdict.
+    pub state: OwnerState,
+    /// Bytes NVML charges it, `None` when NVML cannot say.
+    pub used_bytes: Option<u64>,
+}
+
+/// Count and bytes of owners per [`OwnerState`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StateTally {
+    processes: [u64; OwnerState::ALL.len()],
+    bytes: [u64; OwnerState::ALL.len()],
+}
+
+impl StateTally {
+    fn add(&mut self, state: OwnerState, bytes: Option<u64>) {
+        self.processes[state as usize] += 1;
+        self.bytes[state as usize] += bytes.unwrap_or(0);
+    }
+
+    /// Owners in this state.
+    pub fn processes(&self, state: OwnerState) -> u64 {
+        self.processes[state as usize]
+    }
+
+    /// Bytes charged to owners in this state (owners with unavailable usage add nothing).
+    pub fn bytes(&self, state: OwnerState) -> u64 {
+        self.bytes[state as usize]
+    }
+}
+
+/// The memory account of a GPU whose readings succeeded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuAccount {
+    /// NVML's memory figures.
+    pub memory: MemoryReading,
+    /// Every listed owner with its verdict, by PID.
+    pub owners: Vec<Owner>,
+    /// Owners and their bytes per state.
+    pub tally: StateTally,
+    /// Bytes charged to owners that are gone.
+    pub orphaned_owner_gone_bytes: u64,
+    /// Used bytes no listed process is charged for, above the per-context noise floor.
+    pub unattributed_bytes: u64,
+    /// Whether `unattributed_bytes` counts as orphaned.
+    pub unattributed_trust: UnattributedTrust,
+    /// Owners whose usage NVML reports as unavailable.
+    pub usage_unavailable_owners: u64,
+    /// Live processes holding this GPU's device node that NVML does not list as owners.
+    pub unlisted_holders: Vec<Holder>,
+}
+
+impl GpuAccount {
+    /// Unattributed bytes that count as orphaned (0 unless the remainder can be trusted).
+    pub fn orphaned_unattributed_bytes(&self) -> u64 {
+        match self.unattributed_trust {
+            UnattributedTrust::Counted => self.unattributed_bytes,
+            UnattributedTrust::Blind | UnattributedTrust::UsageUnavailable => 0,
+        }
+    }
+
+    /// All memory held without a live owner.
+    pub fn orphaned_bytes(&self) -> u64 {
+        self.orphaned_owner_gone_bytes + self.orphaned_unattributed_bytes()
+    }
+
+    /// Owners that are gone.
+    pub fn gone_owners(&self) -> impl Iterator<Item = &Owner> {
+        self.owners
+            .iter()
+            .filter(|owner| owner.state == OwnerState::Gone)
+    }
+}
+
+/// A GPU's account, or why there is none.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum GpuOutcome {
+    /// The readings succeeded.
+    Measured(GpuAccount),
+    /// A call failed: the GPU's figures are unknown, not zero.
+    Failed {
+        /// The kind of failure.
+        error: GpuError,
+        /// NVML's own words.
+        message: String,
+    },
+}
+
+/// The verdict for one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuVerdict {
+    /// NVML's device index.
+    pub index: u32,
+    /// Stable identity; empty when NVML could not say.
+    pub uuid: String,
+    /// Product name.
+    pub name: String,
+    /// PCI bus id.
+    pub pci_bus_id: String,
+    /// Minor number of its device node.
+    pub minor: Option<u32>,
+    /// The account, or the failure.
+    pub outcome: GpuOutcome,
+}
+
+impl GpuVerdict {
+    /// The account when the GPU answered.
+    pub fn account(&self) -> Option<&GpuAccount> {
+        match &self.outcome {
+            GpuOutcome::Measured(account) => Some(account),
+            GpuOutcome::Failed { .. } => None,
+        }
+    }
+
+    /// Orphaned bytes, 0 for a GPU that did not answer.
+    pub fn orphaned_bytes(&self) -> u64 {
+        self.account().map_or(0, GpuAccount::orphaned_bytes)
+    }
+}
+
+/// Summary of a holder scan for the exporter's own health series.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ScanSummary {
+    /// Every process was looked at.
+    pub complete: bool,
+    /// Stopped at its time budget.
+    pub cut_short: bool,
+    /// Processes whose descriptors could not be read.
+    pub permission_errors: u64,
+    /// Seconds it took.
+    pub duration_seconds: f64,
+}
+
+/// The verdict for the whole host.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// Whether NVML answered.
+    pub nvml_up: bool,
+    /// Why NVML did not answer.
+    pub nvml_error: Option<String>,
+    /// The driver's version, when NVML answered.
+    pub driver_version: Option<String>,
+    /// Whether we run in the host PID namespace (`None`: could not tell).
+    pub host_pid_namespace: Option<bool>,
+    /// One verdict per GPU.
+    pub gpus: Vec<GpuVerdict>,
+    /// `/proc` entries that could not be read.
+    pub procfs_errors: u64,
+    /// The holder scan, when one ran.
+    pub holder_scan: Option<ScanSummary>,
+}
+
+impl Report {
+    /// True when NVML's process lists may be missing processes of other PID namespaces.
+    pub fn blind(&self) -> bool {
+        self.host_pid_namespace != Some(true)
+    }
+
+    /// Total orphaned bytes over all GPUs.
+    pub fn orphaned_bytes(&self) -> u64 {
+        self.gpus.iter().map(GpuVerdict::orphaned_bytes).sum()
+    }
+}
+
+/// NVIDIA's own daemons hold device files without owning memory; never call them culprits.
+const MANAGEMENT_AGENTS: &[&str] = &[
+    "nvidia-persiste",
+    "nv-hostengine",
+    "dcgm-exporter",
+    "nvidia-smi",
+    "nvidia-powerd",
+    "nvidia-fabricma",
+];
+
+/// Whether a command name belongs to a driver management daemon rather than a workload.
+pub fn is_management_agent(comm: &str) -> bool {
+    MANAGEMENT_AGENTS.contains(&comm)
+}
+
+/// Classify a whole observation.
+pub fn classify(observation: &Observation, settings: &Settings) -> Report {
+    let blind = observation.host_pid_namespace != Some(true);
+    let (nvml_up, nvml_error, driver_version, gpus) = match &observation.nvml {
+        NvmlReading::Up {
+            driver_version,
+            gpus,
+        } => {
+            let verdicts = gpus
+                .iter()
+                .map(|gpu| GpuVerdict {
+                    index: gpu.index,
+                    uuid: gpu.uuid.clone(),
+                    name: gpu.name.clone(),
+                    pci_bus_id: gpu.pci_bus_id.clone(),
+                    minor: gpu.minor,
+                    outcome: match &gpu.state {
+                        GpuState::Ok { memory, processes } => {
+                            GpuOutcome::Measured(account_for_gpu(
+                                *memory,
+                                processes,
+                                gpu.minor,
+                                observation,
+                                blind,
+                                settings,
+                            ))
+                        }
+                        GpuState::Failed { error, message } => GpuOutcome::Failed {
+                            error: *error,
+                            message: message.clone(),
+                        },
+                    },
+                })
+                .collect();
+            (true, None, Some(driver_version.clone()), verdicts)
+        }
+        NvmlReading::Down { error } => (false, Some(error.clone()), None, Vec::new()),
+    };
+    Report {
+        nvml_up,
+        nvml_error,
+        driver_version,
+        host_pid_namespace: observation.host_pid_namespace,
+        gpus,
+        procfs_errors: observation.procfs_errors,
+        holder_scan: observation.holder_scan.as_ref().map(|scan| ScanSummary {
+            complete: scan.complete(),
+            cut_short: scan.cut_short,
+            permission_errors: scan.permission_errors,
+            duration_seconds: scan.duration_seconds,
+        }),
+    }
+}
+
+/// The verdict on one listed process.
+pub fn judge_owner(process: &NvmlProcess, lookup: Option<&ProcessLookup>) -> Owner {
+    let (state, comm, ppid) = match lookup {
+        None | Some(ProcessLookup::Missing) => (OwnerState::Gone, None, None),
+        Some(ProcessLookup::Unreadable { .. }) => (OwnerState::Unknown, None, None),
+        Some(ProcessLookup::Present(facts)) => {
+            let state = match facts.device_files {
+                // A process that holds no device file cannot keep a context alive: the
+                // PID was reused, and the memory belongs to nobody.
+                DeviceFiles::NotHeld => OwnerState::Gone,
+                DeviceFiles::Held | DeviceFiles::Unreadable => {
+                    OwnerState::from_proc_letter(facts.state)
+                }
+            };
+            (state, Some(facts.comm.clone()), Some(facts.ppid))
+        }
+    };
+    Owner {
+        pid: process.pid,
+        comm,
+        ppid,
+        state,
+        used_bytes: process.used_bytes,
+    }
+}
+
+fn account_for_gpu(
+    memory: MemoryReading,
+    processes: &[NvmlProcess],
+    minor: Option<u32>,
+    observation: &Observation,
+    blind: bool,
+    settings: &Settings,
+) -> GpuAccount {
+    let owners: Vec<Owner> = processes
+        .iter()
+        .map(|process| judge_owner(process, observation.processes.get(&process.pid)))
+        .collect();
+
+    let mut tally = StateTally::default();
+    let mut orphaned_owner_gone_bytes = 0u64;
+    let mut charged_bytes = 0u64;
+    let mut usage_unavailable_owners = 0u64;
+    let mut live_owner_usage_unavailable = false;
+    for owner in &owners {
+        tally.add(owner.state, owner.used_bytes);
+        match owner.used_bytes {
+            Some(bytes) => {
+                charged_bytes = charged_bytes.saturating_add(bytes);
+                if owner.state == OwnerState::Gone {
+                    orphaned_owner_gone_bytes = orphaned_owner_gone_bytes.saturating_add(bytes);
+                }
+            }
+            None => {
+                usage_unavailable_owners += 1;
+                live_owner_usage_unavailable |= owner.state != OwnerState::Gone;
+            }
+        }
+    }
+
+    let noise_floor = settings
+        .context_overhead_bytes
+        .saturating_mul(owners.len() as u64);
+    let unattributed_bytes = memory
+        .used
+        .saturating_sub(charged_bytes)
+        .saturating_sub(noise_floor);
+    let unattributed_trust = if blind {
+        UnattributedTrust::Blind
+    } else if live_owner_usage_unavailable {
+        UnattributedTrust::UsageUnavailable
+    } else {
+        UnattributedTrust::Counted
+    };
+
+    GpuAccount {
+        memory,
+        tally,
+        orphaned_owner_gone_bytes,
+        unattributed_bytes,
+        unattributed_trust,
+        usage_unavailable_owners,
+        unlisted_holders: unlisted_holders(minor, &owners, observation),
+        owners,
+    }
+}
+
+/// Holders of this GPU's node that NVML does not list: the processes keeping orphaned memory alive.
+fn unlisted_holders(
+    minor: Option<u32>,
+    owners: &[Owner],
+    observation: &Observation,
+) -> Vec<Holder> {
+    let (Some(minor), Some(scan)) = (minor, &observation.holder_scan) else {
+        return Vec::new();
+    };
+    let live_owner_pids: BTreeSet<u32> = owners
+        .iter()
+        .filter(|owner| owner.state != OwnerState::Gone)
+        .map(|owner| owner.pid)
+        .collect();
+    scan.holders
+        .iter()
+        .filter(|holder| holder.gpu_minors.contains(&minor))
+        .filter(|holder| !live_owner_pids.contains(&holder.pid))
+        .filter(|holder| !is_management_agent(&holder.comm))
+        .cloned()
+        .collect()
+}

@@ -1,0 +1,41 @@
+//! `vram-exporter snapshot`: the raw observation as JSON, for a bug report.
+
+use crate::exporter::{Exporter, HolderScanPolicy};
+use crate::observe::Snapshot;
+use anyhow::Context;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Observe (with the holder scan) and write the snapshot to `output` or standard output.
+pub fn run(exporter: &Exporter, output: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let (observation, _) = exporter.observe_and_classify(HolderScanPolicy::Always);
+    let snapshot = Snapshot {
+        format: Snapshot::FORMAT,
+        exporter_version: env!("CARGO_PKG_VERSION").to_string(),
+        hostname: hostname(),
+        taken_at_unix_seconds: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs()),
+        observation,
+    };
+    let mut json = serde_json::to_string_pretty(&snapshot)?;
+    json.push('\n');
+    match output {
+        Some(path) => super::textfile::write_atomically(path, json.as_bytes())
+            .with_context(|| format!("cannot write snapshot to {}", path.display()))?,
+        None => {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(json.as_bytes())
+                .context("cannot write snapshot to standard output")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .unwrap_or_default()
+}

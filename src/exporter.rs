@@ -1,0 +1,134 @@
+//! Ties the flow together: observe -> classify -> render, once per scrape.
+
+use crate::classify::{classify, Report, Settings};
+use crate::observe::{NvmlReading, Observation, Source};
+use crate::render::prometheus::{encode_report, BuildInfo, RenderOptions};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// When to scan `/proc/*/fd` for device-file holders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HolderScanPolicy {
+    /// Only when some GPU has orphaned memory: the scan reads every process's descriptors.
+    WhenOrphaned,
+    /// Every time (for `check` and `snapshot`).
+    Always,
+}
+
+/// Exposition formats we can serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Format {
+    /// Prometheus text format 0.0.4.
+    PrometheusText,
+    /// OpenMetrics text 1.0.0.
+    OpenMetrics,
+}
+
+impl Format {
+    /// The `Content-Type` header of this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::PrometheusText => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+/// The exporter's state: where it looks and how it judges.
+#[derive(Debug)]
+pub struct Exporter {
+    source: Source,
+    settings: Settings,
+    options: RenderOptions,
+    build: BuildInfo,
+    /// NVML and the holder scan are not made for concurrent callers: one collection at a time.
+    collecting: Mutex<()>,
+}
+
+impl Exporter {
+    /// An exporter reading from `source`.
+    pub fn new(source: Source, settings: Settings, options: RenderOptions) -> Exporter {
+        Exporter {
+            source,
+            settings,
+            options,
+            build: BuildInfo::current(),
+            collecting: Mutex::new(()),
+        }
+    }
+
+    /// Observe and classify, scanning for holders as `policy` says.
+    pub fn observe_and_classify(&self, policy: HolderScanPolicy) -> (Observation, Report) {
+        let _one_at_a_time = self
+            .collecting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut observation = self.source.observe().unwrap_or_else(|error| {
+            tracing::error!(error = %error, "cannot observe");
+            Observation {
+                nvml: NvmlReading::Down {
+                    error: error.to_string(),
+                },
+                host_pid_namespace: None,
+                processes: BTreeMap::new(),
+                holder_scan: None,
+                procfs_errors: 0,
+            }
+        });
+        let mut report = classify(&observation, &self.settings);
+        let scan = match policy {
+            HolderScanPolicy::Always => true,
+            HolderScanPolicy::WhenOrphaned => report.orphaned_bytes() > 0,
+        };
+        if scan && observation.holder_scan.is_none() {
+            self.source.scan_holders(&mut observation);
+            report = classify(&observation, &self.settings);
+        }
+        (observation, report)
+    }
+
+    /// A registry whose one collector observes the host afresh on every encode.
+    pub fn registry(self: &Arc<Self>) -> Registry {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(ScrapeCollector(Arc::clone(self))));
+        registry
+    }
+}
+
+/// Encode `registry` in `format`.
+pub fn encode(registry: &Registry, format: Format) -> String {
+    let mut body = String::with_capacity(16 * 1024);
+    let result = match format {
+        Format::PrometheusText => {
+            prometheus_client::encoding::prometheus_text::encode(&mut body, registry)
+        }
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut body, registry),
+    };
+    // Writing into a String cannot fail; an error would be a bug in the encoder.
+    result.expect("encoding metrics into a String");
+    body
+}
+
+/// The prometheus-client collector: one fresh observation per encode.
+#[derive(Debug)]
+struct ScrapeCollector(Arc<Exporter>);
+
+impl Collector for ScrapeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let started = Instant::now();
+        let exporter = &self.0;
+        let (_, report) = exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned);
+        let seconds = started.elapsed().as_secs_f64();
+        encode_report(
+            &mut encoder,
+            &report,
+            &exporter.build,
+            &exporter.options,
+            seconds,
+        )
+    }
+}

@@ -1,0 +1,119 @@
+//! vram-exporter: which GPU memory is owned by a live process and which is orphaned.
+//!
+//! Data flows one way: [`observe`] (NVML and `/proc`, the only code that touches the
+//! system) -> [`classify`] (pure functions to a verdict) -> [`render`] (Prometheus text,
+//! a table for people, JSON).
+
+pub mod classify;
+pub mod cli;
+pub mod commands;
+pub mod exporter;
+pub mod logging;
+pub mod observe;
+pub mod render;
+pub mod server;
+pub mod units;
+
+use clap::Parser;
+use cli::{Cli, Config, Mode};
+use exporter::Exporter;
+use observe::procfs::ProcRoot;
+use observe::{LiveHost, Source};
+use render::prometheus::RenderOptions;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// Exit status for errors: `check` uses 0 and 1 for its verdict.
+pub const EXIT_ERROR: u8 = 2;
+
+/// Parse flags, run the chosen mode, and turn any error into one line and an exit status.
+pub fn run() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let status = if error.use_stderr() { EXIT_ERROR } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(status);
+        }
+    };
+    let config = match cli.into_config() {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("vram-exporter: {message}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    logging::init(config.log_level, config.log_format);
+    match run_mode(config) {
+        Ok(status) => status,
+        Err(error) => {
+            eprintln!("vram-exporter: {error:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
+    let exporter = Arc::new(Exporter::new(
+        source(&config),
+        config.settings,
+        RenderOptions {
+            per_process_limit: config.per_process_limit,
+        },
+    ));
+    if matches!(config.mode, Mode::Serve(_)) {
+        warn_if_blind(&config);
+    }
+    match config.mode {
+        Mode::Serve(serve) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .max_blocking_threads(4)
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let listener = server::bind(&serve).await?;
+                server::serve(listener, serve, exporter).await
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Mode::Check(check) => commands::check::run(&exporter, &check),
+        Mode::Snapshot { output } => commands::snapshot::run(&exporter, output.as_deref()),
+        Mode::Textfile { output } => commands::textfile::run(&exporter, &output),
+    }
+}
+
+fn source(config: &Config) -> Source {
+    match &config.replay {
+        Some(path) => Source::Replay(path.clone()),
+        None => Source::Live(Box::new(LiveHost::new(
+            config.nvml_library.clone(),
+            ProcRoot {
+                root: config.procfs.clone(),
+                device_prefix: config.device_prefix.clone(),
+            },
+            config.scan_timeout,
+        ))),
+    }
+}
+
+/// Outside the host PID namespace NVML hides other processes; say so once, loudly.
+fn warn_if_blind(config: &Config) {
+    if config.replay.is_some() {
+        return;
+    }
+    let root = ProcRoot {
+        root: config.procfs.clone(),
+        device_prefix: config.device_prefix.clone(),
+    };
+    match root.host_pid_namespace() {
+        Some(true) => {}
+        Some(false) => tracing::warn!(
+            "not in the host PID namespace: NVML hides processes of other namespaces, so memory without a visible owner is reported as unattributed, never as orphaned (vram_host_pid_namespace 0); run with the host's PID namespace (hostPID: true, --pid=host)"
+        ),
+        None => tracing::warn!(
+            procfs = %config.procfs.display(),
+            "cannot read the PID namespace of this process; treating the exporter as blind"
+        ),
+    }
+}

@@ -1,0 +1,6 @@
+//! Render: turn a verdict into what its reader needs (Prometheus series, a table for a
+//! person, JSON for a script).
+
+pub mod json;
+pub mod prometheus;
+pub mod text;

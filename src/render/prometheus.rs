@@ -1,0 +1,304 @@
+//! Render a [`Report`] as Prometheus metrics through prometheus-client's encoders.
+
+use crate::classify::{GpuOutcome, GpuVerdict, OwnerState, Report};
+use crate::observe::{GpuError, MemoryReading};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use std::fmt;
+
+/// At most this many `vram_holder_info` series per GPU: each is a label set of its own.
+pub const MAX_HOLDER_SERIES_PER_GPU: usize = 16;
+
+/// What the exporter says about itself.
+#[derive(Debug, Clone)]
+pub struct BuildInfo {
+    /// Crate version.
+    pub version: &'static str,
+    /// Source revision it was built from.
+    pub revision: &'static str,
+}
+
+impl BuildInfo {
+    /// This build's version and revision.
+    pub fn current() -> BuildInfo {
+        BuildInfo {
+            version: env!("CARGO_PKG_VERSION"),
+            revision: option_env!("VRAM_EXPORTER_REVISION").unwrap_or("unknown"),
+        }
+    }
+}
+
+/// Choices that change which series are rendered.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RenderOptions {
+    /// Emit `vram_process_used_bytes` for at most this many processes; `None` for none.
+    pub per_process_limit: Option<usize>,
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Name, help and reading of one per-GPU memory gauge.
+type MemorySeries = (&'static str, &'static str, fn(&MemoryReading) -> u64);
+
+/// Writes one gauge family with all its samples.
+fn gauge<V, I>(encoder: &mut DescriptorEncoder, name: &str, help: &str, samples: I) -> fmt::Result
+where
+    V: prometheus_client::encoding::EncodeGaugeValue + Clone + Default,
+    I: IntoIterator<Item = (Labels, V)>,
+{
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in samples {
+        let metric = family.encode_family(&labels)?;
+        ConstGauge::new(value).encode(metric)?;
+    }
+    Ok(())
+}
+
+fn gpu_labels(gpu: &GpuVerdict) -> Labels {
+    vec![("gpu", gpu.index.to_string()), ("uuid", gpu.uuid.clone())]
+}
+
+fn with(mut labels: Labels, key: &'static str, value: impl Into<String>) -> Labels {
+    labels.push((key, value.into()));
+    labels
+}
+
+fn flag(value: bool) -> i64 {
+    i64::from(value)
+}
+
+/// Encode every series for one report; `scrape_seconds` is the time observation took.
+pub fn encode_report(
+    encoder: &mut DescriptorEncoder,
+    report: &Report,
+    build: &BuildInfo,
+    options: &RenderOptions,
+    scrape_seconds: f64,
+) -> fmt::Result {
+    let gpus = &report.gpus;
+    let measured: Vec<_> = gpus
+        .iter()
+        .filter_map(|gpu| gpu.account().map(|account| (gpu, account)))
+        .collect();
+
+    gauge(
+        encoder,
+        "vram_build_info",
+        "Version and revision of the exporter and the driver it talks to; always 1.",
+        [(
+            vec![
+                ("version", build.version.to_string()),
+                ("revision", build.revision.to_string()),
+                (
+                    "driver_version",
+                    report.driver_version.clone().unwrap_or_default(),
+                ),
+            ],
+            1i64,
+        )],
+    )?;
+    gauge(
+        encoder,
+        "vram_nvml_up",
+        "1 when NVML loaded and answered this scrape, 0 when it could not be loaded or initialised.",
+        [(Labels::new(), flag(report.nvml_up))],
+    )?;
+    gauge(
+        encoder,
+        "vram_host_pid_namespace",
+        "1 when the exporter runs in the host PID namespace; 0 means NVML hides other namespaces' processes and unattributed memory is not called orphaned.",
+        [(Labels::new(), flag(report.host_pid_namespace == Some(true)))],
+    )?;
+    gauge(
+        encoder,
+        "vram_procfs_errors",
+        "Entries under /proc that existed but could not be read during this scrape.",
+        [(Labels::new(), report.procfs_errors)],
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_info",
+        "Identity of each GPU; always 1.",
+        gpus.iter().map(|gpu| {
+            let labels = gpu_labels(gpu);
+            let labels = with(labels, "name", gpu.name.clone());
+            let labels = with(labels, "pci_bus_id", gpu.pci_bus_id.clone());
+            let minor = gpu.minor.map(|m| m.to_string()).unwrap_or_default();
+            (with(labels, "minor", minor), 1i64)
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_up",
+        "1 when every NVML call for this GPU answered, 0 when one failed and its other series are missing.",
+        gpus.iter()
+            .map(|gpu| (gpu_labels(gpu), flag(gpu.account().is_some()))),
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_error",
+        "1 for the kind of NVML failure this GPU shows (gpu_lost, reset_required, not_supported, unknown), else 0.",
+        gpus.iter().flat_map(|gpu| {
+            let failure = match &gpu.outcome {
+                GpuOutcome::Failed { error, .. } => Some(*error),
+                GpuOutcome::Measured(_) => None,
+            };
+            GpuError::ALL.into_iter().map(move |kind| {
+                (
+                    with(gpu_labels(gpu), "error", kind.as_str()),
+                    flag(failure == Some(kind)),
+                )
+            })
+        }),
+    )?;
+
+    let memory_series: [MemorySeries; 4] = [
+        ("vram_total_bytes", "Installed GPU memory in bytes.", |m| m.total),
+        (
+            "vram_used_bytes",
+            "GPU memory allocated by contexts in bytes, excluding the driver's reservation (NVML v2).",
+            |m| m.used,
+        ),
+        (
+            "vram_reserved_bytes",
+            "GPU memory reserved by the driver in bytes; never owned by a process.",
+            |m| m.reserved,
+        ),
+        ("vram_free_bytes", "GPU memory neither used nor reserved, in bytes.", |m| m.free),
+    ];
+    for (name, help, value) in memory_series {
+        gauge(
+            encoder,
+            name,
+            help,
+            measured
+                .iter()
+                .map(|(gpu, account)| (gpu_labels(gpu), value(&account.memory))),
+        )?;
+    }
+
+    gauge(
+        encoder,
+        "vram_owner_processes",
+        "Processes NVML charges memory to on this GPU, by state; gone means no live process holds the memory's device any more.",
+        measured.iter().flat_map(|(gpu, account)| {
+            OwnerState::ALL.into_iter().map(move |state| {
+                (
+                    with(gpu_labels(gpu), "state", state.as_str()),
+                    account.tally.processes(state),
+                )
+            })
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_owned_bytes",
+        "Bytes NVML charges to owners in each state.",
+        measured.iter().flat_map(|(gpu, account)| {
+            OwnerState::ALL.into_iter().map(move |state| {
+                (
+                    with(gpu_labels(gpu), "state", state.as_str()),
+                    account.tally.bytes(state),
+                )
+            })
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_orphaned_bytes",
+        "GPU memory held without a live owner: charged to gone owners (owner_gone) or charged to nobody above the noise floor (unattributed).",
+        measured.iter().flat_map(|(gpu, account)| {
+            [
+                (
+                    with(gpu_labels(gpu), "reason", "owner_gone"),
+                    account.orphaned_owner_gone_bytes,
+                ),
+                (
+                    with(gpu_labels(gpu), "reason", "unattributed"),
+                    account.orphaned_unattributed_bytes(),
+                ),
+            ]
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_unattributed_bytes",
+        "Used bytes charged to no listed process, above the per-context noise floor; reported even when it cannot be called orphaned.",
+        measured
+            .iter()
+            .map(|(gpu, account)| (gpu_labels(gpu), account.unattributed_bytes)),
+    )?;
+    gauge(
+        encoder,
+        "vram_owner_processes_usage_unavailable",
+        "Owners whose memory usage NVML reports as unavailable; while a live one exists, unattributed memory is not called orphaned.",
+        measured
+            .iter()
+            .map(|(gpu, account)| (gpu_labels(gpu), account.usage_unavailable_owners)),
+    )?;
+    gauge(
+        encoder,
+        "vram_unlisted_holders",
+        "Live processes holding this GPU's device file that NVML does not list as owners; they keep orphaned memory alive. Looked for only while memory is orphaned.",
+        measured
+            .iter()
+            .map(|(gpu, account)| (gpu_labels(gpu), account.unlisted_holders.len() as u64)),
+    )?;
+    gauge(
+        encoder,
+        "vram_holder_info",
+        "One series per unlisted holder of a GPU's device file; always 1.",
+        measured.iter().flat_map(|(gpu, account)| {
+            account
+                .unlisted_holders
+                .iter()
+                .take(MAX_HOLDER_SERIES_PER_GPU)
+                .map(move |holder| {
+                    let labels = with(gpu_labels(gpu), "pid", holder.pid.to_string());
+                    let labels = with(labels, "comm", holder.comm.clone());
+                    let state = OwnerState::from_proc_letter(holder.state);
+                    (with(labels, "state", state.as_str()), 1i64)
+                })
+        }),
+    )?;
+    let scan = report.holder_scan;
+    gauge(
+        encoder,
+        "vram_holder_scan_complete",
+        "0 when this scrape's scan for device-file holders was cut short or denied, so holders may be missing; 1 otherwise, also when no scan was needed.",
+        [(Labels::new(), flag(scan.is_none_or(|scan| scan.complete)))],
+    )?;
+    gauge(
+        encoder,
+        "vram_holder_scan_duration_seconds",
+        "Seconds this scrape's scan for device-file holders took; 0 when no GPU had orphaned memory.",
+        [(Labels::new(), scan.map_or(0.0, |scan| scan.duration_seconds))],
+    )?;
+
+    if let Some(limit) = options.per_process_limit {
+        gauge(
+            encoder,
+            "vram_process_used_bytes",
+            "Bytes NVML charges each process on each GPU (opt-in, capped).",
+            measured
+                .iter()
+                .flat_map(|(gpu, account)| {
+                    account.owners.iter().map(move |owner| {
+                        let labels = with(gpu_labels(gpu), "pid", owner.pid.to_string());
+                        let labels = with(labels, "comm", owner.comm.clone().unwrap_or_default());
+                        let labels = with(labels, "state", owner.state.as_str());
+                        (labels, owner.used_bytes.unwrap_or(0))
+                    })
+                })
+                .take(limit),
+        )?;
+    }
+
+    gauge(
+        encoder,
+        "vram_scrape_duration_seconds",
+        "Seconds this scrape spent reading NVML and /proc and classifying.",
+        [(Labels::new(), scrape_seconds)],
+    )
+}
