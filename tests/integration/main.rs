@@ -1,2 +1,6 @@
-#[test]
-fn t(){ let p = std::path::Path::new(env!("CARGO_BIN_EXE_vram-exporter")).with_file_name("libfake_nvml.so"); assert!(p.exists(), "{p:?}"); }
+//! Integration tests: the real binary, the fake NVML, real processes and real /proc,
+//! compiled as one test binary.
+
+mod helpers;
+
+mod exporter;

@@ -1,0 +1,487 @@
+//! The exporter against the fake NVML and real processes: each ownership scenario shows
+//! the exact owner counts and orphaned bytes.
+
+use crate::helpers::*;
+use std::time::Duration;
+
+const GPU0: [(&str, &str); 1] = [("gpu", "0")];
+
+fn state(metrics: &Metrics, name: &str, state: &str) -> f64 {
+    metrics.value(name, &[("gpu", "0"), ("state", state)])
+}
+
+fn orphaned(metrics: &Metrics, reason: &str) -> f64 {
+    metrics.value("vram_orphaned_bytes", &[("gpu", "0"), ("reason", reason)])
+}
+
+/// Every state but `except` has no owners.
+fn only_state(metrics: &Metrics, expected: &str, count: f64) {
+    for state_name in [
+        "running",
+        "stopped",
+        "uninterruptible",
+        "zombie",
+        "gone",
+        "unknown",
+    ] {
+        let want = if state_name == expected { count } else { 0.0 };
+        assert_eq!(
+            state(metrics, "vram_owner_processes", state_name),
+            want,
+            "owners in state {state_name}"
+        );
+    }
+}
+
+#[test]
+fn idle_gpu_reports_memory_and_nothing_orphaned() {
+    let rig = Rig::new();
+    let exporter = rig.start(&[]);
+    let metrics = exporter.scrape();
+    assert_eq!(metrics.value("vram_nvml_up", &[]), 1.0);
+    assert_eq!(metrics.value("vram_gpu_up", &GPU0), 1.0);
+    assert_eq!(metrics.value("vram_total_bytes", &GPU0), TOTAL as f64);
+    assert_eq!(metrics.value("vram_reserved_bytes", &GPU0), RESERVED as f64);
+    assert_eq!(metrics.value("vram_used_bytes", &GPU0), 0.0);
+    assert_eq!(
+        metrics.value("vram_free_bytes", &GPU0),
+        (TOTAL - RESERVED) as f64
+    );
+    only_state(&metrics, "running", 0.0);
+    assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
+    assert_eq!(orphaned(&metrics, "unattributed"), 0.0);
+    assert_eq!(metrics.value("vram_host_pid_namespace", &[]), 1.0);
+    let info = metrics.find("vram_gpu_info", &GPU0);
+    assert_eq!(info.len(), 1);
+    assert_eq!(info[0].1["uuid"], Gpu::uuid(0));
+    assert_eq!(info[0].1["name"], "NVIDIA H200");
+    assert_eq!(info[0].1["pci_bus_id"], "00000000:19:00.0");
+    assert_eq!(info[0].1["minor"], "0");
+    let build = metrics.find("vram_build_info", &[]);
+    assert_eq!(build[0].1["driver_version"], "580.159.04");
+    assert_eq!(build[0].1["version"], env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn live_owner_is_running_and_owns_its_bytes() {
+    let rig = Rig::new();
+    let owner = Holder::spawn(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
+            .into_json(),
+    );
+    let metrics = rig.start(&[]).scrape();
+    only_state(&metrics, "running", 1.0);
+    assert_eq!(
+        state(&metrics, "vram_owned_bytes", "running"),
+        CHARGED as f64
+    );
+    assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
+    // The 8.8 MiB of context overhead stays under the default floor.
+    assert_eq!(orphaned(&metrics, "unattributed"), 0.0);
+    assert_eq!(metrics.value("vram_unattributed_bytes", &GPU0), 0.0);
+}
+
+#[test]
+fn stopped_owner_is_stopped_and_nothing_is_orphaned() {
+    let rig = Rig::new();
+    let owner = Holder::spawn(&rig.device(0));
+    owner.stop();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
+            .into_json(),
+    );
+    let metrics = rig.start(&[]).scrape();
+    only_state(&metrics, "stopped", 1.0);
+    assert_eq!(
+        state(&metrics, "vram_owned_bytes", "stopped"),
+        CHARGED as f64
+    );
+    assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
+}
+
+#[test]
+fn zombie_main_thread_with_a_live_thread_is_a_live_owner() {
+    let rig = Rig::new();
+    let owner = Holder::zombie_main_thread(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
+            .into_json(),
+    );
+    let metrics = rig.start(&[]).scrape();
+    only_state(&metrics, "zombie", 1.0);
+    assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
+}
+
+#[test]
+fn fork_inherited_orphan_is_owner_gone_until_the_child_dies() {
+    let rig = Rig::new();
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
+    let charged = Gpus::new()
+        .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+        .into_json();
+    rig.write_scenario(&charged);
+    let exporter = rig.start(&[]);
+
+    let metrics = exporter.scrape();
+    only_state(&metrics, "gone", 1.0);
+    assert_eq!(state(&metrics, "vram_owned_bytes", "gone"), CHARGED as f64);
+    assert_eq!(orphaned(&metrics, "owner_gone"), CHARGED as f64);
+    assert_eq!(orphaned(&metrics, "unattributed"), 0.0);
+    assert_eq!(metrics.value("vram_unlisted_holders", &GPU0), 1.0);
+    let holder_pid = child.pid.to_string();
+    let holder = metrics.find("vram_holder_info", &[("gpu", "0"), ("pid", &holder_pid)]);
+    assert_eq!(holder.len(), 1, "{}", metrics.text);
+    assert_eq!(holder[0].1["comm"], "sleep");
+    assert_eq!(holder[0].1["state"], "running");
+    assert_eq!(holder[0].1["uuid"], Gpu::uuid(0));
+    assert_eq!(metrics.value("vram_holder_scan_complete", &[]), 1.0);
+    assert!(metrics.value("vram_holder_scan_duration_seconds", &[]) > 0.0);
+
+    // Killing the child frees the memory: the driver drops the dead PID from its list.
+    child.kill();
+    rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0)).into_json());
+    let metrics = exporter.scrape();
+    only_state(&metrics, "gone", 0.0);
+    assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
+    assert_eq!(metrics.value("vram_unlisted_holders", &GPU0), 0.0);
+    assert!(metrics.find("vram_holder_info", &[]).is_empty());
+    assert_eq!(metrics.value("vram_holder_scan_duration_seconds", &[]), 0.0);
+}
+
+#[test]
+fn owner_pid_that_no_longer_exists_is_gone() {
+    let rig = Rig::new();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(
+                Gpu::idle(0)
+                    .used(USED)
+                    .process(nonexistent_pid(), Some(CHARGED)),
+            )
+            .into_json(),
+    );
+    let metrics = rig.start(&[]).scrape();
+    only_state(&metrics, "gone", 1.0);
+    assert_eq!(orphaned(&metrics, "owner_gone"), CHARGED as f64);
+    assert_eq!(metrics.value("vram_unlisted_holders", &GPU0), 0.0);
+}
+
+#[test]
+fn reused_pid_without_the_device_is_gone() {
+    let rig = Rig::new();
+    // A live process that never opened a GPU, standing where the owner's PID was.
+    let stranger = Holder::spawn(&rig.dir.path().join("scenario.json"));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(stranger.pid, Some(CHARGED)))
+            .into_json(),
+    );
+    let metrics = rig.start(&[]).scrape();
+    only_state(&metrics, "gone", 1.0);
+    assert_eq!(orphaned(&metrics, "owner_gone"), CHARGED as f64);
+}
+
+#[test]
+fn memory_charged_to_nobody_is_unattributed_orphan() {
+    // The story's GPU 2: 76,107 MiB used and no process listed.
+    let used = 76_107 * 1024 * 1024;
+    let rig = Rig::new();
+    rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0).used(used)).into_json());
+    let metrics = rig.start(&[]).scrape();
+    assert_eq!(orphaned(&metrics, "unattributed"), used as f64);
+    assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
+    assert_eq!(metrics.value("vram_unattributed_bytes", &GPU0), used as f64);
+}
+
+#[test]
+fn noise_floor_is_a_flag() {
+    let rig = Rig::new();
+    let owner = Holder::spawn(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
+            .into_json(),
+    );
+    let metrics = rig.start(&["--orphan.context-overhead", "0"]).scrape();
+    assert_eq!(orphaned(&metrics, "unattributed"), (USED - CHARGED) as f64);
+}
+
+#[test]
+fn live_owner_with_unavailable_usage_blocks_unattributed_orphans() {
+    let rig = Rig::new();
+    let owner = Holder::spawn(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(owner.pid, None))
+            .into_json(),
+    );
+    let metrics = rig.start(&[]).scrape();
+    only_state(&metrics, "running", 1.0);
+    assert_eq!(
+        metrics.value("vram_owner_processes_usage_unavailable", &GPU0),
+        1.0
+    );
+    assert!(metrics.value("vram_unattributed_bytes", &GPU0) > 0.0);
+    assert_eq!(orphaned(&metrics, "unattributed"), 0.0);
+}
+
+#[test]
+fn blind_exporter_reports_unattributed_but_not_orphaned() {
+    // A procfs whose own PID namespace is not the host's: NVML would hide foreign owners.
+    let rig = Rig::new();
+    let procfs = rig.dir.path().join("proc");
+    std::fs::create_dir_all(procfs.join("self/ns")).unwrap();
+    std::os::unix::fs::symlink("pid:[4026532999]", procfs.join("self/ns/pid")).unwrap();
+    let used = 4 * 1024 * 1024 * 1024 + 9 * 1024 * 1024;
+    rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0).used(used)).into_json());
+    let exporter = rig.start(&["--path.procfs", procfs.to_str().unwrap()]);
+    let metrics = exporter.scrape();
+    assert_eq!(metrics.value("vram_host_pid_namespace", &[]), 0.0);
+    assert_eq!(metrics.value("vram_unattributed_bytes", &GPU0), used as f64);
+    assert_eq!(orphaned(&metrics, "unattributed"), 0.0);
+    assert!(
+        exporter.log().contains("level=warn") && exporter.log().contains("PID namespace"),
+        "a blind exporter warns at start:\n{}",
+        exporter.log()
+    );
+}
+
+#[test]
+fn lost_gpu_loses_only_its_own_series() {
+    let rig = Rig::new();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED))
+            .gpu(Gpu::idle(1).error("nvmlDeviceGetMemoryInfo_v2", "GpuLost"))
+            .gpu(Gpu::idle(2).error("nvmlDeviceGetMemoryInfo_v2", "ResetRequired"))
+            .into_json(),
+    );
+    let metrics = rig.start(&[]).scrape();
+    assert_eq!(metrics.value("vram_nvml_up", &[]), 1.0);
+    assert_eq!(metrics.value("vram_gpu_up", &GPU0), 1.0);
+    assert_eq!(metrics.value("vram_used_bytes", &GPU0), USED as f64);
+    for (gpu, error) in [("1", "gpu_lost"), ("2", "reset_required")] {
+        assert_eq!(metrics.value("vram_gpu_up", &[("gpu", gpu)]), 0.0);
+        assert_eq!(
+            metrics.value("vram_gpu_error", &[("gpu", gpu), ("error", error)]),
+            1.0
+        );
+        assert_eq!(
+            metrics.value("vram_gpu_error", &[("gpu", gpu), ("error", "unknown")]),
+            0.0
+        );
+        // No wrong numbers: its memory series are absent, not zero.
+        assert!(metrics.find("vram_used_bytes", &[("gpu", gpu)]).is_empty());
+        assert!(metrics
+            .find("vram_orphaned_bytes", &[("gpu", gpu)])
+            .is_empty());
+        // It keeps its identity.
+        assert_eq!(metrics.find("vram_gpu_info", &[("gpu", gpu)]).len(), 1);
+    }
+}
+
+#[test]
+fn missing_nvml_serves_health_series_and_recovers_when_it_appears() {
+    let rig = Rig::new();
+    let late = rig.dir.path().join("late");
+    std::fs::create_dir(&late).unwrap();
+    let library = late.join("libnvidia-ml.so.1");
+    let mut command = std::process::Command::new(exporter_binary());
+    command
+        .env("FAKE_NVML_SCENARIO", &rig.scenario)
+        .args(["--web.listen-address", "127.0.0.1:0", "--nvml.library"])
+        .arg(&library);
+    let exporter = crate::helpers::start(command);
+
+    let metrics = exporter.scrape();
+    assert_eq!(metrics.value("vram_nvml_up", &[]), 0.0);
+    assert!(metrics.has("vram_scrape_duration_seconds"));
+    assert!(metrics.has("vram_host_pid_namespace"));
+    assert!(!metrics.has("vram_used_bytes"));
+    exporter.scrape();
+    let errors = exporter.log().matches("level=error").count();
+    assert_eq!(
+        errors,
+        1,
+        "one clear error, not one per scrape:\n{}",
+        exporter.log()
+    );
+    assert!(exporter.log().contains("cannot load NVML"));
+
+    // The driver gets installed: a later scrape (after the back-off) finds it.
+    std::os::unix::fs::symlink(fake_nvml_library(), &library).unwrap();
+    wait_until("NVML is up", Duration::from_secs(20), || {
+        exporter.scrape().value("vram_nvml_up", &[]) == 1.0
+    });
+}
+
+#[test]
+fn driver_that_fails_to_initialise_is_nvml_down() {
+    let rig = Rig::new();
+    rig.write_scenario(&Gpus::new().init_error("DriverNotLoaded").into_json());
+    let metrics = rig.start(&[]).scrape();
+    assert_eq!(metrics.value("vram_nvml_up", &[]), 0.0);
+}
+
+#[test]
+fn per_process_series_are_opt_in_and_capped() {
+    let rig = Rig::new();
+    let owners: Vec<Holder> = (0..3).map(|_| Holder::spawn(&rig.device(0))).collect();
+    let mut gpu = Gpu::idle(0).used(3 * CHARGED);
+    for owner in &owners {
+        gpu = gpu.process(owner.pid, Some(CHARGED));
+    }
+    rig.write_scenario(&Gpus::new().gpu(gpu).into_json());
+
+    assert!(!rig.start(&[]).scrape().has("vram_process_used_bytes"));
+    let metrics = rig.start(&["--collector.processes"]).scrape();
+    let pid = owners[0].pid.to_string();
+    let series = metrics.find("vram_process_used_bytes", &[("pid", &pid)]);
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0].1["comm"], "sleep");
+    assert_eq!(series[0].1["state"], "running");
+    assert_eq!(series[0].2, CHARGED as f64);
+    let capped = rig
+        .start(&["--collector.processes", "--collector.processes.limit", "2"])
+        .scrape();
+    assert_eq!(capped.find("vram_process_used_bytes", &[]).len(), 2);
+}
+
+#[test]
+fn real_output_passes_promtool_check_metrics() {
+    let rig = Rig::new();
+    let (dead_owner, _child) = Holder::fork_orphan(&rig.device(0));
+    let live = Holder::spawn(&rig.device(1));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(Gpu::idle(1).used(USED).process(live.pid, Some(CHARGED)))
+            .gpu(Gpu::idle(2).error("nvmlDeviceGetMemoryInfo_v2", "GpuLost"))
+            .into_json(),
+    );
+    let exporter = rig.start(&["--collector.processes"]);
+    let metrics = exporter.scrape();
+    assert!(metrics.has("vram_holder_info"));
+    assert!(metrics.has("vram_process_used_bytes"));
+    assert_promtool_clean(&metrics.text);
+}
+
+#[test]
+fn http_endpoints_follow_exporter_conventions() {
+    let rig = Rig::new();
+    let exporter = rig.start(&["--web.telemetry-path", "/vram"]);
+
+    let landing = exporter.get("/");
+    assert_eq!(landing.status, 200);
+    assert!(landing
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(landing.body.contains("href=\"/vram\""));
+    assert_eq!(exporter.get("/-/healthy").status, 200);
+    assert_eq!(exporter.get("/-/ready").status, 200);
+    assert_eq!(exporter.get("/metrics").status, 404);
+    assert_eq!(exporter.get("/nope").status, 404);
+
+    let metrics = exporter.get("/vram");
+    assert_eq!(metrics.status, 200);
+    assert!(metrics
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/plain; version=0.0.4"));
+    assert!(metrics.body.contains("vram_nvml_up 1"));
+
+    let head = exporter.request("HEAD", "/vram", &[]);
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty());
+
+    for method in ["POST", "PUT", "DELETE"] {
+        let refused = exporter.request(method, "/vram", &["Content-Length: 0"]);
+        assert_eq!(refused.status, 405, "{method}");
+        assert_eq!(refused.header("allow"), Some("GET, HEAD"));
+    }
+
+    let openmetrics = exporter.request(
+        "GET",
+        "/vram",
+        &["Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"],
+    );
+    assert!(openmetrics
+        .header("content-type")
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    assert!(openmetrics.body.trim_end().ends_with("# EOF"));
+}
+
+#[test]
+fn sigterm_shuts_down_cleanly() {
+    let rig = Rig::new();
+    let exporter = rig.start(&[]);
+    exporter.scrape();
+    let status = exporter.terminate();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn port_in_use_is_one_clear_line_and_a_failure() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let rig = Rig::new();
+    let outcome = rig.run(&["--web.listen-address", &address]);
+    assert_eq!(outcome.status, Some(2));
+    let lines: Vec<&str> = outcome.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", outcome.stderr);
+    assert!(
+        lines[0].contains("cannot listen on") && lines[0].contains("in use"),
+        "{}",
+        lines[0]
+    );
+}
+
+#[test]
+fn bad_flags_are_one_clear_line_and_a_failure() {
+    let rig = Rig::new();
+    for (args, expected) in [
+        (
+            vec!["--web.listen-address", "not-an-address"],
+            "is not HOST:PORT",
+        ),
+        (vec!["--orphan.context-overhead", "lots"], "not a size"),
+        (vec!["--web.telemetry-path", "metrics"], "must start with /"),
+        (vec!["--log.level", "loud"], "invalid value"),
+    ] {
+        let outcome = rig.run(&args);
+        assert_eq!(outcome.status, Some(2), "{args:?}: {}", outcome.stderr);
+        assert!(
+            outcome.stderr.contains(expected),
+            "{args:?}: {}",
+            outcome.stderr
+        );
+        assert!(!outcome.stderr.contains("panicked"), "{}", outcome.stderr);
+    }
+}
+
+#[test]
+fn unreadable_proc_entries_are_counted_not_called_gone() {
+    // PID 1 belongs to root; an unprivileged exporter may not read its descriptors.
+    let rig = Rig::new();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(1, Some(CHARGED)))
+            .into_json(),
+    );
+    let exporter =
+        crate::helpers::start(rig.unprivileged_command(&["--web.listen-address", "127.0.0.1:0"]));
+    let metrics = exporter.scrape();
+    assert!(
+        metrics.value("vram_procfs_errors", &[]) >= 1.0,
+        "{}",
+        metrics.text
+    );
+    assert_eq!(state(&metrics, "vram_owner_processes", "gone"), 0.0);
+    assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
+}

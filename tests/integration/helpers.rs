@@ -1,0 +1,722 @@
+//! What every integration test needs: the fake NVML and its scenario, fake device nodes,
+//! the real exporter binary on a free port, real child processes as GPU owners, and a
+//! small HTTP client and metrics parser.
+
+#![allow(dead_code)]
+
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+
+/// Bytes the H200 charged one PyTorch process holding an 8 GiB tensor.
+pub const CHARGED: u64 = 9_229_565_952;
+/// v2 `used` with that one process.
+pub const USED: u64 = 9_238_806_528;
+/// The H200's memory.
+pub const TOTAL: u64 = 150_754_820_096;
+/// The driver's reservation on an idle H200.
+pub const RESERVED: u64 = 644_939_776;
+
+/// The exporter binary cargo built for these tests.
+pub fn exporter_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vram-exporter"))
+}
+
+/// The fake NVML cargo built as a dev-dependency.
+pub fn fake_nvml_library() -> PathBuf {
+    let folder = exporter_binary()
+        .parent()
+        .expect("binary folder")
+        .to_path_buf();
+    for candidate in [
+        folder.join("deps/libfake_nvml.so"),
+        folder.join("libfake_nvml.so"),
+    ] {
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("libfake_nvml.so is not built; run the tests with `cargo test --workspace`");
+}
+
+/// Poll `condition` every 10 ms until it holds, or fail after `timeout` saying `what`.
+pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A test's world: a temporary folder with the fake NVML linked as `libnvidia-ml.so.1`,
+/// a scenario file, and files standing in for `/dev/nvidia*`.
+pub struct Rig {
+    pub dir: tempfile::TempDir,
+    pub scenario: PathBuf,
+    pub library: PathBuf,
+    pub devices: PathBuf,
+}
+
+impl Rig {
+    /// A rig with four GPU nodes, the control node and the UVM node.
+    pub fn new() -> Rig {
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let library = dir.path().join("libnvidia-ml.so.1");
+        std::os::unix::fs::symlink(fake_nvml_library(), &library).expect("link fake NVML");
+        let devices = dir.path().join("dev");
+        fs::create_dir(&devices).unwrap();
+        for node in [
+            "nvidia0",
+            "nvidia1",
+            "nvidia2",
+            "nvidia3",
+            "nvidiactl",
+            "nvidia-uvm",
+        ] {
+            fs::write(devices.join(node), b"").unwrap();
+        }
+        let rig = Rig {
+            scenario: dir.path().join("scenario.json"),
+            dir,
+            library,
+            devices,
+        };
+        rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0)).into_json());
+        rig
+    }
+
+    /// Replace the scenario atomically, so the fake never reads half a file.
+    pub fn write_scenario(&self, scenario: &Value) {
+        let temporary = self.scenario.with_extension("tmp");
+        fs::write(&temporary, serde_json::to_vec_pretty(scenario).unwrap()).unwrap();
+        fs::rename(&temporary, &self.scenario).unwrap();
+    }
+
+    /// The stand-in for `/dev/nvidia<minor>`.
+    pub fn device(&self, minor: u32) -> PathBuf {
+        self.devices.join(format!("nvidia{minor}"))
+    }
+
+    /// The stand-in for `/dev/nvidiactl`.
+    pub fn control_device(&self) -> PathBuf {
+        self.devices.join("nvidiactl")
+    }
+
+    /// The device prefix the exporter must use to recognise these files.
+    pub fn device_prefix(&self) -> PathBuf {
+        self.devices.join("nvidia")
+    }
+
+    /// The exporter binary with this rig's NVML, scenario and device prefix.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(exporter_binary());
+        command
+            .env("FAKE_NVML_SCENARIO", &self.scenario)
+            .arg("--nvml.library")
+            .arg(&self.library)
+            .arg("--test.device-prefix")
+            .arg(self.device_prefix());
+        command
+    }
+
+    /// Start the exporter on a free loopback port and wait until it serves.
+    pub fn start(&self, extra: &[&str]) -> Exporter {
+        let mut command = self.command();
+        command
+            .args(["--web.listen-address", "127.0.0.1:0"])
+            .args(extra);
+        start(command)
+    }
+
+    /// The exporter as a user without the right to read other users' descriptors: run as
+    /// `nobody` when the tests run as root, from copies every user may read.
+    pub fn unprivileged_command(&self, args: &[&str]) -> Command {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        let folder = self.dir.path().join("shared");
+        fs::create_dir_all(&folder).unwrap();
+        let binary = folder.join("vram-exporter");
+        let library = folder.join("libnvidia-ml.so.1");
+        fs::copy(exporter_binary(), &binary).unwrap();
+        fs::copy(fake_nvml_library(), &library).unwrap();
+        for (path, mode) in [
+            (self.dir.path(), 0o755),
+            (folder.as_path(), 0o755),
+            (binary.as_path(), 0o755),
+            (library.as_path(), 0o644),
+            (self.scenario.as_path(), 0o644),
+        ] {
+            fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let mut command = Command::new(&binary);
+        command
+            .env("FAKE_NVML_SCENARIO", &self.scenario)
+            .arg("--nvml.library")
+            .arg(&library)
+            .arg("--test.device-prefix")
+            .arg(self.device_prefix())
+            .args(args);
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            command.uid(65534).gid(65534);
+        }
+        command
+    }
+
+    /// Run a one-shot command (`check`, `snapshot`, `textfile`) to completion.
+    pub fn run(&self, args: &[&str]) -> Outcome {
+        let output = self.command().args(args).output().expect("run exporter");
+        Outcome {
+            status: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+/// What a finished command said.
+#[derive(Debug)]
+pub struct Outcome {
+    pub status: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// A scenario's GPU list being built.
+pub struct Gpus {
+    gpus: Vec<Value>,
+    init_error: Option<String>,
+}
+
+impl Gpus {
+    pub fn new() -> Gpus {
+        Gpus {
+            gpus: Vec::new(),
+            init_error: None,
+        }
+    }
+
+    pub fn gpu(mut self, gpu: Gpu) -> Gpus {
+        self.gpus.push(gpu.0);
+        self
+    }
+
+    pub fn init_error(mut self, error: &str) -> Gpus {
+        self.init_error = Some(error.into());
+        self
+    }
+
+    pub fn into_json(self) -> Value {
+        json!({
+            "driver_version": "580.159.04",
+            "init_error": self.init_error,
+            "gpus": self.gpus,
+        })
+    }
+}
+
+/// One GPU of a scenario.
+pub struct Gpu(pub Value);
+
+impl Gpu {
+    /// An idle H200 with index and minor `index`.
+    pub fn idle(index: u32) -> Gpu {
+        Gpu(json!({
+            "uuid": format!("GPU-{index:08x}-0000-4000-8000-000000000000"),
+            "name": "NVIDIA H200",
+            "pci_bus_id": format!("00000000:{:02x}:00.0", 0x19 + index),
+            "minor": index,
+            "memory": { "total": TOTAL, "reserved": RESERVED, "used": 0 },
+            "compute_processes": [],
+        }))
+    }
+
+    /// The UUID `idle(index)` gives.
+    pub fn uuid(index: u32) -> String {
+        format!("GPU-{index:08x}-0000-4000-8000-000000000000")
+    }
+
+    pub fn used(mut self, used: u64) -> Gpu {
+        self.0["memory"]["used"] = json!(used);
+        self
+    }
+
+    /// NVML lists `pid` as a compute process charged `bytes` (`None`: unavailable).
+    pub fn process(mut self, pid: u32, bytes: Option<u64>) -> Gpu {
+        self.0["compute_processes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({ "pid": pid, "used_bytes": bytes }));
+        self
+    }
+
+    /// The named NVML call fails with `error` for this GPU.
+    pub fn error(mut self, symbol: &str, error: &str) -> Gpu {
+        self.0["errors"][symbol] = json!(error);
+        self
+    }
+}
+
+/// A running exporter, killed when dropped.
+pub struct Exporter {
+    pub child: Child,
+    pub address: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+/// Start an exporter `command` (which listens on port 0) and wait for its address.
+pub fn start(command: Command) -> Exporter {
+    Exporter::start(command)
+}
+
+impl Exporter {
+    fn start(mut command: Command) -> Exporter {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start exporter");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (address_sender, address_receiver) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&log);
+        // Keep draining stderr for the exporter's whole life so it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("msg=listening") {
+                    if let Some(address) = line
+                        .split_whitespace()
+                        .find_map(|field| field.strip_prefix("address="))
+                    {
+                        let _ = address_sender.send(address.parse::<SocketAddr>().unwrap());
+                    }
+                }
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let address = match address_receiver.recv_timeout(Duration::from_secs(20)) {
+            Ok(address) => address,
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!(
+                    "exporter did not start ({status:?}); its log:\n{}",
+                    log.lock().unwrap()
+                );
+            }
+        };
+        Exporter {
+            child,
+            address,
+            log,
+        }
+    }
+
+    /// Everything the exporter logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// GET `path` and parse the metrics.
+    pub fn scrape(&self) -> Metrics {
+        let response = self.get("/metrics");
+        assert_eq!(response.status, 200, "scrape failed: {}", response.body);
+        Metrics::parse(&response.body)
+    }
+
+    /// One request with `method`, `path` and extra header lines.
+    pub fn request(&self, method: &str, path: &str, headers: &[&str]) -> Response {
+        http(self.address, method, path, headers)
+    }
+
+    /// A GET request.
+    pub fn get(&self, path: &str) -> Response {
+        self.request("GET", path, &[])
+    }
+
+    /// Send SIGTERM and wait for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        signal(self.child.id(), libc::SIGTERM);
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "exporter ignored SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP response.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// A minimal HTTP/1.1 client: one request per connection.
+pub fn http(address: SocketAddr, method: &str, path: &str, headers: &[&str]) -> Response {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+    for header in headers {
+        request.push_str(header);
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read response");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("response head");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .expect("status line");
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(key, value)| (key.trim().to_string(), value.trim().to_string()))
+        .collect();
+    Response {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+/// Parsed Prometheus text: every sample with its labels.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub text: String,
+    pub samples: Vec<(String, BTreeMap<String, String>, f64)>,
+}
+
+impl Metrics {
+    pub fn parse(text: &str) -> Metrics {
+        let samples = text
+            .lines()
+            .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+            .map(parse_sample)
+            .collect();
+        Metrics {
+            text: text.to_string(),
+            samples,
+        }
+    }
+
+    /// Samples of `name` whose labels include all of `labels`.
+    pub fn find(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> Vec<&(String, BTreeMap<String, String>, f64)> {
+        self.samples
+            .iter()
+            .filter(|(sample, sample_labels, _)| {
+                sample == name
+                    && labels.iter().all(|(key, value)| {
+                        sample_labels.get(*key).map(String::as_str) == Some(*value)
+                    })
+            })
+            .collect()
+    }
+
+    /// The value of the one sample of `name` with `labels`; fails if there is not exactly one.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let found = self.find(name, labels);
+        assert_eq!(
+            found.len(),
+            1,
+            "expected one sample {name}{labels:?}, found {}:\n{}",
+            found.len(),
+            self.text
+        );
+        found[0].2
+    }
+
+    /// Whether any sample of `name` exists.
+    pub fn has(&self, name: &str) -> bool {
+        self.samples.iter().any(|(sample, _, _)| sample == name)
+    }
+}
+
+fn parse_sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
+    let (name_and_labels, value) = line.rsplit_once(' ').expect("sample value");
+    let value: f64 = value.parse().expect("numeric value");
+    let Some((name, labels)) = name_and_labels.split_once('{') else {
+        return (name_and_labels.to_string(), BTreeMap::new(), value);
+    };
+    let labels = labels.strip_suffix('}').expect("closing brace");
+    let mut parsed = BTreeMap::new();
+    let mut rest = labels;
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once("=\"").expect("label");
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = 0;
+        while let Some((index, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    let (_, escaped) = chars.next().expect("escape");
+                    value.push(if escaped == 'n' { '\n' } else { escaped });
+                }
+                '"' => {
+                    end = index + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        parsed.insert(key.trim_start_matches(',').to_string(), value);
+        rest = after[end..].trim_start_matches(',');
+    }
+    (name.to_string(), parsed, value)
+}
+
+/// `promtool` from Debian's `prometheus` package; a missing one fails the test with the fix.
+pub fn promtool() -> PathBuf {
+    require_tool("promtool", "prometheus")
+}
+
+/// A program from a Debian package, or a failure naming the install line.
+pub fn require_tool(program: &str, package: &str) -> PathBuf {
+    for folder in std::env::var("PATH").unwrap_or_default().split(':') {
+        let candidate = Path::new(folder).join(program);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!("{program} is not installed; install it with: apt-get install -y {package}");
+}
+
+/// Run `promtool check metrics` on `text` and fail with its complaints.
+pub fn assert_promtool_clean(text: &str) {
+    let mut child = Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success() && output.stdout.is_empty() && output.stderr.is_empty(),
+        "promtool check metrics complained:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Send `signal` to `pid`.
+pub fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    let result = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    assert_eq!(result, 0, "kill({pid}, {signal}) failed");
+}
+
+/// The one-letter state of `pid`, or `None` once it is gone.
+pub fn proc_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// Whether `pid` has `path` open.
+pub fn holds(pid: u32, path: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    entries
+        .flatten()
+        .any(|entry| fs::read_link(entry.path()).is_ok_and(|target| target == path))
+}
+
+/// A real process holding a device file, killed and reaped when dropped.
+pub struct Holder {
+    pub pid: u32,
+    child: Option<Child>,
+}
+
+impl Holder {
+    /// A `sleep` process with `device` open as fd 3, like a CUDA process with its node open.
+    pub fn spawn(device: &Path) -> Holder {
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg("exec 3<\"$1\"; exec sleep 1000")
+            .arg("sh")
+            .arg(device)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn holder");
+        let pid = child.id();
+        wait_until(
+            "the holder has opened its device",
+            Duration::from_secs(10),
+            || holds(pid, device) && proc_state(pid) == Some('S'),
+        );
+        Holder {
+            pid,
+            child: Some(child),
+        }
+    }
+
+    /// The fork-inherited orphan: a shell opens `device`, forks a child that inherits the
+    /// descriptor, and exits. Returns the dead (and reaped) owner's PID and the live
+    /// child, whose parent becomes this test process (a child subreaper).
+    pub fn fork_orphan(device: &Path) -> (u32, Holder) {
+        become_subreaper();
+        let mut owner = Command::new("sh")
+            .arg("-c")
+            .arg("exec 3<\"$1\"; sleep 1000 & echo $!")
+            .arg("sh")
+            .arg(device)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn owner");
+        let owner_pid = owner.id();
+        let mut line = String::new();
+        BufReader::new(owner.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let child_pid: u32 = line.trim().parse().expect("child pid");
+        owner.wait().expect("reap the owner");
+        wait_until(
+            "the child holds the device",
+            Duration::from_secs(10),
+            || holds(child_pid, device),
+        );
+        (
+            owner_pid,
+            Holder {
+                pid: child_pid,
+                child: None,
+            },
+        )
+    }
+
+    /// An owner whose main thread called pthread_exit while another thread lives on with
+    /// `device` open: state Z, an empty `/proc/PID/fd`, the file only in a thread's list.
+    pub fn zombie_main_thread(device: &Path) -> Holder {
+        let child = Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import ctypes, os, sys, threading, time\n\
+                 os.open(sys.argv[1], os.O_RDONLY)\n\
+                 threading.Thread(target=time.sleep, args=(1000,)).start()\n\
+                 ctypes.CDLL(None).pthread_exit(None)\n",
+            )
+            .arg(device)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn python3 (install it with: apt-get install -y python3)");
+        let pid = child.id();
+        wait_until(
+            "the main thread is a zombie",
+            Duration::from_secs(10),
+            || proc_state(pid) == Some('Z'),
+        );
+        Holder {
+            pid,
+            child: Some(child),
+        }
+    }
+
+    /// Stop it with SIGSTOP and wait until the kernel says so.
+    pub fn stop(&self) {
+        signal(self.pid, libc::SIGSTOP);
+        wait_until("the process is stopped", Duration::from_secs(10), || {
+            proc_state(self.pid) == Some('T')
+        });
+    }
+
+    /// SIGKILL it and reap it.
+    pub fn kill(mut self) {
+        self.kill_and_reap();
+    }
+
+    fn kill_and_reap(&mut self) {
+        let _ = unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGKILL) };
+        match self.child.take() {
+            Some(mut child) => {
+                let _ = child.wait();
+            }
+            None => {
+                // Our adopted child (we are its subreaper): reap it ourselves.
+                // SAFETY: waitpid on a PID we adopted; the status pointer may be null.
+                unsafe { libc::waitpid(self.pid as libc::pid_t, std::ptr::null_mut(), 0) };
+            }
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if self.child.is_some() || proc_state(self.pid).is_some() {
+            self.kill_and_reap();
+        }
+    }
+}
+
+/// Make this test process adopt orphaned grandchildren, so their parent PID is ours
+/// (not init's) and the tests can reap them.
+pub fn become_subreaper() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes one integer argument.
+        let result = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        assert_eq!(result, 0, "prctl(PR_SET_CHILD_SUBREAPER)");
+    });
+}
+
+/// A PID that no process has: above the kernel's pid_max.
+pub fn nonexistent_pid() -> u32 {
+    let max: u32 = fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(4_194_304);
+    max + 1
+}
