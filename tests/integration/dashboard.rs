@@ -1,0 +1,647 @@
+//! Static checks of `dashboards/vram-exporter.json`: what Grafana needs to import it
+//! (schema version, unique panel ids, a datasource variable every query goes through, no
+//! hard-coded instance) and that its PromQL parses and asks only for the exporter's
+//! metrics. `dashboard_queries()` hands the same queries to the test against a live
+//! Prometheus.
+
+use serde_json::Value;
+use std::collections::{BTreeSet, HashSet};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// Every metric the exporter promises (its metric contract); dashboards and rules may ask
+/// for these and for Prometheus's own `up`, nothing else.
+pub(crate) const CONTRACT_METRICS: &[&str] = &[
+    "vram_gpu_info",
+    "vram_gpu_up",
+    "vram_gpu_error",
+    "vram_total_bytes",
+    "vram_used_bytes",
+    "vram_reserved_bytes",
+    "vram_free_bytes",
+    "vram_owner_processes",
+    "vram_owned_bytes",
+    "vram_orphaned_bytes",
+    "vram_unattributed_bytes",
+    "vram_owner_processes_usage_unavailable",
+    "vram_unlisted_holders",
+    "vram_holder_info",
+    "vram_holder_scan_duration_seconds",
+    "vram_holder_scan_complete",
+    "vram_host_pid_namespace",
+    "vram_nvml_up",
+    "vram_scrape_duration_seconds",
+    "vram_build_info",
+    "vram_procfs_errors",
+    "vram_process_used_bytes",
+];
+
+/// Template variables the dashboard must offer, besides the datasource.
+const REQUIRED_VARIABLES: &[&str] = &["instance", "gpu"];
+
+fn dashboard_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("dashboards/vram-exporter.json")
+}
+
+fn load_dashboard() -> Value {
+    let path = dashboard_path();
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|err| panic!("{} is not valid JSON: {err}", path.display()))
+}
+
+/// Every panel, including those nested in (collapsed) rows.
+fn all_panels(dashboard: &Value) -> Vec<&Value> {
+    fn walk<'a>(panels: &'a Value, out: &mut Vec<&'a Value>) {
+        for panel in panels.as_array().into_iter().flatten() {
+            out.push(panel);
+            if let Some(nested) = panel.get("panels") {
+                walk(nested, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&dashboard["panels"], &mut out);
+    out
+}
+
+fn panel_name(panel: &Value) -> String {
+    format!(
+        "panel {} ({:?})",
+        panel["id"],
+        panel["title"].as_str().unwrap_or("untitled")
+    )
+}
+
+fn targets(panel: &Value) -> impl Iterator<Item = &Value> {
+    panel["targets"].as_array().into_iter().flatten()
+}
+
+/// Every PromQL expression of the dashboard exactly as Grafana sends it (variables left in).
+fn raw_queries(dashboard: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for panel in all_panels(dashboard) {
+        for target in targets(panel) {
+            if let Some(expr) = target["expr"].as_str() {
+                out.push((panel_name(panel), expr.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// Replace Grafana's template variables so that the query runs as it is against a live
+/// Prometheus: the interval variables become `5m`, every other variable `.*` (each one
+/// stands inside a `=~` matcher, where `.*` selects everything).
+fn substitute_variables(expr: &str) -> String {
+    let chars: Vec<char> = expr.chars().collect();
+    let mut out = String::with_capacity(expr.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let (name, next) = if chars[i] == '$' && chars.get(i + 1) == Some(&'{') {
+            match chars[i + 2..].iter().position(|&c| c == '}') {
+                Some(len) => {
+                    let inner: String = chars[i + 2..i + 2 + len].iter().collect();
+                    let name = inner.split(':').next().unwrap_or("").to_string();
+                    (Some(name), i + 3 + len)
+                }
+                None => (None, i + 1),
+            }
+        } else if chars[i] == '$' {
+            let len = chars[i + 1..]
+                .iter()
+                .take_while(|c| c.is_ascii_alphanumeric() || **c == '_')
+                .count();
+            if len == 0 {
+                (None, i + 1)
+            } else {
+                (
+                    Some(chars[i + 1..i + 1 + len].iter().collect()),
+                    i + 1 + len,
+                )
+            }
+        } else if chars[i] == '[' && chars.get(i + 1) == Some(&'[') {
+            match chars[i + 2..].windows(2).position(|w| w == [']', ']']) {
+                Some(len) => (
+                    Some(chars[i + 2..i + 2 + len].iter().collect()),
+                    i + 4 + len,
+                ),
+                None => (None, i + 1),
+            }
+        } else {
+            (None, i + 1)
+        };
+        match name {
+            Some(name) if name.starts_with("__") => out.push_str("5m"),
+            Some(_) => out.push_str(".*"),
+            None => out.push(chars[i]),
+        }
+        i = next;
+    }
+    out
+}
+
+/// Every PromQL expression of the dashboard with its template variables substituted, ready
+/// to run against a live Prometheus (see `substitute_variables`).
+pub fn dashboard_queries() -> Vec<String> {
+    raw_queries(&load_dashboard())
+        .into_iter()
+        .map(|(_, expr)| substitute_variables(&expr))
+        .collect()
+}
+
+/// Functions and aggregation operators: identifiers that are never metric names.
+const AGGREGATIONS: &[&str] = &[
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
+];
+/// Keywords that take a parenthesised label list.
+const LABEL_LIST_KEYWORDS: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+];
+/// Other keywords and literals.
+const KEYWORDS: &[&str] = &[
+    "and", "or", "unless", "bool", "offset", "atan2", "inf", "nan", "start", "end",
+];
+
+/// The metric names a PromQL expression selects (a small tokenizer: it skips strings,
+/// label matchers, ranges, template variables, functions, aggregations and keywords, and
+/// what remains are metric names).
+pub(crate) fn metric_names(expr: &str) -> BTreeSet<String> {
+    let chars: Vec<char> = expr.chars().collect();
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    let skip_string = |mut i: usize| -> usize {
+        let quote = chars[i];
+        i += 1;
+        while i < chars.len() && chars[i] != quote {
+            if chars[i] == '\\' && quote != '`' {
+                i += 1;
+            }
+            i += 1;
+        }
+        i + 1
+    };
+    let skip_group = |mut i: usize, open: char, close: char| -> usize {
+        let mut depth = 0usize;
+        while i < chars.len() {
+            match chars[i] {
+                '"' | '\'' | '`' => {
+                    i = skip_string(i);
+                    continue;
+                }
+                c if c == open => depth += 1,
+                c if c == close => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return i + 1;
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        i
+    };
+    let is_ident_start = |c: char| c.is_ascii_alphabetic() || c == '_' || c == ':';
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '"' || c == '\'' || c == '`' {
+            i = skip_string(i);
+        } else if c == '{' {
+            i = skip_group(i, '{', '}');
+        } else if c == '[' {
+            i = skip_group(i, '[', ']');
+        } else if c == '$' {
+            i += 1;
+            if chars.get(i) == Some(&'{') {
+                i = skip_group(i, '{', '}');
+            } else {
+                while i < chars.len() && is_ident(chars[i]) {
+                    i += 1;
+                }
+            }
+        } else if c.is_ascii_digit() || c == '.' {
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                i += 1;
+            }
+        } else if is_ident_start(c) {
+            let start = i;
+            while i < chars.len() && is_ident(chars[i]) {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            let mut next = i;
+            while next < chars.len() && chars[next].is_whitespace() {
+                next += 1;
+            }
+            let followed_by_paren = chars.get(next) == Some(&'(');
+            let lower = word.to_ascii_lowercase();
+            if LABEL_LIST_KEYWORDS.contains(&lower.as_str()) {
+                if followed_by_paren {
+                    i = skip_group(next, '(', ')');
+                }
+            } else if followed_by_paren
+                || AGGREGATIONS.contains(&lower.as_str())
+                || KEYWORDS.contains(&lower.as_str())
+            {
+                // a function call, an aggregation or a keyword
+            } else {
+                names.insert(word);
+            }
+        } else {
+            i += 1;
+        }
+    }
+    names
+}
+
+/// The first imbalance of (), {} and [] outside string literals, if any.
+pub(crate) fn unbalanced(expr: &str) -> Option<String> {
+    let mut stack = Vec::new();
+    let mut chars = expr.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' | '\'' | '`' => {
+                let quote = c;
+                let mut closed = false;
+                while let Some(d) = chars.next() {
+                    if d == '\\' && quote != '`' {
+                        chars.next();
+                    } else if d == quote {
+                        closed = true;
+                        break;
+                    }
+                }
+                if !closed {
+                    return Some(format!("unterminated string starting with {quote}"));
+                }
+            }
+            '(' | '{' | '[' => stack.push(c),
+            ')' | '}' | ']' => {
+                let open = match c {
+                    ')' => '(',
+                    '}' => '{',
+                    _ => '[',
+                };
+                if stack.pop() != Some(open) {
+                    return Some(format!("unexpected {c}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    stack.last().map(|open| format!("unclosed {open}"))
+}
+
+/// The name of the datasource variable (type `datasource`, plugin `prometheus`).
+fn datasource_variable(dashboard: &Value) -> String {
+    let list = dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating.list is missing");
+    let vars: Vec<&Value> = list
+        .iter()
+        .filter(|v| v["type"] == "datasource" && v["query"] == "prometheus")
+        .collect();
+    assert_eq!(
+        vars.len(),
+        1,
+        "need exactly one template variable of type datasource with query \"prometheus\""
+    );
+    vars[0]["name"]
+        .as_str()
+        .expect("datasource variable has no name")
+        .to_string()
+}
+
+/// Whether a panel's, target's or variable's `datasource` refers to the variable.
+fn refers_to(datasource: &Value, variable: &str) -> bool {
+    let wanted = [format!("${{{variable}}}"), format!("${variable}")];
+    match datasource {
+        Value::String(s) => wanted.contains(s),
+        Value::Object(o) => {
+            o.get("uid")
+                .and_then(Value::as_str)
+                .is_some_and(|uid| wanted.iter().any(|w| w == uid))
+                && o.get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("prometheus")
+                    == "prometheus"
+        }
+        _ => false,
+    }
+}
+
+#[test]
+fn dashboard_has_a_schema_version_grafana_imports() {
+    let dashboard = load_dashboard();
+    let version = dashboard["schemaVersion"]
+        .as_u64()
+        .expect("schemaVersion is missing or not a number");
+    assert!(version >= 36, "schemaVersion {version} is below 36");
+    assert!(
+        dashboard["title"].as_str().is_some_and(|t| !t.is_empty()),
+        "the dashboard needs a title"
+    );
+    assert!(
+        dashboard["uid"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty() && u.len() <= 40),
+        "the dashboard needs a stable uid of at most 40 characters"
+    );
+    assert!(
+        dashboard["id"].is_null(),
+        "an importable dashboard has \"id\": null"
+    );
+}
+
+#[test]
+fn dashboard_panel_ids_are_unique_including_nested_panels() {
+    let dashboard = load_dashboard();
+    let panels = all_panels(&dashboard);
+    assert!(!panels.is_empty(), "the dashboard has no panels");
+    let mut seen = HashSet::new();
+    for panel in &panels {
+        let id = panel["id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{} has no numeric id", panel_name(panel)));
+        assert!(seen.insert(id), "panel id {id} is used twice");
+        assert!(
+            panel["type"].as_str().is_some(),
+            "{} has no type",
+            panel_name(panel)
+        );
+        let grid = &panel["gridPos"];
+        for key in ["h", "w", "x", "y"] {
+            assert!(
+                grid[key].as_u64().is_some(),
+                "{} has no gridPos.{key}",
+                panel_name(panel)
+            );
+        }
+        assert!(
+            grid["x"].as_u64().unwrap() + grid["w"].as_u64().unwrap() <= 24,
+            "{} is wider than the 24-column grid",
+            panel_name(panel)
+        );
+    }
+}
+
+#[test]
+fn dashboard_queries_go_through_the_datasource_variable() {
+    let dashboard = load_dashboard();
+    let variable = datasource_variable(&dashboard);
+    for panel in all_panels(&dashboard) {
+        let has_targets = targets(panel).next().is_some();
+        let datasource = &panel["datasource"];
+        if has_targets || !datasource.is_null() {
+            assert!(
+                refers_to(datasource, &variable),
+                "{} has datasource {datasource} instead of ${{{variable}}}",
+                panel_name(panel)
+            );
+        }
+        for target in targets(panel) {
+            assert!(
+                refers_to(&target["datasource"], &variable),
+                "a target of {} has datasource {} instead of ${{{variable}}}",
+                panel_name(panel),
+                target["datasource"]
+            );
+        }
+    }
+    for var in dashboard["templating"]["list"].as_array().unwrap() {
+        if var["type"] == "query" {
+            assert!(
+                refers_to(&var["datasource"], &variable),
+                "template variable {} has datasource {} instead of ${{{variable}}}",
+                var["name"],
+                var["datasource"]
+            );
+        }
+    }
+}
+
+#[test]
+fn dashboard_offers_instance_and_gpu_variables_from_label_values() {
+    let dashboard = load_dashboard();
+    let list = dashboard["templating"]["list"].as_array().unwrap();
+    let names: Vec<&str> = list.iter().filter_map(|v| v["name"].as_str()).collect();
+    let unique: HashSet<&str> = names.iter().copied().collect();
+    assert_eq!(
+        unique.len(),
+        names.len(),
+        "template variable names repeat: {names:?}"
+    );
+    for wanted in REQUIRED_VARIABLES {
+        let var = list
+            .iter()
+            .find(|v| v["name"] == *wanted)
+            .unwrap_or_else(|| panic!("template variable {wanted} is missing"));
+        assert_eq!(
+            var["type"], "query",
+            "variable {wanted} must be a query variable"
+        );
+        let query = var["query"]["query"]
+            .as_str()
+            .or_else(|| var["query"].as_str())
+            .or_else(|| var["definition"].as_str())
+            .unwrap_or_else(|| panic!("variable {wanted} has no query"));
+        let query = query.trim();
+        assert!(
+            query.starts_with("label_values(") && query.ends_with(&format!(", {wanted})")),
+            "variable {wanted} must come from label_values(..., {wanted}), not {query:?}"
+        );
+        let inner = &query["label_values(".len()..query.len() - format!(", {wanted})").len()];
+        for metric in metric_names(inner) {
+            assert!(
+                CONTRACT_METRICS.contains(&metric.as_str()),
+                "variable {wanted} reads {metric}, which the exporter does not export"
+            );
+        }
+    }
+    // A repeated panel must repeat over a variable that exists.
+    for panel in all_panels(&dashboard) {
+        if let Some(repeat) = panel["repeat"].as_str() {
+            assert!(
+                unique.contains(repeat),
+                "{} repeats over unknown variable {repeat}",
+                panel_name(panel)
+            );
+        }
+    }
+}
+
+#[test]
+fn dashboard_queries_name_no_instance() {
+    for (panel, expr) in raw_queries(&load_dashboard()) {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("instance") {
+            let before_ok = at == 0 || {
+                let c = rest.as_bytes()[at - 1] as char;
+                !(c.is_ascii_alphanumeric() || c == '_')
+            };
+            let after = rest[at + "instance".len()..].trim_start();
+            rest = &rest[at + "instance".len()..];
+            if !before_ok {
+                continue;
+            }
+            let Some(op) = ["=~", "!~", "!=", "="]
+                .iter()
+                .find(|op| after.starts_with(**op))
+            else {
+                continue; // a label name in by (...), on (...), or a legend
+            };
+            let value = after[op.len()..].trim_start();
+            let value = value
+                .strip_prefix('"')
+                .and_then(|v| v.split('"').next())
+                .unwrap_or(value);
+            assert!(
+                *op == "=~" && (value == "$instance" || value == "${instance}"),
+                "{panel}: instance must be selected as instance=~\"$instance\", found instance{op}\"{value}\" in {expr}"
+            );
+        }
+        assert!(
+            !expr.contains(":9077"),
+            "{panel}: hard-coded exporter address in {expr}"
+        );
+    }
+}
+
+#[test]
+fn dashboard_queries_ask_only_for_exporter_metrics_and_up() {
+    let queries = raw_queries(&load_dashboard());
+    assert!(!queries.is_empty(), "the dashboard has no queries");
+    for (panel, expr) in &queries {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "{panel}: no metric found in {expr}");
+        for name in names {
+            assert!(
+                name == "up" || CONTRACT_METRICS.contains(&name.as_str()),
+                "{panel}: {name} is not an exporter metric (in {expr})"
+            );
+        }
+    }
+}
+
+#[test]
+fn dashboard_byte_panels_use_iec_bytes() {
+    let dashboard = load_dashboard();
+    for panel in all_panels(&dashboard) {
+        let unit = panel["fieldConfig"]["defaults"]["unit"].as_str();
+        assert_ne!(
+            unit,
+            Some("decbytes"),
+            "{}: use the IEC unit \"bytes\"",
+            panel_name(panel)
+        );
+        let kind = panel["type"].as_str().unwrap_or("");
+        if kind != "timeseries" && kind != "stat" {
+            continue;
+        }
+        let metrics: BTreeSet<String> = targets(panel)
+            .filter_map(|t| t["expr"].as_str())
+            .flat_map(metric_names)
+            .collect();
+        let counts = targets(panel)
+            .filter_map(|t| t["expr"].as_str())
+            .any(|e| e.contains("count("));
+        if !counts && !metrics.is_empty() && metrics.iter().all(|m| m.ends_with("_bytes")) {
+            assert_eq!(
+                unit,
+                Some("bytes"),
+                "{} shows only byte metrics but its unit is {unit:?}",
+                panel_name(panel)
+            );
+        }
+    }
+}
+
+#[test]
+fn dashboard_queries_are_balanced_and_fully_substituted() {
+    let queries = dashboard_queries();
+    assert!(!queries.is_empty(), "the dashboard has no queries");
+    for query in &queries {
+        if let Some(problem) = unbalanced(query) {
+            panic!("{problem} in {query}");
+        }
+        assert!(
+            !query.contains('$') && !query.contains("[["),
+            "a template variable is left in {query}"
+        );
+    }
+}
+
+#[test]
+fn dashboard_queries_parse_as_promql() {
+    // promtool has no command that parses a bare query, but it parses every expression of
+    // a rules file: wrap each query in a recording rule and let `promtool check rules`
+    // judge them.
+    let queries = dashboard_queries();
+    let mut rules = String::from("groups:\n  - name: dashboard-queries\n    rules:\n");
+    for (n, query) in queries.iter().enumerate() {
+        let quoted = serde_json::to_string(query).expect("a string serialises");
+        let _ = writeln!(
+            rules,
+            "      - record: dashboard_query_{n}\n        expr: {quoted}"
+        );
+    }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let path = std::env::temp_dir().join(format!(
+        "vram-exporter-dashboard-queries-{}-{stamp}.yml",
+        std::process::id()
+    ));
+    std::fs::write(&path, &rules).expect("write the temporary rules file");
+    let path_text = path.to_string_lossy().into_owned();
+    let (ok, output) = super::alerts::run_promtool(&["check", "rules", path_text.as_str()]);
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        ok,
+        "promtool rejected a dashboard query:\n{output}\nqueries, numbered as in the message:\n{}",
+        queries
+            .iter()
+            .enumerate()
+            .map(|(n, q)| format!("  dashboard_query_{n}: {q}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn metric_names_tokenizer_finds_metrics_and_skips_the_rest() {
+    let names = metric_names(
+        r#"topk(10, sum by (instance) (vram_orphaned_bytes{job=~"$job", reason!="x{y}"}[5m] offset 1m)) > 0 or on (job) vector(0) and up unless rate(vram_used_bytes[$__rate_interval])"#,
+    );
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    assert_eq!(names, ["up", "vram_orphaned_bytes", "vram_used_bytes"]);
+    assert_eq!(
+        substitute_variables(
+            r#"x{a=~"$a", b=~"${b}", c=~"${c:regex}", d=~"[[d]]"}[$__rate_interval]"#
+        ),
+        r#"x{a=~".*", b=~".*", c=~".*", d=~".*"}[5m]"#
+    );
+    assert!(unbalanced(r#"sum(x{a="(]"})"#).is_none());
+    assert!(unbalanced("sum(x{a=\"b\"}").is_some());
+}
