@@ -149,8 +149,12 @@ pub struct GpuAccount {
     pub unattributed_trust: UnattributedTrust,
     /// Owners whose usage NVML reports as unavailable.
     pub usage_unavailable_owners: u64,
-    /// Live processes holding this GPU's device node that NVML does not list as owners.
+    /// Live processes with a CUDA context holding this GPU's device node that NVML does
+    /// not list as owners: what keeps orphaned memory alive.
     pub unlisted_holders: Vec<Holder>,
+    /// Other unlisted processes with the node open but no sign of a CUDA context (NVML
+    /// clients such as monitoring agents); named to people, never called culprits.
+    pub other_holders: Vec<Holder>,
 }
 
 impl GpuAccount {
@@ -180,7 +184,7 @@ impl GpuAccount {
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum GpuOutcome {
     /// The readings succeeded.
-    Measured(GpuAccount),
+    Measured(Box<GpuAccount>),
     /// A call failed: the GPU's figures are unknown, not zero.
     Failed {
         /// The kind of failure.
@@ -268,6 +272,7 @@ impl Report {
 
 /// NVIDIA's own daemons hold device files without owning memory; never call them culprits.
 const MANAGEMENT_AGENTS: &[&str] = &[
+    "vram-exporter",
     "nvidia-persiste",
     "nv-hostengine",
     "dcgm-exporter",
@@ -299,14 +304,14 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                     minor: gpu.minor,
                     outcome: match &gpu.state {
                         GpuState::Ok { memory, processes } => {
-                            GpuOutcome::Measured(account_for_gpu(
+                            GpuOutcome::Measured(Box::new(account_for_gpu(
                                 *memory,
                                 processes,
                                 gpu.minor,
                                 observation,
                                 blind,
                                 settings,
-                            ))
+                            )))
                         }
                         GpuState::Failed { error, message } => GpuOutcome::Failed {
                             error: *error,
@@ -395,6 +400,7 @@ fn account_for_gpu(
         }
     }
 
+    let (unlisted_holders, other_holders) = unlisted_holders(minor, &owners, observation);
     let noise_floor = settings
         .context_overhead_bytes
         .saturating_mul(owners.len() as u64);
@@ -417,19 +423,21 @@ fn account_for_gpu(
         unattributed_bytes,
         unattributed_trust,
         usage_unavailable_owners,
-        unlisted_holders: unlisted_holders(minor, &owners, observation),
+        unlisted_holders,
+        other_holders,
         owners,
     }
 }
 
-/// Holders of this GPU's node that NVML does not list: the processes keeping orphaned memory alive.
+/// Holders of this GPU's node that NVML does not list, split into those with a CUDA
+/// context (the processes keeping orphaned memory alive) and the others.
 fn unlisted_holders(
     minor: Option<u32>,
     owners: &[Owner],
     observation: &Observation,
-) -> Vec<Holder> {
+) -> (Vec<Holder>, Vec<Holder>) {
     let (Some(minor), Some(scan)) = (minor, &observation.holder_scan) else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     let live_owner_pids: BTreeSet<u32> = owners
         .iter()
@@ -440,7 +448,6 @@ fn unlisted_holders(
         .iter()
         .filter(|holder| holder.gpu_minors.contains(&minor))
         .filter(|holder| !live_owner_pids.contains(&holder.pid))
-        .filter(|holder| !is_management_agent(&holder.comm))
         .cloned()
-        .collect()
+        .partition(|holder| holder.holds_uvm && !is_management_agent(&holder.comm))
 }

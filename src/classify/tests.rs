@@ -65,7 +65,17 @@ impl Host {
         self
     }
 
-    fn holder(mut self, pid: u32, ppid: u32, comm: &str, minors: &[u32]) -> Host {
+    /// A process with a CUDA context (it holds the UVM node) and these GPU nodes open.
+    fn holder(self, pid: u32, ppid: u32, comm: &str, minors: &[u32]) -> Host {
+        self.node_holder(pid, ppid, comm, minors, true)
+    }
+
+    /// An NVML client: GPU nodes open, no UVM node.
+    fn nvml_client(self, pid: u32, comm: &str, minors: &[u32]) -> Host {
+        self.node_holder(pid, 1, comm, minors, false)
+    }
+
+    fn node_holder(mut self, pid: u32, ppid: u32, comm: &str, minors: &[u32], uvm: bool) -> Host {
         self.holders.get_or_insert_with(Vec::new).push(Holder {
             pid,
             ppid,
@@ -76,6 +86,7 @@ impl Host {
             user: None,
             wchan: None,
             gpu_minors: minors.to_vec(),
+            holds_uvm: uvm,
         });
         self
     }
@@ -373,6 +384,23 @@ fn unlisted_holder_of_the_gpu_node_is_named() {
     let pids: Vec<u32> = account.unlisted_holders.iter().map(|h| h.pid).collect();
     // 600 holds another GPU; 700 is the driver's persistence daemon.
     assert_eq!(pids, vec![524]);
+    let others: Vec<u32> = account.other_holders.iter().map(|h| h.pid).collect();
+    assert_eq!(others, vec![700]);
+}
+
+#[test]
+fn nvml_clients_without_a_cuda_context_are_never_culprits() {
+    // A monitoring agent, another exporter or nvidia-smi opens the GPU node through
+    // NVML but never the UVM node that CUDA opens.
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .nvml_client(800, "python3", &[0])
+        .holder(801, 1, "vram-exporter", &[0])
+        .account();
+    assert!(account.unlisted_holders.is_empty());
+    let others: Vec<u32> = account.other_holders.iter().map(|h| h.pid).collect();
+    assert_eq!(others, vec![800, 801]);
 }
 
 #[test]

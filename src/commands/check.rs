@@ -119,7 +119,17 @@ fn finish(report: &Report, config: &CheckConfig) -> anyhow::Result<ExitCode> {
         Ok(ExitCode::from(EXIT_ORPHANED))
     } else if !unreadable.is_empty() {
         // Nothing orphaned among what we could read is not "nothing orphaned".
-        bail!("cannot read GPU {:?}; its memory is unknown", unreadable)
+        let indices: Vec<String> = unreadable.iter().map(u32::to_string).collect();
+        bail!(
+            "cannot read GPU{} {}; {} memory is unknown",
+            if unreadable.len() == 1 { "" } else { "s" },
+            indices.join(", "),
+            if unreadable.len() == 1 {
+                "its"
+            } else {
+                "their"
+            }
+        )
     } else {
         Ok(ExitCode::SUCCESS)
     }

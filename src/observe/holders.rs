@@ -18,6 +18,7 @@ const CLOCK_CHECK_EVERY: usize = 64;
 #[derive(Default)]
 struct HeldNodes {
     any: bool,
+    uvm: bool,
     gpu_minors: BTreeSet<u32>,
 }
 
@@ -107,6 +108,7 @@ impl ProcRoot {
                 continue;
             };
             held.any = true;
+            held.uvm |= rest == b"-uvm";
             // `/dev/nvidia0` names a GPU; `/dev/nvidiactl`, `/dev/nvidia-uvm` and the
             // capability nodes are shared by every CUDA process.
             if let Some(minor) = std::str::from_utf8(rest)
@@ -141,6 +143,7 @@ impl ProcRoot {
             user: uid.and_then(user_name),
             wchan,
             gpu_minors: held.gpu_minors.into_iter().collect(),
+            holds_uvm: held.uvm,
         })
     }
 }

@@ -107,6 +107,13 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
         }
     }
 
+    if !account.other_holders.is_empty() {
+        let named: Vec<String> = account.other_holders.iter().map(describe_holder).collect();
+        notes.push(format!(
+            "Also holding the device file, without a CUDA context (NVML clients such as monitoring agents, which own no memory): {}.",
+            named.join(", ")
+        ));
+    }
     let orphaned = account.orphaned_bytes();
     if orphaned == 0 {
         let live: Vec<&Owner> = account
@@ -116,6 +123,15 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
             .collect();
         let sentence = if live.is_empty() && account.memory.used == 0 {
             format!("GPU {}: idle; nothing orphaned.", gpu.index)
+        } else if live.is_empty() {
+            // Used memory without a visible owner that is still not orphaned (a blind
+            // exporter, or a remnant under the noise floor): "0 B owned by 0 live
+            // processes" would hide the memory, and "nothing orphaned" would claim too much.
+            format!(
+                "GPU {}: {} used by no visible process; not called orphaned.",
+                gpu.index,
+                format_bytes(account.memory.used)
+            )
         } else {
             let owned: u64 = live.iter().filter_map(|owner| owner.used_bytes).sum();
             format!(

@@ -581,13 +581,25 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// A `sleep` process with `device` open as fd 3, like a CUDA process with its node open.
+    /// A `sleep` process with `device` open as fd 3 and the UVM node beside it as fd 4,
+    /// as a CUDA process has them.
     pub fn spawn(device: &Path) -> Holder {
+        Holder::spawn_with("exec 3<\"$1\" 4<\"$2\"; exec sleep 1000", device)
+    }
+
+    /// A process that opened only the GPU's node, as an NVML client (a monitoring agent)
+    /// does: no UVM node, so no CUDA context.
+    pub fn nvml_client(device: &Path) -> Holder {
+        Holder::spawn_with("exec 3<\"$1\"; exec sleep 1000", device)
+    }
+
+    fn spawn_with(script: &str, device: &Path) -> Holder {
         let child = Command::new("sh")
             .arg("-c")
-            .arg("exec 3<\"$1\"; exec sleep 1000")
+            .arg(script)
             .arg("sh")
             .arg(device)
+            .arg(uvm_node(device))
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn holder");
@@ -610,9 +622,10 @@ impl Holder {
         become_subreaper();
         let mut owner = Command::new("sh")
             .arg("-c")
-            .arg("exec 3<\"$1\"; sleep 1000 & echo $!")
+            .arg("exec 3<\"$1\" 4<\"$2\"; sleep 1000 & echo $!")
             .arg("sh")
             .arg(device)
+            .arg(uvm_node(device))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -646,10 +659,12 @@ impl Holder {
             .arg(
                 "import ctypes, os, sys, threading, time\n\
                  os.open(sys.argv[1], os.O_RDONLY)\n\
+                 os.open(sys.argv[2], os.O_RDONLY)\n\
                  threading.Thread(target=time.sleep, args=(1000,)).start()\n\
                  ctypes.CDLL(None).pthread_exit(None)\n",
             )
             .arg(device)
+            .arg(uvm_node(device))
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn python3 (install it with: apt-get install -y python3)");
@@ -701,6 +716,11 @@ impl Drop for Holder {
     }
 }
 
+/// The UVM node beside a GPU node (`nvidia-uvm` in the same folder).
+fn uvm_node(device: &Path) -> PathBuf {
+    device.with_file_name("nvidia-uvm")
+}
+
 /// Make this test process adopt orphaned grandchildren, so their parent PID is ours
 /// (not init's) and the tests can reap them.
 pub fn become_subreaper() {
@@ -719,4 +739,206 @@ pub fn nonexistent_pid() -> u32 {
         .and_then(|text| text.trim().parse().ok())
         .unwrap_or(4_194_304);
     max + 1
+}
+
+// Helpers of the holder, check, snapshot and textfile tests.
+
+/// The command name of `pid`, or `None` once it is gone.
+pub fn proc_comm(pid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|comm| comm.trim_end().to_string())
+}
+
+/// The start time of `pid` in clock ticks after boot (field 22 of `/proc/PID/stat`).
+pub fn start_time_ticks(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process exists");
+    let after_comm = stat.rsplit_once(") ").expect("stat format").1;
+    // Fields after the command name start at field 3 (the state).
+    after_comm
+        .split_whitespace()
+        .nth(22 - 3)
+        .and_then(|ticks| ticks.parse().ok())
+        .expect("start time")
+}
+
+/// The effective user id of this test process (the owner of every process it spawns).
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// The name the host's password file gives `uid`.
+pub fn user_name(uid: u32) -> Option<String> {
+    let passwd = fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        (fields.get(2)?.parse::<u32>().ok()? == uid).then(|| fields[0].to_string())
+    })
+}
+
+/// Wait until `holder` is a `sleep` asleep in its syscall: right after a fork or an exec
+/// the process may still be the shell that made it, with the shell's command name.
+pub fn wait_until_sleeping(holder: &Holder) {
+    wait_until(
+        "the holder is a sleeping `sleep`",
+        Duration::from_secs(10),
+        || proc_comm(holder.pid).as_deref() == Some("sleep") && proc_state(holder.pid) == Some('S'),
+    );
+}
+
+/// [`Holder::fork_orphan`], returned once the inheriting child sleeps as `sleep`.
+pub fn settled_fork_orphan(device: &Path) -> (u32, Holder) {
+    let (dead_owner, child) = Holder::fork_orphan(device);
+    wait_until_sleeping(&child);
+    (dead_owner, child)
+}
+
+impl Outcome {
+    /// Standard output parsed as JSON (`check --json`, `snapshot`).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|error| {
+            panic!(
+                "standard output is not JSON ({error}):\n{}\nstandard error:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+impl Rig {
+    /// The exporter started through a shell that opens `device` as descriptor 5 and then
+    /// execs it: the exporter holds the device file itself, as a real exporter holds
+    /// `/dev/nvidia*` once it has opened NVML. The process keeps the shell's PID.
+    pub fn command_holding(&self, device: &Path) -> Command {
+        let mut command = Command::new("sh");
+        command
+            .env("FAKE_NVML_SCENARIO", &self.scenario)
+            .arg("-c")
+            .arg("exec 5<\"$DEVICE\"; exec \"$0\" \"$@\"")
+            .env("DEVICE", device)
+            .arg(exporter_binary())
+            .arg("--nvml.library")
+            .arg(&self.library)
+            .arg("--test.device-prefix")
+            .arg(self.device_prefix());
+        command
+    }
+
+    /// A procfs whose only entry says this process is not in the host PID namespace
+    /// (`pid:[4026531836]`), for `--path.procfs`: the exporter is then blind.
+    pub fn blind_procfs(&self) -> PathBuf {
+        let procfs = self.dir.path().join("proc");
+        fs::create_dir_all(procfs.join("self/ns")).unwrap();
+        std::os::unix::fs::symlink("pid:[4026532999]", procfs.join("self/ns/pid")).unwrap();
+        procfs
+    }
+
+    /// Start a one-shot command in the background, collecting its output as it comes.
+    pub fn spawn(&self, args: &[&str]) -> Running {
+        Running::spawn(self.command().args(args))
+    }
+}
+
+/// A one-shot command still running, whose output is collected line by line, so a test
+/// can wait for what it has printed so far.
+pub struct Running {
+    child: Child,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    pub fn spawn(command: &mut Command) -> Running {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the exporter");
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let readers = vec![
+            collect_lines(child.stdout.take().unwrap(), Arc::clone(&stdout)),
+            collect_lines(child.stderr.take().unwrap(), Arc::clone(&stderr)),
+        ];
+        Running {
+            child,
+            stdout,
+            stderr,
+            readers,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Standard output so far.
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// Standard error so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Wait for the exit (failing after `timeout`) and return everything it printed.
+    pub fn finish(mut self, timeout: Duration) -> Outcome {
+        let mut status = None;
+        wait_until("the command exits", timeout, || {
+            status = self.child.try_wait().unwrap();
+            status.is_some()
+        });
+        for reader in self.readers.drain(..) {
+            reader.join().unwrap();
+        }
+        Outcome {
+            status: status.unwrap().code(),
+            stdout: self.stdout(),
+            stderr: self.stderr(),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn collect_lines(
+    stream: impl Read + Send + 'static,
+    sink: Arc<Mutex<String>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            let mut text = sink.lock().unwrap();
+            text.push_str(&line);
+            text.push('\n');
+        }
+    })
+}
+
+/// The cells of a row of `check`'s table: columns are separated by at least two spaces.
+pub fn columns(row: &str) -> Vec<&str> {
+    row.split("  ")
+        .map(str::trim)
+        .filter(|cell| !cell.is_empty())
+        .collect()
+}
+
+/// The verdict sentence `check` prints for `gpu` (the line that starts `GPU N: `).
+pub fn verdict_line(stdout: &str, gpu: u32) -> &str {
+    let prefix = format!("GPU {gpu}: ");
+    stdout
+        .lines()
+        .find(|line| line.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no verdict for GPU {gpu}:\n{stdout}"))
 }
