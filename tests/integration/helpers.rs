@@ -807,17 +807,24 @@ impl Outcome {
 }
 
 impl Rig {
-    /// The exporter started through a shell that opens `device` as descriptor 5 and then
-    /// execs it: the exporter holds the device file itself, as a real exporter holds
-    /// `/dev/nvidia*` once it has opened NVML. The process keeps the shell's PID.
+    /// The exporter started through a shell that opens `device` and the UVM node beside
+    /// it and then execs it: the exporter holds the files itself, as a CUDA process
+    /// does. It runs under the name `gpu-watch`, because `vram-exporter` is a known NVML
+    /// client that is never called a culprit, which would hide a scan that does not
+    /// leave itself out. The process keeps the shell's PID.
     pub fn command_holding(&self, device: &Path) -> Command {
+        let renamed = self.dir.path().join("gpu-watch");
+        if !renamed.exists() {
+            std::os::unix::fs::symlink(exporter_binary(), &renamed).expect("link the binary");
+        }
         let mut command = Command::new("sh");
         command
             .env("FAKE_NVML_SCENARIO", &self.scenario)
-            .arg("-c")
-            .arg("exec 5<\"$DEVICE\"; exec \"$0\" \"$@\"")
             .env("DEVICE", device)
-            .arg(exporter_binary())
+            .env("UVM", uvm_node(device))
+            .arg("-c")
+            .arg("exec 5<\"$DEVICE\" 6<\"$UVM\"; exec \"$0\" \"$@\"")
+            .arg(renamed)
             .arg("--nvml.library")
             .arg(&self.library)
             .arg("--test.device-prefix")
@@ -825,8 +832,8 @@ impl Rig {
         command
     }
 
-    /// A procfs whose only entry says this process is not in the host PID namespace
-    /// (`pid:[4026531836]`), for `--path.procfs`: the exporter is then blind.
+    /// A procfs for `--path.procfs` whose only entry, `self/ns/pid`, is not the host's
+    /// `pid:[4026531836]`: an exporter reading it is blind.
     pub fn blind_procfs(&self) -> PathBuf {
         let procfs = self.dir.path().join("proc");
         fs::create_dir_all(procfs.join("self/ns")).unwrap();

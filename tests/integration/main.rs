@@ -3,4 +3,6 @@
 
 mod helpers;
 
+mod check;
 mod exporter;
+mod holders;

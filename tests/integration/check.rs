@@ -1,0 +1,635 @@
+//! `vram-exporter check`: the table and the one verdict sentence per GPU that a person
+//! reads after `kill -9`, its JSON for scripts, its exit status, `--gpu` and `--wait`.
+
+use crate::helpers::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+/// How `check` describes a holder that this test process spawned or adopted.
+fn described_holder(pid: u32, state_words: &str) -> String {
+    let user = user_name(effective_uid())
+        .map(|name| format!(", user {name}"))
+        .unwrap_or_default();
+    format!(
+        "PID {pid} (sleep, {state_words}{user}, parent {})",
+        std::process::id()
+    )
+}
+
+/// The table lines of one GPU: from its `GPU N  ` header up to the blank line.
+fn table_of(stdout: &str, gpu: u32) -> Vec<&str> {
+    let header = format!("GPU {gpu}  ");
+    stdout
+        .lines()
+        .skip_while(|line| !line.starts_with(&header))
+        .take_while(|line| !line.is_empty())
+        .collect()
+}
+
+/// The rows of a table's section that starts with a `PID  COMMAND ...` header line,
+/// split into cells.
+fn rows_after<'a>(table: &[&'a str], header: &[&str]) -> Vec<Vec<&'a str>> {
+    table
+        .iter()
+        .skip_while(|line| columns(line) != header)
+        .skip(1)
+        .take_while(|line| columns(line)[0].parse::<u32>().is_ok())
+        .map(|line| columns(line))
+        .collect()
+}
+
+const OWNER_COLUMNS: [&str; 4] = ["PID", "COMMAND", "STATE", "MEMORY"];
+const HOLDER_COLUMNS: [&str; 4] = ["PID", "COMMAND", "STATE", "PARENT"];
+
+#[test]
+fn table_lists_each_owner_with_pid_command_state_and_memory() {
+    let rig = Rig::new();
+    let running = Holder::spawn(&rig.device(0));
+    let stopped = Holder::spawn(&rig.device(0));
+    let unmeasured = Holder::spawn(&rig.device(0));
+    for owner in [&running, &stopped, &unmeasured] {
+        wait_until_sleeping(owner);
+    }
+    stopped.stop();
+    let gone = nonexistent_pid();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(
+                Gpu::idle(0)
+                    .used(CHARGED + 4 * GIB + 27 * MIB)
+                    .process(running.pid, Some(CHARGED))
+                    .process(stopped.pid, Some(4 * GIB))
+                    .process(unmeasured.pid, None),
+            )
+            .gpu(Gpu::idle(1).used(USED).process(gone, Some(CHARGED)))
+            .into_json(),
+    );
+
+    let outcome = rig.run(&["check"]);
+    assert_eq!(outcome.status, Some(1), "GPU 1 is orphaned: {outcome:?}");
+    let gpu0 = table_of(&outcome.stdout, 0);
+    assert_eq!(
+        columns(gpu0[0]),
+        [
+            "GPU 0",
+            "NVIDIA H200",
+            "00000000:19:00.0",
+            Gpu::uuid(0).as_str()
+        ]
+    );
+    assert_eq!(
+        columns(gpu0[1]),
+        [
+            "used 12.6 GiB",
+            "reserved 615.1 MiB",
+            "free 127.2 GiB",
+            "total 140.4 GiB"
+        ]
+    );
+    // Rows come in PID order, whatever order NVML lists them in.
+    let mut expected = vec![
+        (running.pid, "running", "8.6 GiB"),
+        (stopped.pid, "stopped", "4.0 GiB"),
+        (unmeasured.pid, "running", "n/a"),
+    ];
+    expected.sort();
+    let expected: Vec<Vec<String>> = expected
+        .into_iter()
+        .map(|(pid, state, memory)| {
+            vec![pid.to_string(), "sleep".into(), state.into(), memory.into()]
+        })
+        .collect();
+    assert_eq!(
+        rows_after(&gpu0, &OWNER_COLUMNS),
+        expected,
+        "{}",
+        outcome.stdout
+    );
+    // Live owners hold the node, but they are listed: no unlisted-holder section.
+    assert!(!gpu0
+        .iter()
+        .any(|line| line.contains("without being listed")));
+
+    let gpu1 = table_of(&outcome.stdout, 1);
+    assert_eq!(
+        rows_after(&gpu1, &OWNER_COLUMNS),
+        [[gone.to_string().as_str(), "-", "gone", "8.6 GiB"]]
+    );
+
+    assert_eq!(
+        verdict_line(&outcome.stdout, 0),
+        "GPU 0: 12.6 GiB owned by 3 live processes; nothing orphaned."
+    );
+    for note in [
+        format!(
+            "  note: PID {0} (sleep) is stopped: its memory stays allocated until it is continued (kill -CONT {0}) or killed.",
+            stopped.pid
+        ),
+        format!(
+            "  note: NVML cannot report the memory of PID {} (sleep).",
+            unmeasured.pid
+        ),
+    ] {
+        assert!(
+            outcome.stdout.lines().any(|line| line == note),
+            "missing {note:?}:\n{}",
+            outcome.stdout
+        );
+    }
+}
+
+#[test]
+fn idle_gpu_verdict_is_idle_and_exit_status_0() {
+    let rig = Rig::new();
+    let outcome = rig.run(&["check"]);
+    assert_eq!(outcome.status, Some(0), "{outcome:?}");
+    assert_eq!(
+        table_of(&outcome.stdout, 0)[2],
+        "  no processes listed by NVML"
+    );
+    assert_eq!(
+        verdict_line(&outcome.stdout, 0),
+        "GPU 0: idle; nothing orphaned."
+    );
+    assert_eq!(outcome.stderr, "");
+}
+
+#[test]
+fn live_owner_verdict_names_its_memory_and_exit_status_0() {
+    let rig = Rig::new();
+    let owner = Holder::spawn(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
+            .into_json(),
+    );
+    let outcome = rig.run(&["check"]);
+    assert_eq!(outcome.status, Some(0), "{outcome:?}");
+    assert_eq!(
+        verdict_line(&outcome.stdout, 0),
+        "GPU 0: 8.6 GiB owned by 1 live process; nothing orphaned."
+    );
+    assert!(!outcome.stdout.contains("suggested:"), "{}", outcome.stdout);
+}
+
+#[test]
+fn fork_inherited_orphan_verdict_says_which_pid_to_kill() {
+    let rig = Rig::new();
+    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .into_json(),
+    );
+    let outcome = rig.run(&["check"]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
+
+    let table = table_of(&outcome.stdout, 0);
+    assert_eq!(
+        rows_after(&table, &OWNER_COLUMNS),
+        [[dead_owner.to_string().as_str(), "-", "gone", "8.6 GiB"]]
+    );
+    assert!(table.contains(&"  holding the device file without being listed by NVML:"));
+    assert_eq!(
+        rows_after(&table, &HOLDER_COLUMNS),
+        [[
+            child.pid.to_string().as_str(),
+            "sleep",
+            "sleeping",
+            std::process::id().to_string().as_str()
+        ]]
+    );
+
+    assert_eq!(
+        verdict_line(&outcome.stdout, 0),
+        format!(
+            "GPU 0: 8.6 GiB held for exited PID {dead_owner}; still held open by {} - killing {} should free it.",
+            described_holder(child.pid, "sleeping"),
+            child.pid
+        )
+    );
+    assert!(
+        outcome.stdout.contains(&format!(
+            "\n  suggested: kill {}   # then: vram-exporter check --gpu 0 --wait 30s\n",
+            child.pid
+        )),
+        "{}",
+        outcome.stdout
+    );
+}
+
+#[test]
+fn orphan_that_no_process_holds_can_only_be_freed_by_a_gpu_reset() {
+    let rig = Rig::new();
+    let dead_owner = nonexistent_pid();
+    let story = 76_107 * MIB;
+    rig.write_scenario(
+        &Gpus::new()
+            // NVML still charges a PID that no longer exists.
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            // NVML charges nobody at all: the story's GPU 2.
+            .gpu(Gpu::idle(1).used(story))
+            .into_json(),
+    );
+    let outcome = rig.run(&["check"]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
+    assert_eq!(
+        verdict_line(&outcome.stdout, 0),
+        format!("GPU 0: 8.6 GiB held for exited PID {dead_owner}; no process holds GPU 0's device file: only a GPU reset can free it.")
+    );
+    assert_eq!(
+        verdict_line(&outcome.stdout, 1),
+        "GPU 1: 74.3 GiB held but charged to no process; no process holds GPU 1's device file: only a GPU reset can free it."
+    );
+    for gpu in 0..2 {
+        assert!(
+            outcome.stdout.contains(&format!(
+                "\n  suggested: nvidia-smi --gpu-reset -i {gpu}   # only once nothing uses this GPU\n"
+            )),
+            "{}",
+            outcome.stdout
+        );
+    }
+}
+
+#[test]
+fn blind_exporter_warns_and_calls_no_memory_orphaned() {
+    let rig = Rig::new();
+    let procfs = rig.blind_procfs();
+    let used = 4 * GIB + 9 * MIB;
+    rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0).used(used)).into_json());
+    let outcome = rig.run(&["check", "--path.procfs", procfs.to_str().unwrap()]);
+    assert_eq!(outcome.status, Some(0), "{outcome:?}");
+    assert!(
+        outcome.stdout.starts_with("warning: not in the host PID namespace: NVML hides other namespaces' processes, so memory without a visible owner is not called orphaned.\n\n"),
+        "{}",
+        outcome.stdout
+    );
+    assert_eq!(
+        verdict_line(&outcome.stdout, 0),
+        "GPU 0: 4.0 GiB used by no visible process; not called orphaned."
+    );
+    assert!(outcome.stdout.contains(
+        "\n  note: 4.0 GiB is charged to no visible process, but this process is not in the host PID namespace, where NVML hides other namespaces' processes: not called orphaned.\n"
+    ), "{}", outcome.stdout);
+
+    let document = rig
+        .run(&["check", "--json", "--path.procfs", procfs.to_str().unwrap()])
+        .json();
+    assert_eq!(document["host_pid_namespace"], false);
+    assert_eq!(document["gpus"][0]["unattributed_bytes"], used);
+    assert_eq!(document["gpus"][0]["orphaned_unattributed_bytes"], 0);
+    assert_eq!(document["orphaned_bytes"], 0);
+    assert_eq!(document["gpus"][0]["verdict"]["finding"], "healthy");
+}
+
+#[test]
+fn lost_gpu_verdict_says_its_memory_is_unknown() {
+    let rig = Rig::new();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0))
+            .gpu(Gpu::idle(1).error("nvmlDeviceGetMemoryInfo_v2", "GpuLost"))
+            .into_json(),
+    );
+    let outcome = rig.run(&["check"]);
+    // Nothing orphaned among the GPUs it could read is not "nothing orphaned": an error.
+    assert_eq!(outcome.status, Some(2), "{outcome:?}");
+    assert_eq!(
+        outcome.stderr,
+        "vram-exporter: cannot read GPU 1; its memory is unknown\n"
+    );
+    assert_eq!(table_of(&outcome.stdout, 1)[1], "  (no readings)");
+    let verdict = verdict_line(&outcome.stdout, 1);
+    assert!(
+        verdict.starts_with("GPU 1: NVML cannot read it (gpu_lost: ")
+            && verdict.ends_with("); its memory is unknown."),
+        "{verdict}"
+    );
+    assert!(outcome.stdout.contains("\n  note: A lost GPU or one that needs a reset answers again only after a reset, once every process using it has stopped.\n"));
+    assert_eq!(
+        verdict_line(&outcome.stdout, 0),
+        "GPU 0: idle; nothing orphaned."
+    );
+
+    let document = rig.run(&["check", "--json"]).json();
+    assert_eq!(document["gpus"][1]["error"], "gpu_lost");
+    assert_eq!(document["gpus"][1]["memory"], Value::Null);
+    assert_eq!(document["gpus"][1]["verdict"]["finding"], "unreadable");
+
+    // An orphan elsewhere is still the answer: exit status 1, not 2.
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED))
+            .gpu(Gpu::idle(1).error("nvmlDeviceGetMemoryInfo_v2", "GpuLost"))
+            .into_json(),
+    );
+    assert_eq!(rig.run(&["check"]).status, Some(1));
+}
+
+#[test]
+fn json_document_of_a_fork_inherited_orphan_field_by_field() {
+    let rig = Rig::new();
+    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(Gpu::idle(1))
+            .into_json(),
+    );
+    let outcome = rig.run(&["check", "--json"]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
+    let mut document = outcome.json();
+
+    let duration = document["holder_scan"]["duration_seconds"].take();
+    assert!(duration.as_f64().unwrap() > 0.0, "{duration}");
+    let empty_states = json!({
+        "running": { "processes": 0, "bytes": 0 },
+        "stopped": { "processes": 0, "bytes": 0 },
+        "uninterruptible": { "processes": 0, "bytes": 0 },
+        "zombie": { "processes": 0, "bytes": 0 },
+        "gone": { "processes": 0, "bytes": 0 },
+        "unknown": { "processes": 0, "bytes": 0 },
+    });
+    let mut gone_state = empty_states.clone();
+    gone_state["gone"] = json!({ "processes": 1, "bytes": CHARGED });
+    let uid = effective_uid();
+    let mut holder = json!({
+        "pid": child.pid,
+        "ppid": std::process::id(),
+        "comm": "sleep",
+        "state": "S",
+        "start_time_ticks": start_time_ticks(child.pid),
+        "uid": uid,
+        "gpu_minors": [0],
+        "holds_uvm": true,
+    });
+    if let Some(user) = user_name(uid) {
+        holder["user"] = json!(user);
+    }
+    let expected = json!({
+        "nvml_up": true,
+        "nvml_error": null,
+        "driver_version": "580.159.04",
+        "host_pid_namespace": true,
+        "holder_scan": {
+            "complete": true,
+            "cut_short": false,
+            "permission_errors": 0,
+            "duration_seconds": null,
+        },
+        "orphaned_bytes": CHARGED,
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": Gpu::uuid(0),
+                "name": "NVIDIA H200",
+                "pci_bus_id": "00000000:19:00.0",
+                "minor": 0,
+                "error": null,
+                "memory": {
+                    "total": TOTAL,
+                    "reserved": RESERVED,
+                    "used": USED,
+                    "free": TOTAL - RESERVED - USED,
+                },
+                "owners": [
+                    { "pid": dead_owner, "comm": null, "ppid": null, "state": "gone", "used_bytes": CHARGED },
+                ],
+                "owners_by_state": gone_state,
+                "orphaned_owner_gone_bytes": CHARGED,
+                "orphaned_unattributed_bytes": 0,
+                "unattributed_bytes": 0,
+                "orphaned_bytes": CHARGED,
+                "unlisted_holders": [holder],
+                "verdict": {
+                    "finding": "orphaned_held",
+                    "sentence": format!(
+                        "GPU 0: 8.6 GiB held for exited PID {dead_owner}; still held open by {} - killing {} should free it.",
+                        described_holder(child.pid, "sleeping"),
+                        child.pid
+                    ),
+                    "notes": [],
+                    "suggestion": format!("kill {}   # then: vram-exporter check --gpu 0 --wait 30s", child.pid),
+                },
+            },
+            {
+                "index": 1,
+                "uuid": Gpu::uuid(1),
+                "name": "NVIDIA H200",
+                "pci_bus_id": "00000000:1a:00.0",
+                "minor": 1,
+                "error": null,
+                "memory": {
+                    "total": TOTAL,
+                    "reserved": RESERVED,
+                    "used": 0,
+                    "free": TOTAL - RESERVED,
+                },
+                "owners": [],
+                "owners_by_state": empty_states,
+                "orphaned_owner_gone_bytes": 0,
+                "orphaned_unattributed_bytes": 0,
+                "unattributed_bytes": 0,
+                "orphaned_bytes": 0,
+                "unlisted_holders": [],
+                "verdict": {
+                    "finding": "healthy",
+                    "sentence": "GPU 1: idle; nothing orphaned.",
+                    "notes": [],
+                    "suggestion": null,
+                },
+            },
+        ],
+    });
+    assert_eq!(document, expected);
+}
+
+#[test]
+fn exit_status_2_when_nvml_is_missing() {
+    let rig = Rig::new();
+    let missing = rig.dir.path().join("nowhere/libnvidia-ml.so.1");
+    let outcome = rig.run(&["check", "--nvml.library", missing.to_str().unwrap()]);
+    assert_eq!(outcome.status, Some(2), "{outcome:?}");
+    assert_eq!(outcome.stdout, "");
+    let last = outcome.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("vram-exporter: NVML is not available: cannot load NVML from "),
+        "{}",
+        outcome.stderr
+    );
+}
+
+#[test]
+fn exit_status_2_for_a_gpu_index_the_host_does_not_have() {
+    let rig = Rig::new();
+    rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0)).gpu(Gpu::idle(1)).into_json());
+    let outcome = rig.run(&["check", "--gpu", "7"]);
+    assert_eq!(outcome.status, Some(2), "{outcome:?}");
+    assert_eq!(outcome.stdout, "");
+    assert_eq!(
+        outcome.stderr,
+        "vram-exporter: there is no GPU 7; this host has 2 (indices 0 to 1)\n"
+    );
+}
+
+#[test]
+fn exit_status_2_for_an_unreadable_replay_file() {
+    let rig = Rig::new();
+    let missing = rig.dir.path().join("no-such-snapshot.json");
+    let outcome = rig.run(&["check", "--replay", missing.to_str().unwrap()]);
+    assert_eq!(outcome.status, Some(2), "{outcome:?}");
+    assert_eq!(outcome.stdout, "");
+    let last = outcome.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("vram-exporter: ")
+            && last.contains(&format!("cannot read snapshot {}", missing.display())),
+        "{}",
+        outcome.stderr
+    );
+
+    let garbage = rig.dir.path().join("garbage.json");
+    std::fs::write(&garbage, "not json").unwrap();
+    let outcome = rig.run(&["check", "--replay", garbage.to_str().unwrap()]);
+    assert_eq!(outcome.status, Some(2), "{outcome:?}");
+    assert!(
+        outcome.stderr.contains("is not a vram-exporter snapshot"),
+        "{}",
+        outcome.stderr
+    );
+}
+
+#[test]
+fn gpu_flag_narrows_the_tables_the_verdicts_and_the_exit_status() {
+    let rig = Rig::new();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(
+                Gpu::idle(0)
+                    .used(USED)
+                    .process(nonexistent_pid(), Some(CHARGED)),
+            )
+            .gpu(Gpu::idle(1))
+            .gpu(Gpu::idle(2))
+            .into_json(),
+    );
+
+    let healthy = rig.run(&["check", "--gpu", "1"]);
+    assert_eq!(healthy.status, Some(0), "GPU 0's orphan is not asked about");
+    assert_eq!(
+        verdict_line(&healthy.stdout, 1),
+        "GPU 1: idle; nothing orphaned."
+    );
+    for other in ["GPU 0", "GPU 2"] {
+        assert!(!healthy.stdout.contains(other), "{}", healthy.stdout);
+    }
+
+    let both = rig.run(&["check", "--gpu", "2", "--gpu", "0"]);
+    assert_eq!(both.status, Some(1));
+    assert!(verdict_line(&both.stdout, 0).contains("held for exited PID"));
+    verdict_line(&both.stdout, 2);
+    assert!(!both.stdout.contains("GPU 1"), "{}", both.stdout);
+
+    let document = rig.run(&["check", "--json", "--gpu", "1"]).json();
+    let indices: Vec<&Value> = document["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|gpu| &gpu["index"])
+        .collect();
+    assert_eq!(indices, [&json!(1)]);
+    // The total counts the GPUs shown, not the host.
+    assert_eq!(document["orphaned_bytes"], 0);
+}
+
+#[test]
+fn wait_returns_0_once_the_holder_dies_and_the_driver_frees_the_memory() {
+    let rig = Rig::new();
+    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .into_json(),
+    );
+    let check = rig.spawn(&["check", "--wait", "30s", "--wait.interval", "50ms"]);
+    wait_until(
+        "check has printed its first verdict and polls",
+        Duration::from_secs(20),
+        || check.stdout().contains("should free it.") && check.stderr().contains("waiting: "),
+    );
+    assert!(
+        check.stderr().contains("waiting: 8.6 GiB still orphaned ("),
+        "{}",
+        check.stderr()
+    );
+
+    // What happens on a real host: the holder dies, and the driver frees the memory and
+    // drops the dead PID from its list.
+    child.kill();
+    rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0)).into_json());
+
+    let outcome = check.finish(Duration::from_secs(20));
+    assert_eq!(outcome.status, Some(0), "{outcome:?}");
+    let freed = outcome
+        .stderr
+        .lines()
+        .find(|line| line.starts_with("orphaned memory freed after "))
+        .unwrap_or_else(|| panic!("no freed line:\n{}", outcome.stderr));
+    assert!(freed.ends_with('s'), "{freed}");
+    // The first look (orphaned) and the last (idle), in that order.
+    let first = outcome.stdout.find("should free it.").unwrap();
+    let last = outcome
+        .stdout
+        .rfind("GPU 0: idle; nothing orphaned.")
+        .unwrap_or_else(|| panic!("no final verdict:\n{}", outcome.stdout));
+    assert!(first < last);
+    assert!(outcome.stdout.ends_with("GPU 0: idle; nothing orphaned.\n"));
+}
+
+#[test]
+fn wait_returns_1_when_the_time_runs_out_with_the_holder_alive() {
+    let rig = Rig::new();
+    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .into_json(),
+    );
+    let outcome = rig.run(&["check", "--wait", "1s"]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
+    let still = outcome
+        .stderr
+        .lines()
+        .find(|line| line.starts_with("8.6 GiB still orphaned after "))
+        .unwrap_or_else(|| panic!("no final progress line:\n{}", outcome.stderr));
+    let seconds: f64 = still
+        .trim_start_matches("8.6 GiB still orphaned after ")
+        .trim_end_matches('s')
+        .parse()
+        .unwrap();
+    assert!(seconds >= 1.0, "{still}");
+    assert!(
+        outcome
+            .stdout
+            .ends_with(&format!("- killing {} should free it.\n  suggested: kill {}   # then: vram-exporter check --gpu 0 --wait 30s\n", child.pid, child.pid)),
+        "{}",
+        outcome.stdout
+    );
+}
+
+#[test]
+fn wait_returns_at_once_when_nothing_is_orphaned() {
+    let rig = Rig::new();
+    let started = std::time::Instant::now();
+    let outcome = rig.run(&["check", "--wait", "30s"]);
+    assert_eq!(outcome.status, Some(0), "{outcome:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(outcome.stderr, "", "no progress lines");
+    assert_eq!(
+        verdict_line(&outcome.stdout, 0),
+        "GPU 0: idle; nothing orphaned."
+    );
+}
