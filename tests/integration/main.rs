@@ -6,3 +6,5 @@ mod helpers;
 mod check;
 mod exporter;
 mod holders;
+mod snapshot;
+mod textfile;

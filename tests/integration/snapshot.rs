@@ -1,0 +1,150 @@
+//! Snapshots: what `snapshot` writes replays to the verdict the live host gets, and the
+//! examples under `examples/` replay to the verdicts their README quotes.
+
+use crate::helpers::*;
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn example(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
+}
+
+fn replay(rig: &Rig, file: &std::path::Path, extra: &[&str]) -> Outcome {
+    let mut args = vec!["check", "--replay", file.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    rig.run(&args)
+}
+
+#[test]
+fn story_example_replays_to_gpu_2_needing_a_reset() {
+    let rig = Rig::new();
+    let outcome = replay(&rig, &example("story-gpu2-orphaned.json"), &[]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
+    assert_eq!(
+        verdict_line(&outcome.stdout, 2),
+        "GPU 2: 74.3 GiB held but charged to no process; no process holds GPU 2's device file: only a GPU reset can free it."
+    );
+    assert!(outcome.stdout.contains(
+        "\n  suggested: nvidia-smi --gpu-reset -i 2   # only once nothing uses this GPU\n"
+    ));
+    for gpu in [0, 1, 3, 4, 5, 6, 7] {
+        assert_eq!(
+            verdict_line(&outcome.stdout, gpu),
+            format!("GPU {gpu}: idle; nothing orphaned.")
+        );
+    }
+    assert!(!outcome.stdout.contains("GPU 8"));
+
+    let document = replay(&rig, &example("story-gpu2-orphaned.json"), &["--json"]).json();
+    // nvidia-smi's 76,107 MiB counts the driver's 3 MiB reservation; v2 used does not.
+    assert_eq!(document["orphaned_bytes"], 76_104u64 << 20);
+    assert_eq!(
+        document["gpus"][2]["orphaned_unattributed_bytes"],
+        76_104u64 << 20
+    );
+    assert_eq!(document["holder_scan"]["complete"], true);
+    for gpu in document["gpus"].as_array().unwrap() {
+        assert_eq!(
+            gpu["name"], "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+            "{gpu:#}"
+        );
+    }
+
+    // Narrowed to a healthy GPU, the same file says nothing is orphaned.
+    assert_eq!(
+        replay(&rig, &example("story-gpu2-orphaned.json"), &["--gpu", "3"]).status,
+        Some(0)
+    );
+}
+
+#[test]
+fn fork_orphan_example_replays_to_killing_the_child() {
+    let rig = Rig::new();
+    let outcome = replay(&rig, &example("fork-orphan-held-by-child.json"), &[]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
+    assert_eq!(
+        verdict_line(&outcome.stdout, 0),
+        "GPU 0: 8.6 GiB held for exited PID 503; still held open by PID 524 (python3, sleeping, user root, parent 1) - killing 524 should free it."
+    );
+    assert!(outcome
+        .stdout
+        .contains("\n  suggested: kill 524   # then: vram-exporter check --gpu 0 --wait 30s\n"));
+}
+
+#[test]
+fn snapshot_replays_to_the_verdict_of_the_live_host() {
+    let rig = Rig::new();
+    let (dead_owner, _child) = settled_fork_orphan(&rig.device(0));
+    let live_owner = Holder::spawn(&rig.device(1));
+    wait_until_sleeping(&live_owner);
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(
+                Gpu::idle(1)
+                    .used(USED)
+                    .process(live_owner.pid, Some(CHARGED)),
+            )
+            .gpu(Gpu::idle(2).error("nvmlDeviceGetMemoryInfo_v2", "GpuLost"))
+            .into_json(),
+    );
+    let file = rig.dir.path().join("bug-report.json");
+    let written = rig.run(&["snapshot", "--output", file.to_str().unwrap()]);
+    assert_eq!(written.status, Some(0), "{written:?}");
+    assert_eq!(written.stdout, "", "the snapshot goes to the file only");
+
+    let snapshot: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(snapshot["format"], 1);
+    assert_eq!(snapshot["exporter_version"], env!("CARGO_PKG_VERSION"));
+    assert!(snapshot["observation"]["holder_scan"].is_object());
+
+    let live = rig.run(&["check", "--json"]);
+    let replayed = replay(&rig, &file, &["--json"]);
+    assert_eq!(live.status, Some(1), "{live:?}");
+    assert_eq!(replayed.status, live.status);
+    // Only the time the scan took differs between two looks at the same host.
+    let without_duration = |outcome: &Outcome| {
+        let mut document = outcome.json();
+        let duration = document["holder_scan"]["duration_seconds"].take();
+        assert!(duration.as_f64().unwrap() > 0.0);
+        document
+    };
+    let replayed_document = without_duration(&replayed);
+    assert_eq!(replayed_document, without_duration(&live));
+    assert_eq!(
+        replayed_document["gpus"][0]["verdict"]["finding"],
+        "orphaned_held"
+    );
+
+    // The table and verdicts a person reads are the same text.
+    let live_text = rig.run(&["check"]);
+    let replayed_text = replay(&rig, &file, &[]);
+    assert_eq!(replayed_text.stdout, live_text.stdout);
+    assert_eq!(replayed_text.status, live_text.status);
+}
+
+#[test]
+fn snapshot_of_another_format_is_a_clear_error() {
+    let rig = Rig::new();
+    let file = rig.dir.path().join("snapshot.json");
+    let written = rig.run(&["snapshot", "--output", file.to_str().unwrap()]);
+    assert_eq!(written.status, Some(0), "{written:?}");
+    let mut snapshot: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    snapshot["format"] = 2.into();
+    std::fs::write(&file, serde_json::to_vec(&snapshot).unwrap()).unwrap();
+
+    let outcome = replay(&rig, &file, &[]);
+    assert_eq!(outcome.status, Some(2), "{outcome:?}");
+    assert_eq!(outcome.stdout, "");
+    assert!(
+        outcome.stderr.contains(&format!(
+            "{} has snapshot format 2; this build reads format 1",
+            file.display()
+        )),
+        "{}",
+        outcome.stderr
+    );
+    assert!(!outcome.stderr.contains("panicked"), "{}", outcome.stderr);
+}
