@@ -71,6 +71,11 @@ pub struct CommonArgs {
     #[arg(long = "holders.scan-timeout", value_name = "DURATION", default_value = "2s", value_parser = parse_duration, global = true)]
     pub scan_timeout: Duration,
 
+    /// Command name of an NVML client (a monitoring agent) to never name as a holder of
+    /// orphaned memory, besides the built-in NVIDIA daemons (repeatable).
+    #[arg(long = "holders.ignore-comm", value_name = "NAME", global = true)]
+    pub ignore_comm: Vec<String>,
+
     /// Only log messages at or above this level.
     #[arg(long = "log.level", value_enum, default_value_t = LogLevel::Info, global = true)]
     pub log_level: LogLevel,
@@ -274,6 +279,7 @@ impl Cli {
             replay: self.common.replay,
             settings: Settings {
                 context_overhead_bytes: self.common.context_overhead,
+                ignored_holder_comms: self.common.ignore_comm,
             },
             scan_timeout: self.common.scan_timeout,
             device_prefix: self

@@ -56,7 +56,7 @@ pub fn run() -> ExitCode {
 fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
     let exporter = Arc::new(Exporter::new(
         source(&config),
-        config.settings,
+        config.settings.clone(),
         RenderOptions {
             per_process_limit: config.per_process_limit,
         },

@@ -12,19 +12,30 @@ use std::collections::BTreeSet;
 mod tests;
 
 /// Tunables of the classification.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     /// Bytes per listed context that the driver uses without charging any process
     /// (measured: about 9 MiB per context on an H200); below this, used memory that no
     /// process is charged for is noise, not an orphan.
     pub context_overhead_bytes: u64,
+    /// Command names of this site's NVML clients (monitoring agents), besides the
+    /// built-in ones, that hold device files without owning memory.
+    pub ignored_holder_comms: Vec<String>,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Settings {
             context_overhead_bytes: 16 * 1024 * 1024,
+            ignored_holder_comms: Vec::new(),
         }
+    }
+}
+
+impl Settings {
+    /// Whether a holder with this command name is an NVML client, never a culprit.
+    pub fn is_ignored_holder(&self, comm: &str) -> bool {
+        is_management_agent(comm) || self.ignored_holder_comms.iter().any(|name| name == comm)
     }
 }
 
@@ -149,11 +160,12 @@ pub struct GpuAccount {
     pub unattributed_trust: UnattributedTrust,
     /// Owners whose usage NVML reports as unavailable.
     pub usage_unavailable_owners: u64,
-    /// Live processes with a CUDA context holding this GPU's device node that NVML does
-    /// not list as owners: what keeps orphaned memory alive.
+    /// Live processes holding this GPU's device node that NVML does not list as owners:
+    /// what keeps orphaned memory alive (an NVML client holds the same files, so agents
+    /// known by name are set apart in `other_holders`).
     pub unlisted_holders: Vec<Holder>,
-    /// Other unlisted processes with the node open but no sign of a CUDA context (NVML
-    /// clients such as monitoring agents); named to people, never called culprits.
+    /// Unlisted holders that are NVML clients known by name (monitoring agents, this
+    /// exporter); named to people, never called culprits.
     pub other_holders: Vec<Holder>,
 }
 
@@ -270,15 +282,20 @@ impl Report {
     }
 }
 
-/// NVIDIA's own daemons hold device files without owning memory; never call them culprits.
+/// NVML clients that hold the same device files as a CUDA process (measured on an H200:
+/// an NVML client holds /dev/nvidia0, nvidiactl, nvidia-uvm and the capability nodes)
+/// without owning memory; never call them culprits. Names as `comm` shows them (15 bytes).
 const MANAGEMENT_AGENTS: &[&str] = &[
     "vram-exporter",
     "nvidia-persiste",
     "nv-hostengine",
     "dcgm-exporter",
+    "dcgmi",
     "nvidia-smi",
     "nvidia-powerd",
     "nvidia-fabricma",
+    "nvidia_gpu_expo",
+    "nvtop",
 ];
 
 /// Whether a command name belongs to a driver management daemon rather than a workload.
@@ -400,7 +417,7 @@ fn account_for_gpu(
         }
     }
 
-    let (unlisted_holders, other_holders) = unlisted_holders(minor, &owners, observation);
+    let (unlisted_holders, other_holders) = unlisted_holders(minor, &owners, observation, settings);
     let noise_floor = settings
         .context_overhead_bytes
         .saturating_mul(owners.len() as u64);
@@ -429,12 +446,13 @@ fn account_for_gpu(
     }
 }
 
-/// Holders of this GPU's node that NVML does not list, split into those with a CUDA
-/// context (the processes keeping orphaned memory alive) and the others.
+/// Holders of this GPU's node that NVML does not list, split into possible culprits and
+/// the NVML clients (monitoring agents) that hold device files without owning memory.
 fn unlisted_holders(
     minor: Option<u32>,
     owners: &[Owner],
     observation: &Observation,
+    settings: &Settings,
 ) -> (Vec<Holder>, Vec<Holder>) {
     let (Some(minor), Some(scan)) = (minor, &observation.holder_scan) else {
         return (Vec::new(), Vec::new());
@@ -449,5 +467,32 @@ fn unlisted_holders(
         .filter(|holder| holder.gpu_minors.contains(&minor))
         .filter(|holder| !live_owner_pids.contains(&holder.pid))
         .cloned()
-        .partition(|holder| holder.holds_uvm && !is_management_agent(&holder.comm))
+        .partition(|holder| !settings.is_ignored_holder(&holder.comm))
+}
+
+/// How a holder is tied to an owner that is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "relation", content = "pid")]
+pub enum Kinship {
+    /// Its parent is the gone owner (not yet reaped).
+    ChildOf(u32),
+    /// It is in the process group the gone owner led.
+    ProcessGroupOf(u32),
+    /// It is in the session the gone owner led.
+    SessionOf(u32),
+}
+
+/// The closest tie between `holder` and one of the `gone` owners' PIDs, if any: the
+/// evidence that it inherited their device files rather than merely watching the GPU.
+pub fn kinship(holder: &Holder, gone: &[u32]) -> Option<Kinship> {
+    gone.iter()
+        .find_map(|&pid| (holder.ppid == pid).then_some(Kinship::ChildOf(pid)))
+        .or_else(|| {
+            gone.iter()
+                .find_map(|&pid| (holder.pgid == pid).then_some(Kinship::ProcessGroupOf(pid)))
+        })
+        .or_else(|| {
+            gone.iter()
+                .find_map(|&pid| (holder.sid == pid).then_some(Kinship::SessionOf(pid)))
+        })
 }

@@ -65,17 +65,8 @@ impl Host {
         self
     }
 
-    /// A process with a CUDA context (it holds the UVM node) and these GPU nodes open.
-    fn holder(self, pid: u32, ppid: u32, comm: &str, minors: &[u32]) -> Host {
-        self.node_holder(pid, ppid, comm, minors, true)
-    }
-
-    /// An NVML client: GPU nodes open, no UVM node.
-    fn nvml_client(self, pid: u32, comm: &str, minors: &[u32]) -> Host {
-        self.node_holder(pid, 1, comm, minors, false)
-    }
-
-    fn node_holder(mut self, pid: u32, ppid: u32, comm: &str, minors: &[u32], uvm: bool) -> Host {
+    /// A process with these GPU nodes open.
+    fn holder(mut self, pid: u32, ppid: u32, comm: &str, minors: &[u32]) -> Host {
         self.holders.get_or_insert_with(Vec::new).push(Holder {
             pid,
             ppid,
@@ -86,7 +77,8 @@ impl Host {
             user: None,
             wchan: None,
             gpu_minors: minors.to_vec(),
-            holds_uvm: uvm,
+            pgid: pid,
+            sid: pid,
         });
         self
     }
@@ -389,18 +381,40 @@ fn unlisted_holder_of_the_gpu_node_is_named() {
 }
 
 #[test]
-fn nvml_clients_without_a_cuda_context_are_never_culprits() {
-    // A monitoring agent, another exporter or nvidia-smi opens the GPU node through
-    // NVML but never the UVM node that CUDA opens.
-    let account = Host::idle()
+fn known_nvml_clients_and_site_agents_are_never_culprits() {
+    // NVML clients hold the very files a CUDA process holds; only their names tell.
+    let host = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .nvml_client(800, "python3", &[0])
+        .holder(800, 1, "gpu-agent", &[0])
         .holder(801, 1, "vram-exporter", &[0])
-        .account();
-    assert!(account.unlisted_holders.is_empty());
+        .holder(524, 1, "python3", &[0]);
+    let settings = Settings {
+        ignored_holder_comms: vec!["gpu-agent".into()],
+        ..Settings::default()
+    };
+    let report = classify(&host.observation(), &settings);
+    let account = report.gpus[0].account().unwrap();
+    let culprits: Vec<u32> = account.unlisted_holders.iter().map(|h| h.pid).collect();
+    assert_eq!(culprits, vec![524]);
     let others: Vec<u32> = account.other_holders.iter().map(|h| h.pid).collect();
     assert_eq!(others, vec![800, 801]);
+}
+
+#[test]
+fn kinship_ties_a_holder_to_the_gone_owner() {
+    let mut holder = Host::idle()
+        .holder(524, 1, "python3", &[0])
+        .holders
+        .unwrap()
+        .remove(0);
+    assert_eq!(kinship(&holder, &[503]), None);
+    holder.sid = 503;
+    assert_eq!(kinship(&holder, &[503]), Some(Kinship::SessionOf(503)));
+    holder.pgid = 503;
+    assert_eq!(kinship(&holder, &[503]), Some(Kinship::ProcessGroupOf(503)));
+    holder.ppid = 503;
+    assert_eq!(kinship(&holder, &[7, 503]), Some(Kinship::ChildOf(503)));
 }
 
 #[test]
@@ -454,6 +468,7 @@ fn context_overhead_setting_moves_the_floor() {
     );
     let strict = Settings {
         context_overhead_bytes: 0,
+        ..Settings::default()
     };
     let report = classify(&host.observation(), &strict);
     let account = report.gpus[0].account().unwrap();

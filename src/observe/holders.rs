@@ -13,13 +13,25 @@ use std::time::{Duration, Instant};
 
 /// How many processes to look at between two checks of the clock.
 const CLOCK_CHECK_EVERY: usize = 64;
+/// Most threads one scan uses. The scan is one system call per open file (a `readlink`
+/// costs 2-4 us in a VM), so it spreads over cores; more would crowd a busy GPU host.
+const MAX_SCAN_THREADS: usize = 4;
+/// Fewest processes worth a thread of their own (starting one costs tens of microseconds).
+const MIN_PROCESSES_PER_THREAD: usize = 32;
 
 /// What one process's descriptor lists told us.
 #[derive(Default)]
 struct HeldNodes {
     any: bool,
-    uvm: bool,
     gpu_minors: BTreeSet<u32>,
+}
+
+/// What one thread of a scan found.
+#[derive(Default)]
+struct PartialScan {
+    holders: Vec<Holder>,
+    permission_errors: u64,
+    cut_short: bool,
 }
 
 impl ProcRoot {
@@ -40,38 +52,83 @@ impl ProcRoot {
                 return scan;
             }
         };
-        for (seen, entry) in entries.flatten().enumerate() {
+        let pids: Vec<u32> = entries
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != own_pid)
+            .collect();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(MAX_SCAN_THREADS)
+            .min(pids.len() / MIN_PROCESSES_PER_THREAD)
+            .max(1);
+        // Threads take every `threads`-th PID, so kernel threads (low PIDs, no files)
+        // and busy processes spread evenly over them.
+        let parts: Vec<PartialScan> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (1..threads)
+                .map(|first| {
+                    let mine = pids.iter().copied().skip(first).step_by(threads);
+                    std::thread::Builder::new()
+                        .name("holder-scan".into())
+                        .spawn_scoped(scope, move || self.scan_some(mine, started, budget))
+                        .map_err(|_| first)
+                })
+                .collect();
+            let mut parts =
+                vec![self.scan_some(pids.iter().copied().step_by(threads), started, budget)];
+            for worker in workers {
+                parts.push(match worker {
+                    Ok(handle) => handle
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                    // No thread to be had: scan its share here.
+                    Err(first) => self.scan_some(
+                        pids.iter().copied().skip(first).step_by(threads),
+                        started,
+                        budget,
+                    ),
+                });
+            }
+            parts
+        });
+        for part in parts {
+            scan.holders.extend(part.holders);
+            scan.permission_errors += part.permission_errors;
+            scan.cut_short |= part.cut_short;
+        }
+        scan.holders.sort_by_key(|holder| holder.pid);
+        scan.duration_seconds = started.elapsed().as_secs_f64();
+        scan
+    }
+
+    /// Scan `pids`, stopping once the scan that began at `started` is over `budget`.
+    fn scan_some(
+        &self,
+        pids: impl Iterator<Item = u32>,
+        started: Instant,
+        budget: Duration,
+    ) -> PartialScan {
+        let mut part = PartialScan::default();
+        for (seen, pid) in pids.enumerate() {
             if seen % CLOCK_CHECK_EVERY == 0 && started.elapsed() > budget {
-                scan.cut_short = true;
+                part.cut_short = true;
                 break;
             }
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|name| name.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if pid == own_pid {
-                continue;
-            }
-            match self.held_nodes(&entry.path()) {
+            match self.held_nodes(&self.pid_dir(pid)) {
                 Ok(held) if held.any => {
                     if let Some(holder) = self.describe_holder(pid, held) {
-                        scan.holders.push(holder);
+                        part.holders.push(holder);
                     }
                 }
                 Ok(_) => {}
                 Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
-                    scan.permission_errors += 1;
+                    part.permission_errors += 1;
                 }
                 // The process exited while we looked: it holds nothing any more.
                 Err(_) => {}
             }
         }
-        scan.holders.sort_by_key(|holder| holder.pid);
-        scan.duration_seconds = started.elapsed().as_secs_f64();
-        scan
+        part
     }
 
     /// The NVIDIA nodes a process holds, through its own list or, when that is empty
@@ -79,7 +136,7 @@ impl ProcRoot {
     fn held_nodes(&self, pid_dir: &Path) -> io::Result<HeldNodes> {
         let mut held = HeldNodes::default();
         let open_files = self.collect_nodes(&pid_dir.join("fd"), &mut held)?;
-        if open_files == 0 {
+        if open_files == 0 && main_thread_may_be_zombie(pid_dir) {
             if let Ok(tasks) = fs::read_dir(pid_dir.join("task")) {
                 for task in tasks.flatten() {
                     // Kernel threads and fresh zombies have no files at all; a denied
@@ -108,7 +165,6 @@ impl ProcRoot {
                 continue;
             };
             held.any = true;
-            held.uvm |= rest == b"-uvm";
             // `/dev/nvidia0` names a GPU; `/dev/nvidiactl`, `/dev/nvidia-uvm` and the
             // capability nodes are shared by every CUDA process.
             if let Some(minor) = std::str::from_utf8(rest)
@@ -143,9 +199,26 @@ impl ProcRoot {
             user: uid.and_then(user_name),
             wchan,
             gpu_minors: held.gpu_minors.into_iter().collect(),
-            holds_uvm: held.uvm,
+            pgid: u32::try_from(stat.pgrp).unwrap_or(0),
+            sid: u32::try_from(stat.session).unwrap_or(0),
         })
     }
+}
+
+/// Whether an empty descriptor list may hide live threads' files: only when the main
+/// thread is a zombie (or its state cannot be read). Kernel threads and processes that
+/// closed every file have empty lists too, and one read of `stat` spares the listing of
+/// their threads.
+fn main_thread_may_be_zombie(pid_dir: &Path) -> bool {
+    let Ok(stat) = fs::read(pid_dir.join("stat")) else {
+        return true;
+    };
+    // The state follows the command name, which may itself contain ") ".
+    let state = stat
+        .windows(2)
+        .rposition(|pair| pair == b") ")
+        .and_then(|end| stat.get(end + 2));
+    !matches!(state, Some(letter) if *letter != b'Z')
 }
 
 /// The name of a user id from the host's password file.

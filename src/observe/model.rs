@@ -218,10 +218,10 @@ pub struct Holder {
     pub wchan: Option<String>,
     /// Minor numbers of the per-GPU nodes (`/dev/nvidiaN`) it holds.
     pub gpu_minors: Vec<u32>,
-    /// Whether it holds `/dev/nvidia-uvm`, which CUDA opens and NVML-only clients do not:
-    /// the evidence that it carries a CUDA context rather than just watching the GPU.
-    #[serde(default)]
-    pub holds_uvm: bool,
+    /// Process group: a child keeps its dead parent's group, so it ties a holder to an owner.
+    pub pgid: u32,
+    /// Session, which a child keeps likewise.
+    pub sid: u32,
 }
 
 /// An observation saved to a file, with what a bug report needs to know about where it came from.

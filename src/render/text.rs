@@ -2,7 +2,8 @@
 //! sentence per GPU that says what would free orphaned memory.
 
 use crate::classify::{
-    GpuAccount, GpuOutcome, GpuVerdict, Owner, OwnerState, Report, UnattributedTrust,
+    kinship, GpuAccount, GpuOutcome, GpuVerdict, Kinship, Owner, OwnerState, Report,
+    UnattributedTrust,
 };
 use crate::observe::Holder;
 use crate::units::format_bytes;
@@ -49,6 +50,20 @@ fn state_words(letter: char) -> &'static str {
         'Z' => "zombie",
         _ => "running",
     }
+}
+
+fn describe_holder_tied(holder: &Holder, gone: &[u32]) -> String {
+    let mut words = describe_holder(holder);
+    if let Some(kin) = kinship(holder, gone) {
+        words.pop();
+        let tie = match kin {
+            Kinship::ChildOf(pid) => format!("child of exited PID {pid}"),
+            Kinship::ProcessGroupOf(pid) => format!("in the process group of exited PID {pid}"),
+            Kinship::SessionOf(pid) => format!("in the session of exited PID {pid}"),
+        };
+        let _ = write!(words, ", {tie})");
+    }
+    words
 }
 
 fn describe_holder(holder: &Holder) -> String {
@@ -110,7 +125,7 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
     if !account.other_holders.is_empty() {
         let named: Vec<String> = account.other_holders.iter().map(describe_holder).collect();
         notes.push(format!(
-            "Also holding the device file, without a CUDA context (NVML clients such as monitoring agents, which own no memory): {}.",
+            "Also holding the device file, as NVML clients that own no memory (monitoring agents): {}.",
             named.join(", ")
         ));
     }
@@ -165,9 +180,10 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
     let scan = report.holder_scan;
     let scan_complete = scan.is_some_and(|scan| scan.complete);
     if !holders.is_empty() {
+        let gone_pids: Vec<u32> = gone.iter().map(|owner| owner.pid).collect();
         let named: Vec<String> = holders
             .iter()
-            .map(|holder| describe_holder(holder))
+            .map(|holder| describe_holder_tied(holder, &gone_pids))
             .collect();
         let pids: Vec<String> = holders
             .iter()

@@ -365,7 +365,8 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
         "start_time_ticks": start_time_ticks(child.pid),
         "uid": uid,
         "gpu_minors": [0],
-        "holds_uvm": true,
+        "pgid": process_group_and_session(child.pid).0,
+        "sid": process_group_and_session(child.pid).1,
     });
     if let Some(user) = user_name(uid) {
         holder["user"] = json!(user);

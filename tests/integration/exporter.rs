@@ -174,7 +174,7 @@ fn owner_pid_that_no_longer_exists_is_gone() {
 fn reused_pid_without_the_device_is_gone() {
     let rig = Rig::new();
     // A live process that never opened a GPU, standing where the owner's PID was.
-    let stranger = Holder::nvml_client(&rig.dir.path().join("scenario.json"));
+    let stranger = Holder::opening(&rig.dir.path().join("scenario.json"));
     rig.write_scenario(
         &Gpus::new()
             .gpu(Gpu::idle(0).used(USED).process(stranger.pid, Some(CHARGED)))

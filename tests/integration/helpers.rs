@@ -587,10 +587,10 @@ impl Holder {
         Holder::spawn_with("exec 3<\"$1\" 4<\"$2\"; exec sleep 1000", device)
     }
 
-    /// A process that opened only the GPU's node, as an NVML client (a monitoring agent)
-    /// does: no UVM node, so no CUDA context.
-    pub fn nvml_client(device: &Path) -> Holder {
-        Holder::spawn_with("exec 3<\"$1\"; exec sleep 1000", device)
+    /// A `sleep` process with just `file` open: a process that never touched a GPU when
+    /// `file` is not a device node.
+    pub fn opening(file: &Path) -> Holder {
+        Holder::spawn_with("exec 3<\"$1\"; exec sleep 1000", file)
     }
 
     fn spawn_with(script: &str, device: &Path) -> Holder {
@@ -948,4 +948,11 @@ pub fn verdict_line(stdout: &str, gpu: u32) -> &str {
         .lines()
         .find(|line| line.starts_with(&prefix))
         .unwrap_or_else(|| panic!("no verdict for GPU {gpu}:\n{stdout}"))
+}
+
+/// The process group and session of `pid`, from `/proc/PID/stat`.
+pub fn process_group_and_session(pid: u32) -> (u32, u32) {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat.rsplit_once(") ").expect("comm").1.split(' ').collect();
+    (fields[2].parse().unwrap(), fields[3].parse().unwrap())
 }

@@ -55,8 +55,8 @@ fn expected_holder(pid: u32, state: &str, gpu_minors: &[u32]) -> Value {
         "start_time_ticks": start_time_ticks(pid),
         "uid": uid,
         "gpu_minors": gpu_minors,
-        // Holder::spawn and Holder::fork_orphan open the UVM node as CUDA does.
-        "holds_uvm": true,
+        "pgid": process_group_and_session(pid).0,
+        "sid": process_group_and_session(pid).1,
     });
     if let Some(user) = user_name(uid) {
         holder["user"] = json!(user);

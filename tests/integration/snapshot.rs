@@ -66,7 +66,7 @@ fn fork_orphan_example_replays_to_killing_the_child() {
     assert_eq!(outcome.status, Some(1), "{outcome:?}");
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
-        "GPU 0: 8.6 GiB held for exited PID 503; still held open by PID 524 (python3, sleeping, user root, parent 1) - killing 524 should free it."
+        "GPU 0: 8.6 GiB held for exited PID 503; still held open by PID 524 (python3, sleeping, user root, parent 1, in the process group of exited PID 503) - killing 524 should free it."
     );
     assert!(outcome
         .stdout
