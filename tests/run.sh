@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lint, unit and integration tests.
+#
+# The integration tests start Debian's prometheus (with promtool) and
+# prometheus-alertmanager, and python3 for one process shape; cargo cannot install
+# those. Missing ones are installed when this runs as root with apt-get, otherwise it
+# stops with the line that installs them. No test is ever skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=()
+command -v promtool >/dev/null || packages+=(prometheus)
+command -v prometheus >/dev/null || packages+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || packages+=(prometheus-alertmanager)
+command -v python3 >/dev/null || packages+=(python3)
+if ((${#packages[@]})); then
+    # shellcheck disable=SC2207
+    packages=($(printf '%s\n' "${packages[@]}" | sort -u))
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        echo "tests/run.sh: installing ${packages[*]}" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq "${packages[@]}" >/dev/null
+    else
+        echo "tests/run.sh: missing ${packages[*]}; install them with:" >&2
+        echo "    sudo apt-get install -y ${packages[*]}" >&2
+        exit 1
+    fi
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
