@@ -1,7 +1,7 @@
 //! Ties the flow together: observe -> classify -> render, once per scrape.
 
 use crate::classify::{classify, Report, Settings};
-use crate::observe::{NvmlReading, Observation, Source};
+use crate::observe::{NvmlReading, Observation, ObserveError, Source};
 use crate::render::prometheus::{encode_report, BuildInfo, RenderOptions};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -62,23 +62,17 @@ impl Exporter {
     }
 
     /// Observe and classify, scanning for holders as `policy` says.
-    pub fn observe_and_classify(&self, policy: HolderScanPolicy) -> (Observation, Report) {
+    ///
+    /// A replay file that cannot be read is an error here: one-shot commands report it.
+    pub fn try_observe_and_classify(
+        &self,
+        policy: HolderScanPolicy,
+    ) -> Result<(Observation, Report), ObserveError> {
         let _one_at_a_time = self
             .collecting
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut observation = self.source.observe().unwrap_or_else(|error| {
-            tracing::error!(error = %error, "cannot observe");
-            Observation {
-                nvml: NvmlReading::Down {
-                    error: error.to_string(),
-                },
-                host_pid_namespace: None,
-                processes: BTreeMap::new(),
-                holder_scan: None,
-                procfs_errors: 0,
-            }
-        });
+        let mut observation = self.source.observe()?;
         let mut report = classify(&observation, &self.settings);
         let scan = match policy {
             HolderScanPolicy::Always => true,
@@ -88,7 +82,30 @@ impl Exporter {
             self.source.scan_holders(&mut observation);
             report = classify(&observation, &self.settings);
         }
-        (observation, report)
+        Ok((observation, report))
+    }
+
+    /// Like [`Exporter::try_observe_and_classify`], for a scrape: a replay file that
+    /// cannot be read is served as NVML being down, with the reason in the log.
+    pub fn observe_and_classify(&self, policy: HolderScanPolicy) -> Report {
+        match self.try_observe_and_classify(policy) {
+            Ok((_, report)) => report,
+            Err(error) => {
+                tracing::error!(error = %error, "cannot observe");
+                classify(
+                    &Observation {
+                        nvml: NvmlReading::Down {
+                            error: error.to_string(),
+                        },
+                        host_pid_namespace: None,
+                        processes: BTreeMap::new(),
+                        holder_scan: None,
+                        procfs_errors: 0,
+                    },
+                    &self.settings,
+                )
+            }
+        }
     }
 
     /// A registry whose one collector observes the host afresh on every encode.
@@ -121,7 +138,7 @@ impl Collector for ScrapeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let started = Instant::now();
         let exporter = &self.0;
-        let (_, report) = exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned);
+        let report = exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned);
         let seconds = started.elapsed().as_secs_f64();
         encode_report(
             &mut encoder,

@@ -61,6 +61,10 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
             per_process_limit: config.per_process_limit,
         },
     ));
+    if let Some(path) = &config.replay {
+        // A snapshot that cannot be read is a mistake to report now, not a scrape later.
+        observe::read_snapshot(path)?;
+    }
     if matches!(config.mode, Mode::Serve(_)) {
         warn_if_blind(&config);
     }
@@ -93,6 +97,7 @@ fn source(config: &Config) -> Source {
                 device_prefix: config.device_prefix.clone(),
             },
             config.scan_timeout,
+            matches!(config.mode, Mode::Serve(_)),
         ))),
     }
 }

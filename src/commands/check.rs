@@ -21,7 +21,7 @@ const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// Run `check` and return 0 (nothing orphaned), 1 (orphaned) or an error (exit 2).
 pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode> {
-    let (_, report) = exporter.observe_and_classify(HolderScanPolicy::Always);
+    let (_, report) = exporter.try_observe_and_classify(HolderScanPolicy::Always)?;
     let Some(wait) = config.wait else {
         return finish(&report, config);
     };
@@ -36,14 +36,14 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
     let started = Instant::now();
     let mut progress = Progress::new();
     loop {
-        let (_, polled) = exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned);
+        let (_, polled) = exporter.try_observe_and_classify(HolderScanPolicy::WhenOrphaned)?;
         let still = selected_orphaned_bytes(&polled, config)?;
         if still == 0 {
             progress.done(&format!(
                 "orphaned memory freed after {:.1}s",
                 started.elapsed().as_secs_f64()
             ));
-            let (_, last) = exporter.observe_and_classify(HolderScanPolicy::Always);
+            let (_, last) = exporter.try_observe_and_classify(HolderScanPolicy::Always)?;
             return finish(&last, config);
         }
         let waited = started.elapsed();
@@ -53,7 +53,7 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
                 format_bytes(still),
                 waited.as_secs_f64()
             ));
-            let (_, last) = exporter.observe_and_classify(HolderScanPolicy::Always);
+            let (_, last) = exporter.try_observe_and_classify(HolderScanPolicy::Always)?;
             return finish(&last, config);
         }
         progress.show(&format!(

@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Observe (with the holder scan) and write the snapshot to `output` or standard output.
 pub fn run(exporter: &Exporter, output: Option<&Path>) -> anyhow::Result<ExitCode> {
-    let (observation, _) = exporter.observe_and_classify(HolderScanPolicy::Always);
+    let (observation, _) = exporter.try_observe_and_classify(HolderScanPolicy::Always)?;
     let snapshot = Snapshot {
         format: Snapshot::FORMAT,
         exporter_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -196,7 +196,7 @@ impl ProcRoot {
             state: stat.state,
             start_time_ticks: stat.starttime,
             uid,
-            user: uid.and_then(user_name),
+            user: uid.and_then(|uid| user_name(&self.root, uid)),
             wchan,
             gpu_minors: held.gpu_minors.into_iter().collect(),
             pgid: u32::try_from(stat.pgrp).unwrap_or(0),
@@ -221,9 +221,12 @@ fn main_thread_may_be_zombie(pid_dir: &Path) -> bool {
     !matches!(state, Some(letter) if *letter != b'Z')
 }
 
-/// The name of a user id from the host's password file.
-fn user_name(uid: u32) -> Option<String> {
-    let passwd = fs::read_to_string("/etc/passwd").ok()?;
+/// The name of a user id from the host's password file: the one init sees (through
+/// `/proc/1/root`, which in a container with the host's procfs is the host's), else ours.
+fn user_name(proc_root: &Path, uid: u32) -> Option<String> {
+    let passwd = fs::read_to_string(proc_root.join("1/root/etc/passwd"))
+        .or_else(|_| fs::read_to_string("/etc/passwd"))
+        .ok()?;
     passwd.lines().find_map(|line| {
         let mut fields = line.split(':');
         let name = fields.next()?;

@@ -66,9 +66,15 @@ pub struct LiveHost {
 
 impl LiveHost {
     /// A live source reading NVML from `nvml_library` and processes from `proc_root`.
-    pub fn new(nvml_library: Option<PathBuf>, proc_root: ProcRoot, scan_budget: Duration) -> Self {
+    /// `long_running` is true for the server, which logs a missing NVML once and retries.
+    pub fn new(
+        nvml_library: Option<PathBuf>,
+        proc_root: ProcRoot,
+        scan_budget: Duration,
+        long_running: bool,
+    ) -> Self {
         LiveHost {
-            nvml: NvmlSource::new(nvml_library),
+            nvml: NvmlSource::new(nvml_library, long_running),
             proc_root,
             scan_budget,
         }

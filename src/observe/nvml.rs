@@ -44,14 +44,18 @@ struct State {
 #[derive(Debug)]
 pub struct NvmlSource {
     path: Option<PathBuf>,
+    /// A server says once, loudly, that it keeps going without NVML; a one-shot command
+    /// reports the failure in its own output instead.
+    long_running: bool,
     state: Mutex<State>,
 }
 
 impl NvmlSource {
     /// A source loading `path`, or the system's `libnvidia-ml.so.1` when `None`.
-    pub fn new(path: Option<PathBuf>) -> NvmlSource {
+    pub fn new(path: Option<PathBuf>, long_running: bool) -> NvmlSource {
         NvmlSource {
             path,
+            long_running,
             state: Mutex::new(State {
                 library: None,
                 identities: HashMap::new(),
@@ -89,7 +93,7 @@ impl NvmlSource {
                 }
                 Err(error) => {
                     let backoff = previous_backoff.map_or(FIRST_RETRY, |b| (b * 2).min(MAX_RETRY));
-                    if previous_backoff.is_none() {
+                    if previous_backoff.is_none() && self.long_running {
                         tracing::error!(error = %error, retry_in = ?backoff, "cannot load NVML; serving vram_nvml_up 0 and retrying");
                     } else {
                         tracing::debug!(error = %error, retry_in = ?backoff, "NVML still not loadable");

@@ -20,6 +20,9 @@ pub enum Finding {
     OrphanedHeld,
     /// Memory is orphaned and nothing holds the device: only a reset frees it.
     OrphanedUnheld,
+    /// Memory is orphaned and only the GPU's live owners hold the device: stopping them
+    /// may free it.
+    OrphanedHeldByOwners,
     /// Memory is orphaned and the holder scan could not see every process.
     OrphanedHoldersUnknown,
     /// The GPU did not answer.
@@ -179,7 +182,21 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
     let holders: Vec<&Holder> = account.unlisted_holders.iter().collect();
     let scan = report.holder_scan;
     let scan_complete = scan.is_some_and(|scan| scan.complete);
+    let why_incomplete = match scan {
+        None => "no scan for holders was made".to_string(),
+        Some(scan) if scan.cut_short => {
+            "the scan for holders ran out of time before it saw every process".to_string()
+        }
+        Some(scan) => format!(
+            "the descriptors of {} process{} could not be read (run as root or with CAP_SYS_PTRACE)",
+            scan.permission_errors,
+            if scan.permission_errors == 1 { "" } else { "es" }
+        ),
+    };
     if !holders.is_empty() {
+        if !scan_complete {
+            notes.push(format!("Other holders may be missing: {why_incomplete}."));
+        }
         let gone_pids: Vec<u32> = gone.iter().map(|owner| owner.pid).collect();
         let named: Vec<String> = holders
             .iter()
@@ -223,26 +240,42 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
         };
     }
     if !scan_complete {
-        let why = match scan {
-            None => "no scan for holders was made".to_string(),
-            Some(scan) if scan.cut_short => {
-                "the scan for holders ran out of time before it saw every process".to_string()
-            }
-            Some(scan) => format!(
-                "the descriptors of {} process{} could not be read (run as root or with CAP_SYS_PTRACE)",
-                scan.permission_errors,
-                if scan.permission_errors == 1 { "" } else { "es" }
-            ),
-        };
         let _ = write!(
             sentence,
-            "; no holder of its device file was found, but {why}: a holder may be missing."
+            "; no holder of its device file was found, but {why_incomplete}: a holder may be missing."
         );
         return Verdict {
             finding: Finding::OrphanedHoldersUnknown,
             sentence,
             notes,
             suggestion: Some(format!("sudo vram-exporter check --gpu {}", gpu.index)),
+        };
+    }
+    let live: Vec<&Owner> = account
+        .owners
+        .iter()
+        .filter(|owner| owner.state != OwnerState::Gone)
+        .collect();
+    if !live.is_empty() {
+        // A live owner holds the node too, and may hold the exited owner's descriptor
+        // besides its own (a child that became a CUDA user itself).
+        let _ = write!(
+            sentence,
+            "; no other process holds GPU {}'s device file, but its live owner{} (PID {}) may hold the exited owner's descriptor too: stopping {} may free it; otherwise only a GPU reset can.",
+            gpu.index,
+            if live.len() == 1 { "" } else { "s" },
+            pid_list(&live),
+            if live.len() == 1 { "it" } else { "them" }
+        );
+        return Verdict {
+            finding: Finding::OrphanedHeldByOwners,
+            sentence,
+            notes,
+            suggestion: Some(format!(
+                "vram-exporter check --gpu {} --wait 60s   # after stopping PID {}",
+                gpu.index,
+                pid_list(&live)
+            )),
         };
     }
     let _ = write!(
