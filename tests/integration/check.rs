@@ -256,6 +256,38 @@ fn orphan_that_no_process_holds_can_only_be_freed_by_a_gpu_reset() {
 }
 
 #[test]
+fn orphan_held_only_by_a_live_owner_says_stopping_it_may_free_it() {
+    // The dead owner's child became a CUDA user itself: NVML lists it, so it is no
+    // unlisted holder, yet it may hold the dead owner's descriptor too.
+    let rig = Rig::new();
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(
+                Gpu::idle(0)
+                    .used(2 * USED)
+                    .process(dead_owner, Some(CHARGED))
+                    .process(child.pid, Some(CHARGED)),
+            )
+            .into_json(),
+    );
+    let outcome = rig.run(&["check"]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
+    assert_eq!(
+        verdict_line(&outcome.stdout, 0),
+        format!(
+            "GPU 0: 8.6 GiB held for exited PID {dead_owner}; no other process holds GPU 0's device file, but its live owner (PID {}) may hold the exited owner's descriptor too: stopping it may free it; otherwise only a GPU reset can.",
+            child.pid
+        )
+    );
+    assert!(
+        !outcome.stdout.contains("--gpu-reset"),
+        "{}",
+        outcome.stdout
+    );
+}
+
+#[test]
 fn blind_exporter_warns_and_calls_no_memory_orphaned() {
     let rig = Rig::new();
     let procfs = rig.blind_procfs();
@@ -484,12 +516,29 @@ fn exit_status_2_for_an_unreadable_replay_file() {
     let outcome = rig.run(&["check", "--replay", missing.to_str().unwrap()]);
     assert_eq!(outcome.status, Some(2), "{outcome:?}");
     assert_eq!(outcome.stdout, "");
-    let last = outcome.stderr.lines().last().unwrap_or_default();
+    // One line that names the file, not a word about NVML.
+    assert_eq!(outcome.stderr.lines().count(), 1, "{}", outcome.stderr);
     assert!(
-        last.starts_with("vram-exporter: ")
-            && last.contains(&format!("cannot read snapshot {}", missing.display())),
+        outcome.stderr.starts_with("vram-exporter: ")
+            && outcome
+                .stderr
+                .contains(&format!("cannot read snapshot {}", missing.display()))
+            && !outcome.stderr.contains("NVML"),
         "{}",
         outcome.stderr
+    );
+    // The server refuses to start on it rather than serving NVML as down.
+    let served = rig.run(&[
+        "--replay",
+        missing.to_str().unwrap(),
+        "--web.listen-address",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(served.status, Some(2), "{served:?}");
+    assert!(
+        served.stderr.contains("cannot read snapshot"),
+        "{}",
+        served.stderr
     );
 
     let garbage = rig.dir.path().join("garbage.json");
