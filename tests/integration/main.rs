@@ -3,7 +3,10 @@
 
 mod helpers;
 
+mod alerts;
 mod check;
+mod dashboard;
+mod e2e;
 mod exporter;
 mod holders;
 mod snapshot;

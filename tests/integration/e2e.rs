@@ -1,0 +1,757 @@
+//! End to end: the real exporter (fake NVML, real processes) scraped every second by a
+//! real Prometheus that evaluates the shipped rules and notifies a real Alertmanager,
+//! whose webhook receiver is an HTTP listener inside this test.
+//!
+//! The fork-inherited orphan must reach Alertmanager as VRAMOrphanedMemory with the
+//! GPU's index and UUID and the live holder's PID, and resolve once the holder dies. The
+//! seconds from the orphan's appearance to the alert's arrival are printed (run with
+//! `--nocapture`). Every PromQL query of the dashboard must parse and return data against
+//! the same Prometheus while the orphan exists.
+//!
+//! The rules file is used as shipped except for its `for:` durations, the documented site
+//! setting, which are divided by 60 (one minute becomes one second) in a temporary copy;
+//! the test checks that nothing else differs.
+//!
+//! Prometheus and Alertmanager are required: a machine without them fails, never skips.
+
+use crate::helpers::*;
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The packages that install `prometheus` (with promtool) and `prometheus-alertmanager`.
+const PACKAGES: &str = "prometheus prometheus-alertmanager";
+
+/// Prometheus scrapes and evaluates rules this often (seconds).
+const SCRAPE_AND_EVALUATION_INTERVAL: &str = "1s";
+/// Alertmanager waits this long before a new group's first notification, and between
+/// two notifications of a group (so a resolution is sent this long after it arrives).
+const GROUP_WAIT: &str = "1s";
+const GROUP_INTERVAL: &str = "1s";
+/// The scrape job; VRAMExporterAbsent expects this name (a SITE SETTING of the rules).
+const JOB: &str = "vram-exporter";
+/// The shipped `for:` durations are divided by this in the test's copy of the rules.
+const FOR_DIVISOR: u64 = 60;
+
+/// A bound on every wait for the servers, the alert and its resolution.
+const WAIT: Duration = Duration::from_secs(30);
+/// A bound on one API request (a readiness probe gets one second: a port taken by a
+/// process that accepts but does not answer must not hold up the retry).
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn rules_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("alerts/vram-exporter.rules.yml")
+}
+
+#[test]
+fn fork_orphan_alert_reaches_alertmanager_resolves_and_the_dashboard_has_data() {
+    let prometheus_binary = require_tool("prometheus", PACKAGES);
+    let alertmanager_binary = require_tool("prometheus-alertmanager", PACKAGES);
+    let test_started = Instant::now();
+
+    // Host A: the host the orphan appears on, an exporter with the rights to read /proc.
+    let rig = Rig::new();
+    let host_a = rig.start(&[]);
+    // Host B: a degraded host that has data for the panels about failures: its exporter
+    // may not read root's descriptors (PID 1 is listed as an owner: /proc read errors)
+    // and its GPU 1 fails with an NVML error. Nothing on it is orphaned.
+    let rig_b = Rig::new();
+    rig_b.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(1, Some(CHARGED)))
+            .gpu(Gpu::idle(1).error("nvmlDeviceGetMemoryInfo_v2", "Unknown"))
+            .into_json(),
+    );
+    let host_b = start(rig_b.unprivileged_command(&["--web.listen-address", "127.0.0.1:0"]));
+
+    let webhook = Webhook::start();
+    let config = tempfile::tempdir().expect("temporary folder");
+    let shipped = read(&rules_path());
+    let (shortened, orphan_for_shipped) = shorten_for_durations(&shipped);
+    assert_only_for_lines_differ(&shipped, &shortened);
+    let rules_copy = config.path().join("vram-exporter.rules.yml");
+    std::fs::write(&rules_copy, &shortened).unwrap();
+
+    let alertmanager_config = config.path().join("alertmanager.yml");
+    std::fs::write(
+        &alertmanager_config,
+        format!(
+            "route:\n  receiver: test\n  group_by: ['...']\n  group_wait: {GROUP_WAIT}\n  \
+             group_interval: {GROUP_INTERVAL}\n  repeat_interval: 1h\n\
+             receivers:\n  - name: test\n    webhook_configs:\n      - url: http://{}/alerts\n        \
+             send_resolved: true\n",
+            webhook.address
+        ),
+    )
+    .unwrap();
+    let alertmanager_data = config.path().join("alertmanager");
+    let alertmanager = Server::start("alertmanager", |address| {
+        let mut command = Command::new(&alertmanager_binary);
+        command
+            .arg(format!("--config.file={}", alertmanager_config.display()))
+            .arg(format!("--storage.path={}", alertmanager_data.display()))
+            .arg(format!("--web.listen-address={address}"))
+            .arg("--cluster.listen-address=");
+        command
+    });
+
+    let prometheus_config = config.path().join("prometheus.yml");
+    std::fs::write(
+        &prometheus_config,
+        format!(
+            "global:\n  scrape_interval: {i}\n  scrape_timeout: {i}\n  evaluation_interval: {i}\n\
+             rule_files:\n  - {rules}\n\
+             alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{am}']\n\
+             scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      - targets: ['{a}', '{b}']\n",
+            i = SCRAPE_AND_EVALUATION_INTERVAL,
+            rules = rules_copy.display(),
+            am = alertmanager.address,
+            a = host_a.address,
+            b = host_b.address,
+        ),
+    )
+    .unwrap();
+    let prometheus_data = config.path().join("prometheus");
+    let prometheus = Server::start("prometheus", |address| {
+        let mut command = Command::new(&prometheus_binary);
+        command
+            .arg(format!("--config.file={}", prometheus_config.display()))
+            .arg(format!("--storage.tsdb.path={}", prometheus_data.display()))
+            .arg(format!("--web.listen-address={address}"));
+        command
+    });
+
+    // Prometheus runs the shortened rules, scrapes both hosts and knows Alertmanager.
+    let rules = prometheus.api("/api/v1/rules");
+    let orphan_rule = rules["data"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|group| group["rules"].as_array().unwrap())
+        .find(|rule| rule["name"] == "VRAMOrphanedMemory")
+        .unwrap_or_else(|| panic!("Prometheus did not load VRAMOrphanedMemory: {rules}"));
+    let orphan_for = orphan_rule["duration"].as_f64().unwrap();
+    assert_eq!(orphan_for, orphan_for_shipped / FOR_DIVISOR as f64);
+    wait_until("Prometheus scrapes both hosts", WAIT, || {
+        prometheus.query(&format!("up{{job=\"{JOB}\"}} == 1")).len() == 2
+    });
+    wait_until("Prometheus has discovered Alertmanager", WAIT, || {
+        prometheus.api("/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
+            .as_array()
+            .is_some_and(|active| !active.is_empty())
+    });
+    let instance_a = host_a.address.to_string();
+    let selector_a = format!("job=\"{JOB}\",instance=\"{instance_a}\",gpu=\"0\"");
+    let owner_gone_a = format!("vram_orphaned_bytes{{{selector_a},reason=\"owner_gone\"}}");
+    assert_eq!(
+        prometheus.query(&format!("{owner_gone_a} == 0")).len(),
+        1,
+        "before the orphan, host A's GPU 0 has nothing orphaned"
+    );
+    assert!(orphan_alerts(&alertmanager).is_empty());
+
+    // The fork-inherited orphan: the owner dies while the child it forked keeps the device
+    // file, and NVML keeps charging the dead PID. It appears when the scenario says so.
+    let (dead_owner, holder) = settled_fork_orphan(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .into_json(),
+    );
+    let orphan_appeared = Instant::now();
+    let orphan_appeared_wall = unix_now();
+
+    let mut arrived = None;
+    let mut notified = None;
+    let deadline = orphan_appeared + WAIT;
+    while arrived.is_none() || notified.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "VRAMOrphanedMemory did not reach Alertmanager within {WAIT:?} \
+             (in its API: {arrived:?}, notified: {notified:?}); Prometheus has {}",
+            prometheus.api("/api/v1/alerts")
+        );
+        if arrived.is_none() {
+            let alerts = orphan_alerts(&alertmanager);
+            if !alerts.is_empty() {
+                arrived = Some((Instant::now(), alerts));
+            }
+        }
+        if notified.is_none() {
+            notified = webhook.first(|alert| {
+                alert["labels"]["alertname"] == "VRAMOrphanedMemory" && alert["status"] == "firing"
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (arrived, alerts) = arrived.unwrap();
+    let (notified, notification) = notified.unwrap();
+
+    let holder_text = format!("pid {} (sleep, running)", holder.pid);
+    assert_eq!(
+        alerts.len(),
+        1,
+        "one orphan alert, for host A's GPU 0: {alerts:#?}"
+    );
+    let alert = &alerts[0];
+    for (alert, source) in [
+        (alert, "Alertmanager's API"),
+        (&notification, "the webhook"),
+    ] {
+        let labels = &alert["labels"];
+        assert_eq!(labels["gpu"], "0", "{source}: {alert:#}");
+        assert_eq!(labels["uuid"], Gpu::uuid(0).as_str(), "{source}: {alert:#}");
+        assert_eq!(
+            labels["instance"],
+            instance_a.as_str(),
+            "{source}: {alert:#}"
+        );
+        assert_eq!(labels["job"], JOB, "{source}: {alert:#}");
+        assert_eq!(labels["reason"], "owner_gone", "{source}: {alert:#}");
+        assert_eq!(labels["severity"], "critical", "{source}: {alert:#}");
+        let description = alert["annotations"]["description"].as_str().unwrap();
+        assert!(
+            description.contains(&holder_text) && description.contains(&Gpu::uuid(0)),
+            "{source}: the description names the GPU's UUID and the holder ({holder_text}): \
+             {description}"
+        );
+        assert!(
+            !description.contains(&format!("pid {dead_owner} ")),
+            "{source}: the dead owner is not a holder: {description}"
+        );
+    }
+    // Its companion names the process whose end frees the memory.
+    let mut unlisted = None;
+    wait_until("VRAMUnlistedHolder is notified", WAIT, || {
+        unlisted = webhook.first(|alert| {
+            alert["labels"]["alertname"] == "VRAMUnlistedHolder" && alert["status"] == "firing"
+        });
+        unlisted.is_some()
+    });
+    let (_, unlisted) = unlisted.unwrap();
+    let labels = &unlisted["labels"];
+    assert_eq!(
+        labels["pid"],
+        holder.pid.to_string().as_str(),
+        "{unlisted:#}"
+    );
+    assert_eq!(labels["comm"], "sleep", "{unlisted:#}");
+    assert_eq!(labels["gpu"], "0", "{unlisted:#}");
+    assert_eq!(labels["uuid"], Gpu::uuid(0).as_str(), "{unlisted:#}");
+    assert_eq!(labels["instance"], instance_a.as_str(), "{unlisted:#}");
+
+    // Where the time went: Prometheus's activeAt is the first evaluation that saw the
+    // orphan (after a scrape had collected it), startsAt the evaluation that found it
+    // pending for `for:` and fired it.
+    let prometheus_alerts = prometheus.api("/api/v1/alerts");
+    let active_at = prometheus_alerts["data"]["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|alert| {
+            alert["labels"]["alertname"] == "VRAMOrphanedMemory" && alert["state"] == "firing"
+        })
+        .map(|alert| unix_seconds(alert["activeAt"].as_str().unwrap()))
+        .unwrap_or_else(|| {
+            panic!("Prometheus does not show the firing alert: {prometheus_alerts}")
+        });
+    let pending_after = active_at - orphan_appeared_wall;
+    let fired_after = unix_seconds(alert["startsAt"].as_str().unwrap()) - orphan_appeared_wall;
+    let to_alertmanager = (arrived - orphan_appeared).as_secs_f64();
+    let to_webhook = (notified - orphan_appeared).as_secs_f64();
+
+    // Every dashboard query parses and has data while the orphan exists. The template
+    // variables' own series (vram_build_info, vram_gpu_info) are checked with them.
+    let mut queries = super::dashboard::dashboard_queries();
+    assert!(!queries.is_empty(), "the dashboard has no queries");
+    queries.push(r#"vram_build_info{job=~".*"}"#.to_string());
+    queries.push(r#"vram_gpu_info{job=~".*", instance=~".*"}"#.to_string());
+    let mut empty: Vec<&String> = queries.iter().collect();
+    let dashboard_deadline = Instant::now() + WAIT;
+    loop {
+        empty.retain(|query| prometheus.query(query).is_empty());
+        if empty.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < dashboard_deadline,
+            "with the orphan present these dashboard queries return no data:\n{empty:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let holders_panel = queries
+        .iter()
+        .find(|query| query.starts_with("vram_holder_info"))
+        .expect("the dashboard lists the unlisted holders");
+    assert!(
+        prometheus
+            .query(holders_panel)
+            .iter()
+            .any(|series| series["metric"]["pid"] == holder.pid.to_string().as_str()),
+        "the holders panel names the live holder {}",
+        holder.pid
+    );
+    let dashboard_checked = Instant::now();
+
+    // The operator ends the holder; the driver frees the memory and drops the dead PID.
+    holder.kill();
+    rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0)).into_json());
+    let freed = Instant::now();
+    let mut gone_from_api = None;
+    let mut resolved = None;
+    let deadline = freed + WAIT;
+    while gone_from_api.is_none() || resolved.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "VRAMOrphanedMemory did not resolve within {WAIT:?} (gone from the API: \
+             {gone_from_api:?}, resolved notification: {resolved:?})"
+        );
+        if gone_from_api.is_none() && orphan_alerts(&alertmanager).is_empty() {
+            gone_from_api = Some(Instant::now());
+        }
+        if resolved.is_none() {
+            resolved = webhook.first(|alert| {
+                alert["labels"]["alertname"] == "VRAMOrphanedMemory"
+                    && alert["labels"]["instance"] == instance_a.as_str()
+                    && alert["status"] == "resolved"
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let gone_from_api = (gone_from_api.unwrap() - freed).as_secs_f64();
+    let (resolved, _) = resolved.unwrap();
+    let resolved = (resolved - freed).as_secs_f64();
+
+    let scrape = SCRAPE_AND_EVALUATION_INTERVAL;
+    eprintln!(
+        "\nalert latency, fork-inherited orphan -> VRAMOrphanedMemory \
+         (scrape and evaluation every {scrape}, for: {orphan_for}s, group_wait {GROUP_WAIT}):\n  \
+         orphan appears -> first evaluation that sees it (pending):  {pending_after:.2} s\n  \
+         orphan appears -> evaluation that fires it (startsAt):      {fired_after:.2} s\n  \
+         orphan appears -> alert in Alertmanager's API:              {to_alertmanager:.2} s\n  \
+         orphan appears -> webhook notification (firing):            {to_webhook:.2} s\n  \
+         holder killed  -> alert gone from Alertmanager's API:       {gone_from_api:.2} s\n  \
+         holder killed  -> webhook notification (resolved):          {resolved:.2} s\n  \
+         {} dashboard queries had data after {:.2} s; whole test {:.1} s\n  \
+         alerts seen by the webhook: {}",
+        queries.len(),
+        (dashboard_checked - orphan_appeared).as_secs_f64(),
+        test_started.elapsed().as_secs_f64(),
+        webhook.alert_names().join(", "),
+    );
+}
+
+/// The orphan alerts Alertmanager holds as active (resolved ones are not listed).
+fn orphan_alerts(alertmanager: &Server) -> Vec<Value> {
+    let alerts = alertmanager.api("/api/v2/alerts");
+    alerts
+        .as_array()
+        .unwrap_or_else(|| panic!("Alertmanager's alert list is not a list: {alerts}"))
+        .iter()
+        .filter(|alert| alert["labels"]["alertname"] == "VRAMOrphanedMemory")
+        .cloned()
+        .collect()
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()))
+}
+
+/// The rules text with every `for:` duration divided by [`FOR_DIVISOR`], and the shipped
+/// `for:` of VRAMOrphanedMemory in seconds.
+fn shorten_for_durations(rules: &str) -> (String, f64) {
+    let mut out = String::with_capacity(rules.len());
+    let mut current_alert = "";
+    let mut orphan_for = None;
+    for line in rules.lines() {
+        let body = line.trim_start();
+        if let Some(name) = body.strip_prefix("- alert:") {
+            current_alert = name.trim();
+        }
+        match body.strip_prefix("for:") {
+            Some(value) => {
+                let milliseconds = duration_ms(value.trim());
+                if current_alert == "VRAMOrphanedMemory" {
+                    orphan_for = Some(milliseconds as f64 / 1000.0);
+                }
+                let shortened = milliseconds / FOR_DIVISOR;
+                let indent = &line[..line.len() - body.len()];
+                if shortened % 1000 == 0 {
+                    writeln!(out, "{indent}for: {}s", shortened / 1000).unwrap();
+                } else {
+                    writeln!(out, "{indent}for: {shortened}ms").unwrap();
+                }
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    (
+        out,
+        orphan_for.expect("VRAMOrphanedMemory has a for: duration"),
+    )
+}
+
+/// A Prometheus duration (`2m`, `1h30m`, `90s`, `500ms`) in milliseconds.
+fn duration_ms(text: &str) -> u64 {
+    let mut total = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.chars().take_while(char::is_ascii_digit).count();
+        let number: u64 = rest[..digits]
+            .parse()
+            .unwrap_or_else(|_| panic!("not a duration: {text:?}"));
+        rest = &rest[digits..];
+        let unit = rest.chars().take_while(char::is_ascii_alphabetic).count();
+        let scale = match &rest[..unit] {
+            "ms" => 1,
+            "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "w" => 604_800_000,
+            "y" => 31_536_000_000,
+            other => panic!("unknown unit {other:?} in duration {text:?}"),
+        };
+        total += number * scale;
+        rest = &rest[unit..];
+    }
+    total
+}
+
+/// The copy differs from the shipped file only in the values of its `for:` lines, and
+/// every alert's `for:` is shortened.
+fn assert_only_for_lines_differ(shipped: &str, copy: &str) {
+    let shipped: Vec<&str> = shipped.lines().collect();
+    let copy: Vec<&str> = copy.lines().collect();
+    assert_eq!(
+        shipped.len(),
+        copy.len(),
+        "the copy has as many lines as the rules file"
+    );
+    let mut changed = 0;
+    for (number, (original, shortened)) in shipped.iter().zip(&copy).enumerate() {
+        if original == shortened {
+            continue;
+        }
+        let is_for = |line: &str| line.trim_start().starts_with("for:");
+        let indent = |line: &str| line.len() - line.trim_start().len();
+        assert!(
+            is_for(original) && is_for(shortened) && indent(original) == indent(shortened),
+            "line {} differs in more than its for: duration:\n  {original}\n  {shortened}",
+            number + 1
+        );
+        changed += 1;
+    }
+    let alerts = shipped
+        .iter()
+        .filter(|line| line.trim_start().starts_with("- alert:"))
+        .count();
+    assert_eq!(
+        changed, alerts,
+        "every alert's for: is shortened, nothing else"
+    );
+}
+
+/// Now, in seconds since the epoch.
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// An RFC 3339 timestamp (`2026-12-02T16:25:19.123Z`, `...+01:00`) in seconds since the
+/// epoch.
+fn unix_seconds(timestamp: &str) -> f64 {
+    let bad = || panic!("not an RFC 3339 timestamp: {timestamp:?}");
+    let (date, time) = timestamp.split_once('T').unwrap_or_else(bad);
+    let date: Vec<i64> = date.split('-').map(|part| part.parse().unwrap()).collect();
+    let (clock, offset) = match time.find(['Z', 'z', '+', '-']) {
+        Some(at) => time.split_at(at),
+        None => bad(),
+    };
+    let clock: Vec<f64> = clock.split(':').map(|part| part.parse().unwrap()).collect();
+    let offset_seconds = match offset {
+        "Z" | "z" => 0.0,
+        _ => {
+            let sign = if offset.starts_with('-') { -1.0 } else { 1.0 };
+            let (hours, minutes) = offset[1..].split_once(':').unwrap_or_else(bad);
+            sign * (hours.parse::<f64>().unwrap() * 3600.0 + minutes.parse::<f64>().unwrap() * 60.0)
+        }
+    };
+    // Days from the civil date (H. Hinnant's algorithm).
+    let (year, month, day) = (date[0] - i64::from(date[1] <= 2), date[1], date[2]);
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let day_of_year = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    days as f64 * 86_400.0 + clock[0] * 3600.0 + clock[1] * 60.0 + clock[2] - offset_seconds
+}
+
+/// A loopback port that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("bind a loopback port")
+        .port()
+}
+
+/// A Prometheus or Alertmanager process on loopback, killed when dropped; its log is
+/// printed if the test fails.
+struct Server {
+    name: &'static str,
+    child: Child,
+    address: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Start `command(address)` on a free loopback port and wait for `/-/ready`; a port
+    /// taken between choosing and binding it is chosen again.
+    fn start(name: &'static str, command: impl Fn(SocketAddr) -> Command) -> Server {
+        for _attempt in 0..5 {
+            let address = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let mut child = command(address)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|err| panic!("cannot start {name}: {err}"));
+            let log = Arc::new(Mutex::new(String::new()));
+            drain(child.stdout.take().unwrap(), Arc::clone(&log));
+            drain(child.stderr.take().unwrap(), Arc::clone(&log));
+            let mut server = Server {
+                name,
+                child,
+                address,
+                log,
+            };
+            let mut exited = None;
+            wait_until(&format!("{name} is ready on {address}"), WAIT, || {
+                exited = server.child.try_wait().unwrap();
+                exited.is_some()
+                    || get(address, "/-/ready", Duration::from_secs(1))
+                        .is_some_and(|(status, _)| status == 200)
+            });
+            let Some(status) = exited else {
+                return server;
+            };
+            // The exit may have come before its last lines were drained.
+            wait_until(&format!("{name}'s log is read"), WAIT, || {
+                Arc::strong_count(&server.log) == 1
+            });
+            let log = server.log();
+            assert!(
+                log.contains("address already in use"),
+                "{name} exited ({status}) before it was ready; its log:\n{log}"
+            );
+        }
+        panic!("{name}: five free ports were taken before it could bind them");
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// GET `path` from the server's API and parse the JSON.
+    fn api(&self, path: &str) -> Value {
+        let (status, body) = get(self.address, path, API_TIMEOUT)
+            .unwrap_or_else(|| panic!("{} does not answer GET {path}", self.name));
+        assert_eq!(status, 200, "{} GET {path}: {body}", self.name);
+        serde_json::from_str(&body)
+            .unwrap_or_else(|err| panic!("{} GET {path} is not JSON ({err}): {body}", self.name))
+    }
+
+    /// An instant query; fails the test unless Prometheus answers `success`.
+    fn query(&self, query: &str) -> Vec<Value> {
+        let path = format!("/api/v1/query?query={}", percent_encode(query));
+        let (status, body) = get(self.address, &path, API_TIMEOUT)
+            .unwrap_or_else(|| panic!("{} does not answer the query {query}", self.name));
+        let answer: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|err| panic!("query {query}: not JSON ({err}): {body}"));
+        assert!(
+            status == 200 && answer["status"] == "success",
+            "Prometheus rejects the query {query}: {body}"
+        );
+        answer["data"]["result"]
+            .as_array()
+            .unwrap_or_else(|| panic!("query {query}: no result list: {body}"))
+            .clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- {} log ---\n{}", self.name, self.log());
+        }
+    }
+}
+
+/// Append every line of `stream` to `log` until it closes.
+fn drain(stream: impl Read + Send + 'static, log: Arc<Mutex<String>>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            let mut text = log.lock().unwrap();
+            text.push_str(&line);
+            text.push('\n');
+        }
+    });
+}
+
+/// GET over HTTP/1.0 (so the body is neither chunked nor kept alive): the status and
+/// body, or `None` when nothing listens, the answer is cut short or takes longer than
+/// `timeout` between two reads.
+fn get(address: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&address, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// Percent-encode everything but RFC 3986's unreserved characters.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 3);
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            write!(out, "%{byte:02X}").unwrap();
+        }
+    }
+    out
+}
+
+/// Alertmanager's webhook receiver: an HTTP listener that keeps every notification with
+/// the moment it arrived.
+struct Webhook {
+    address: SocketAddr,
+    notifications: Arc<Mutex<Vec<(Instant, Value)>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Webhook {
+    fn start() -> Webhook {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the webhook");
+        let address = listener.local_addr().unwrap();
+        let notifications = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let notifications = Arc::clone(&notifications);
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                for stream in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(stream) = stream else { continue };
+                    if let Some(body) = receive(stream) {
+                        let notification = serde_json::from_str(&body).unwrap_or_else(
+                            |err| serde_json::json!({ "unparsable": body, "error": err.to_string() }),
+                        );
+                        notifications
+                            .lock()
+                            .unwrap()
+                            .push((Instant::now(), notification));
+                    }
+                }
+            })
+        };
+        Webhook {
+            address,
+            notifications,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The arrival and the alert of the first notified alert that `matches`.
+    fn first(&self, matches: impl Fn(&Value) -> bool) -> Option<(Instant, Value)> {
+        let notifications = self.notifications.lock().unwrap();
+        notifications.iter().find_map(|(at, notification)| {
+            let alerts = notification["alerts"].as_array()?;
+            let alert = alerts.iter().find(|alert| matches(alert))?;
+            Some((*at, alert.clone()))
+        })
+    }
+
+    /// Every alert name notified so far, with its status and instance, in order.
+    fn alert_names(&self) -> Vec<String> {
+        let notifications = self.notifications.lock().unwrap();
+        let mut names: Vec<String> = notifications
+            .iter()
+            .flat_map(|(_, notification)| notification["alerts"].as_array().cloned())
+            .flatten()
+            .map(|alert| {
+                format!(
+                    "{} {} ({})",
+                    alert["labels"]["alertname"].as_str().unwrap_or("?"),
+                    alert["status"].as_str().unwrap_or("?"),
+                    alert["labels"]["instance"].as_str().unwrap_or("-"),
+                )
+            })
+            .collect();
+        names.dedup();
+        names
+    }
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept call so the thread sees the flag.
+        let _ = TcpStream::connect(self.address);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Read one POST with a Content-Length body, answer 200 and close; the body.
+fn receive(mut stream: TcpStream) -> Option<String> {
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.trim().eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().ok()?;
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    stream
+        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    Some(String::from_utf8_lossy(&body).into_owned())
+}
