@@ -1,6 +1,7 @@
 //! Observe: the only code that touches the system (NVML and `/proc`), or replays a
 //! snapshot of them.
 
+pub mod cgroup;
 mod holders;
 mod model;
 pub mod nvml;
