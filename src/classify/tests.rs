@@ -1,7 +1,7 @@
 //! Case-by-case tests with the figures measured on an H200 (see the project's GPU facts).
 
 use super::*;
-use crate::observe::{GpuReading, HolderScan, ProcessFacts};
+use crate::observe::{CgroupAttribution, GpuReading, HolderScan, ProcessFacts};
 use std::collections::BTreeMap;
 
 const MIB: u64 = 1024 * 1024;
@@ -29,6 +29,8 @@ fn facts(state: char, device_files: DeviceFiles) -> ProcessLookup {
         start_time_ticks: 1000,
         uid: Some(0),
         device_files,
+        cgroup: CgroupAttribution::default(),
+        pid_namespace_init: None,
     })
 }
 
@@ -79,6 +81,8 @@ impl Host {
             gpu_minors: minors.to_vec(),
             pgid: pid,
             sid: pid,
+            cgroup: CgroupAttribution::default(),
+            pid_namespace_init: None,
         });
         self
     }

@@ -1,6 +1,8 @@
 //! The scan of every process's descriptors for NVIDIA device files: it finds the live
 //! process that keeps a dead owner's memory alive, which NVML never names.
 
+use super::parse;
+use super::pidns::NamespaceInits;
 use super::procfs::ProcRoot;
 use super::{Holder, HolderScan};
 use procfs::process::Process;
@@ -19,11 +21,33 @@ const MAX_SCAN_THREADS: usize = 4;
 /// Fewest processes worth a thread of their own (starting one costs tens of microseconds).
 const MIN_PROCESSES_PER_THREAD: usize = 32;
 
+/// Whether a denied `readlink` of a descriptor makes the process unreadable. Listing
+/// another user's descriptors needs CAP_DAC_READ_SEARCH, reading where they point
+/// CAP_SYS_PTRACE: an exporter with only the first may list every process and read no
+/// link, and would miss holders in a scan that looks complete. With CAP_SYS_PTRACE a
+/// denial comes from beyond what capabilities grant (a process of a parent user
+/// namespace, such as a sandbox's own init) and is passed over as before.
+fn denied_links_count() -> bool {
+    std::fs::read("/proc/self/status")
+        .ok()
+        .and_then(|status| parse::effective_capabilities(&status))
+        .is_none_or(|caps| caps & (1 << parse::CAP_SYS_PTRACE) == 0)
+}
+
 /// What one process's descriptor lists told us.
 #[derive(Default)]
 struct HeldNodes {
     any: bool,
     gpu_minors: BTreeSet<u32>,
+}
+
+/// What every thread of one scan shares.
+#[derive(Clone, Copy)]
+struct Pass {
+    started: Instant,
+    budget: Duration,
+    /// See [`denied_links_count`].
+    count_denied_links: bool,
 }
 
 /// What one thread of a scan found.
@@ -38,6 +62,11 @@ impl ProcRoot {
     /// Scan every process but `own_pid` for NVIDIA device files, stopping at `budget`.
     pub fn scan_holders(&self, own_pid: u32, budget: Duration) -> HolderScan {
         let started = Instant::now();
+        let pass = Pass {
+            started,
+            budget,
+            count_denied_links: denied_links_count(),
+        };
         let mut scan = HolderScan {
             holders: Vec::new(),
             permission_errors: 0,
@@ -70,23 +99,20 @@ impl ProcRoot {
                     let mine = pids.iter().copied().skip(first).step_by(threads);
                     std::thread::Builder::new()
                         .name("holder-scan".into())
-                        .spawn_scoped(scope, move || self.scan_some(mine, started, budget))
+                        .spawn_scoped(scope, move || self.scan_some(mine, pass))
                         .map_err(|_| first)
                 })
                 .collect();
-            let mut parts =
-                vec![self.scan_some(pids.iter().copied().step_by(threads), started, budget)];
+            let mut parts = vec![self.scan_some(pids.iter().copied().step_by(threads), pass)];
             for worker in workers {
                 parts.push(match worker {
                     Ok(handle) => handle
                         .join()
                         .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
                     // No thread to be had: scan its share here.
-                    Err(first) => self.scan_some(
-                        pids.iter().copied().skip(first).step_by(threads),
-                        started,
-                        budget,
-                    ),
+                    Err(first) => {
+                        self.scan_some(pids.iter().copied().skip(first).step_by(threads), pass)
+                    }
                 });
             }
             parts
@@ -97,24 +123,24 @@ impl ProcRoot {
             scan.cut_short |= part.cut_short;
         }
         scan.holders.sort_by_key(|holder| holder.pid);
+        // Few processes hold a GPU: which containers have ended is asked of them alone.
+        let mut inits = NamespaceInits::new(self, started + budget);
+        for holder in &mut scan.holders {
+            holder.pid_namespace_init = inits.of(holder.pid);
+        }
         scan.duration_seconds = started.elapsed().as_secs_f64();
         scan
     }
 
-    /// Scan `pids`, stopping once the scan that began at `started` is over `budget`.
-    fn scan_some(
-        &self,
-        pids: impl Iterator<Item = u32>,
-        started: Instant,
-        budget: Duration,
-    ) -> PartialScan {
+    /// Scan `pids`, stopping once the scan is over its budget.
+    fn scan_some(&self, pids: impl Iterator<Item = u32>, pass: Pass) -> PartialScan {
         let mut part = PartialScan::default();
         for (seen, pid) in pids.enumerate() {
-            if seen % CLOCK_CHECK_EVERY == 0 && started.elapsed() > budget {
+            if seen % CLOCK_CHECK_EVERY == 0 && pass.started.elapsed() > pass.budget {
                 part.cut_short = true;
                 break;
             }
-            match self.held_nodes(&self.pid_dir(pid)) {
+            match self.held_nodes(&self.pid_dir(pid), pass.count_denied_links) {
                 Ok(held) if held.any => {
                     if let Some(holder) = self.describe_holder(pid, held) {
                         part.holders.push(holder);
@@ -133,15 +159,15 @@ impl ProcRoot {
 
     /// The NVIDIA nodes a process holds, through its own list or, when that is empty
     /// (a zombie main thread), through its threads' lists.
-    fn held_nodes(&self, pid_dir: &Path) -> io::Result<HeldNodes> {
+    fn held_nodes(&self, pid_dir: &Path, count_denied_links: bool) -> io::Result<HeldNodes> {
         let mut held = HeldNodes::default();
-        let open_files = self.collect_nodes(&pid_dir.join("fd"), &mut held)?;
+        let open_files = self.collect_nodes(&pid_dir.join("fd"), &mut held, count_denied_links)?;
         if open_files == 0 && main_thread_may_be_zombie(pid_dir) {
             if let Ok(tasks) = fs::read_dir(pid_dir.join("task")) {
                 for task in tasks.flatten() {
                     // Kernel threads and fresh zombies have no files at all; a denied
                     // thread list was already denied for the process itself.
-                    let _ = self.collect_nodes(&task.path().join("fd"), &mut held);
+                    let _ = self.collect_nodes(&task.path().join("fd"), &mut held, false);
                 }
             }
         }
@@ -149,13 +175,25 @@ impl ProcRoot {
     }
 
     /// Adds the NVIDIA nodes in one fd directory to `held`; returns how many files it lists.
-    fn collect_nodes(&self, fd_dir: &Path, held: &mut HeldNodes) -> io::Result<usize> {
+    fn collect_nodes(
+        &self,
+        fd_dir: &Path,
+        held: &mut HeldNodes,
+        count_denied_links: bool,
+    ) -> io::Result<usize> {
         let mut open_files = 0;
         for entry in fs::read_dir(fd_dir)? {
             let Ok(entry) = entry else { continue };
             open_files += 1;
-            let Ok(target) = fs::read_link(entry.path()) else {
-                continue;
+            let target = match fs::read_link(entry.path()) {
+                Ok(target) => target,
+                Err(error)
+                    if count_denied_links && error.kind() == io::ErrorKind::PermissionDenied =>
+                {
+                    return Err(error)
+                }
+                // Closed since the listing.
+                Err(_) => continue,
             };
             let Some(rest) = target
                 .as_os_str()
@@ -201,6 +239,8 @@ impl ProcRoot {
             gpu_minors: held.gpu_minors.into_iter().collect(),
             pgid: u32::try_from(stat.pgrp).unwrap_or(0),
             sid: u32::try_from(stat.session).unwrap_or(0),
+            cgroup: self.cgroup(pid),
+            pid_namespace_init: None,
         })
     }
 }
@@ -210,15 +250,11 @@ impl ProcRoot {
 /// closed every file have empty lists too, and one read of `stat` spares the listing of
 /// their threads.
 fn main_thread_may_be_zombie(pid_dir: &Path) -> bool {
-    let Ok(stat) = fs::read(pid_dir.join("stat")) else {
-        return true;
-    };
-    // The state follows the command name, which may itself contain ") ".
-    let state = stat
-        .windows(2)
-        .rposition(|pair| pair == b") ")
-        .and_then(|end| stat.get(end + 2));
-    !matches!(state, Some(letter) if *letter != b'Z')
+    let state = fs::read(pid_dir.join("stat"))
+        .ok()
+        .and_then(|stat| parse::stat_fields(&stat))
+        .map(|fields| fields.state);
+    !matches!(state, Some(letter) if letter != b'Z')
 }
 
 /// The name of a user id from the host's password file: the one init sees (through
@@ -227,10 +263,5 @@ fn user_name(proc_root: &Path, uid: u32) -> Option<String> {
     let passwd = fs::read_to_string(proc_root.join("1/root/etc/passwd"))
         .or_else(|_| fs::read_to_string("/etc/passwd"))
         .ok()?;
-    passwd.lines().find_map(|line| {
-        let mut fields = line.split(':');
-        let name = fields.next()?;
-        let id = fields.nth(1)?.parse::<u32>().ok()?;
-        (id == uid).then(|| name.to_string())
-    })
+    parse::passwd_user(&passwd, uid)
 }

@@ -5,6 +5,8 @@ pub mod cgroup;
 mod holders;
 mod model;
 pub mod nvml;
+pub mod parse;
+mod pidns;
 pub mod procfs;
 
 pub use model::*;
@@ -13,7 +15,7 @@ use self::nvml::NvmlSource;
 use self::procfs::ProcRoot;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// Why an observation could not be made at all.
@@ -109,6 +111,15 @@ impl LiveHost {
             let (lookup, errors) = self.proc_root.lookup(pid);
             procfs_errors += errors;
             processes.insert(pid, lookup);
+        }
+        // Which owners' containers have ended: a short walk up from each owner in a
+        // nested PID namespace, a pass over /proc at most once.
+        let mut inits =
+            pidns::NamespaceInits::new(&self.proc_root, Instant::now() + self.scan_budget);
+        for (pid, lookup) in &mut processes {
+            if let ProcessLookup::Present(facts) = lookup {
+                facts.pid_namespace_init = inits.of(*pid);
+            }
         }
         let host_pid_namespace = self.proc_root.host_pid_namespace();
         if host_pid_namespace.is_none() {

@@ -1,6 +1,7 @@
 //! What one look at the host saw: plain data, serialisable, so a snapshot taken on one
 //! machine replays to the same verdict on another.
 
+pub use super::cgroup::CgroupAttribution;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -97,6 +98,29 @@ pub struct NvmlProcess {
     pub used_bytes: Option<u64>,
 }
 
+impl NvmlProcess {
+    /// One entry per PID, where it first appears. A process with compute and graphics
+    /// contexts appears in both lists with the same per-process figure, so the larger
+    /// figure is kept rather than the sum; a PID repeated within one list (a driver bug)
+    /// counts once.
+    pub fn distinct(processes: impl IntoIterator<Item = NvmlProcess>) -> Vec<NvmlProcess> {
+        let mut seen: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut distinct: Vec<NvmlProcess> = Vec::new();
+        for process in processes {
+            match seen.get(&process.pid) {
+                Some(&at) => {
+                    distinct[at].used_bytes = distinct[at].used_bytes.max(process.used_bytes);
+                }
+                None => {
+                    seen.insert(process.pid, distinct.len());
+                    distinct.push(process);
+                }
+            }
+        }
+        distinct
+    }
+}
+
 /// Why a GPU's readings are missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -161,6 +185,42 @@ pub struct ProcessFacts {
     pub uid: Option<u32>,
     /// Whether the process (any of its threads) holds a `/dev/nvidia*` file.
     pub device_files: DeviceFiles,
+    /// The container and pod its cgroup names (absent in snapshots of older versions).
+    #[serde(flatten)]
+    pub cgroup: CgroupAttribution,
+    /// PID 1 of its PID namespace, when that is nested in ours (a container's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_namespace_init: Option<NamespaceInit>,
+}
+
+/// PID 1 of a nested PID namespace, as seen from ours. A container with its own PID
+/// namespace (the default of Docker, containerd, CRI-O and Kubernetes) lives exactly as
+/// long as that process: when it exits, the kernel SIGKILLs every other process in the
+/// namespace, so one that is still there could not die (it is stuck, typically in the
+/// driver). The kernel keeps the exited PID 1 in its exit path, with every thread marked
+/// exiting (`PF_EXITING`), until the last of them is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum NamespaceInit {
+    /// PID 1 of the namespace is alive: the container runs.
+    Running {
+        /// Its PID in our namespace.
+        pid: u32,
+    },
+    /// Every thread of PID 1 is exiting: the container has ended.
+    Exited {
+        /// Its PID in our namespace.
+        pid: u32,
+    },
+    /// PID 1 could not be found or read (permissions, the scan's time budget).
+    Unknown,
+}
+
+impl NamespaceInit {
+    /// Whether this says the container has ended.
+    pub fn exited(init: Option<NamespaceInit>) -> bool {
+        matches!(init, Some(NamespaceInit::Exited { .. }))
+    }
 }
 
 /// Whether a process holds an NVIDIA device file.
@@ -171,7 +231,8 @@ pub enum DeviceFiles {
     Held,
     /// Its descriptor lists were read and none does.
     NotHeld,
-    /// Its descriptor lists could not be read (needs root or CAP_SYS_PTRACE).
+    /// Its descriptor lists could not be read (needs root, or CAP_DAC_READ_SEARCH to
+    /// list them and CAP_SYS_PTRACE to read where they point).
     Unreadable,
 }
 
@@ -222,6 +283,12 @@ pub struct Holder {
     pub pgid: u32,
     /// Session, which a child keeps likewise.
     pub sid: u32,
+    /// The container and pod its cgroup names (absent in snapshots of older versions).
+    #[serde(flatten)]
+    pub cgroup: CgroupAttribution,
+    /// PID 1 of its PID namespace, when that is nested in ours (a container's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_namespace_init: Option<NamespaceInit>,
 }
 
 /// An observation saved to a file, with what a bug report needs to know about where it came from.
@@ -242,4 +309,57 @@ pub struct Snapshot {
 impl Snapshot {
     /// The format this build reads and writes.
     pub const FORMAT: u32 = 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn snapshots_without_container_facts_still_read() {
+        // A process and a holder as format 1 wrote them before cgroups were read.
+        let lookup: ProcessLookup = serde_json::from_value(json!({
+            "status": "present", "comm": "python3", "state": "S", "ppid": 1,
+            "start_time_ticks": 1000, "uid": 0, "device_files": "held"
+        }))
+        .unwrap();
+        let ProcessLookup::Present(facts) = lookup else {
+            panic!("{lookup:?}")
+        };
+        assert_eq!(facts.cgroup, CgroupAttribution::default());
+        assert_eq!(facts.pid_namespace_init, None);
+        let holder: Holder = serde_json::from_value(json!({
+            "pid": 564, "ppid": 1, "comm": "python3", "state": "S",
+            "start_time_ticks": 2000, "uid": 0, "gpu_minors": [2], "pgid": 543, "sid": 543
+        }))
+        .unwrap();
+        assert_eq!(holder.cgroup, CgroupAttribution::default());
+    }
+
+    #[test]
+    fn container_facts_round_trip_and_stay_out_when_absent() {
+        let mut holder: Holder = serde_json::from_value(json!({
+            "pid": 564, "ppid": 1, "comm": "python3", "state": "D",
+            "start_time_ticks": 2000, "uid": 0, "gpu_minors": [2], "pgid": 543, "sid": 543
+        }))
+        .unwrap();
+        let plain = serde_json::to_value(&holder).unwrap();
+        for key in ["cgroup", "container_id", "pod_uid", "pid_namespace_init"] {
+            assert!(plain.get(key).is_none(), "{key} in {plain}");
+        }
+        holder.cgroup = CgroupAttribution {
+            cgroup: Some("/kubepods/besteffort/pod1d9e/3f2a".into()),
+            container_id: Some("3f2a".repeat(16)),
+            pod_uid: Some("1d9e2c4a-0000-4000-8000-000000000000".into()),
+        };
+        holder.pid_namespace_init = Some(NamespaceInit::Exited { pid: 480 });
+        let text = serde_json::to_value(&holder).unwrap();
+        assert_eq!(text["container_id"], "3f2a".repeat(16));
+        assert_eq!(
+            text["pid_namespace_init"],
+            json!({"state": "exited", "pid": 480})
+        );
+        assert_eq!(serde_json::from_value::<Holder>(text).unwrap(), holder);
+    }
 }

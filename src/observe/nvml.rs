@@ -5,7 +5,7 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::{Device, Nvml};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -235,22 +235,18 @@ fn optional(list: Result<Vec<ProcessInfo>, NvmlError>) -> Result<Vec<ProcessInfo
     }
 }
 
-/// One entry per PID. A process with compute and graphics contexts appears in both
-/// lists with the same per-process figure, so take the larger rather than the sum.
+/// One entry per PID over the three lists (see [`NvmlProcess::distinct`]), in PID order.
 fn union_by_pid<const N: usize>(lists: [Vec<ProcessInfo>; N]) -> Vec<NvmlProcess> {
-    let mut by_pid: BTreeMap<u32, Option<u64>> = BTreeMap::new();
-    for info in lists.into_iter().flatten() {
-        let bytes = match info.used_gpu_memory {
-            UsedGpuMemory::Used(bytes) => Some(bytes),
-            UsedGpuMemory::Unavailable => None,
-        };
-        let entry = by_pid.entry(info.pid).or_insert(bytes);
-        *entry = (*entry).max(bytes);
-    }
-    by_pid
-        .into_iter()
-        .map(|(pid, used_bytes)| NvmlProcess { pid, used_bytes })
-        .collect()
+    let mut processes =
+        NvmlProcess::distinct(lists.into_iter().flatten().map(|info| NvmlProcess {
+            pid: info.pid,
+            used_bytes: match info.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => Some(bytes),
+                UsedGpuMemory::Unavailable => None,
+            },
+        }));
+    processes.sort_by_key(|process| process.pid);
+    processes
 }
 
 fn failed(error: NvmlError) -> GpuState {

@@ -1,10 +1,11 @@
 //! What `/proc` says about processes: the facts of listed owners, and our own PID namespace.
 
+use super::cgroup::{parse_cgroup_file, CgroupAttribution, MAX_CGROUP_FILE_BYTES};
 use super::{DeviceFiles, ProcessFacts, ProcessLookup};
 use procfs::process::Process;
 use procfs::ProcError;
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -65,8 +66,25 @@ impl ProcRoot {
             start_time_ticks: stat.starttime,
             uid,
             device_files,
+            cgroup: self.cgroup(pid),
+            // Filled in for all owners at once (see `LiveHost::observe`).
+            pid_namespace_init: None,
         };
         (ProcessLookup::Present(facts), errors)
+    }
+
+    /// The container and pod `pid`'s cgroup names; nothing when its cgroup file cannot be
+    /// read (every user may read it, so only a process that exited cannot).
+    pub fn cgroup(&self, pid: u32) -> CgroupAttribution {
+        let mut content = Vec::new();
+        let read = fs::File::open(self.pid_dir(pid).join("cgroup")).and_then(|file| {
+            file.take(MAX_CGROUP_FILE_BYTES as u64)
+                .read_to_end(&mut content)
+        });
+        match read {
+            Ok(_) => parse_cgroup_file(&content),
+            Err(_) => CgroupAttribution::default(),
+        }
     }
 
     /// Whether any thread of `pid` holds an NVIDIA device file.
@@ -105,14 +123,21 @@ impl ProcRoot {
     fn fd_dir_holds_device(&self, fd_dir: &Path) -> io::Result<bool> {
         for entry in fs::read_dir(fd_dir)? {
             let Ok(entry) = entry else { continue };
-            if let Ok(target) = fs::read_link(entry.path()) {
-                if target
-                    .as_os_str()
-                    .as_bytes()
-                    .starts_with(&self.device_prefix)
+            match fs::read_link(entry.path()) {
+                Ok(target)
+                    if target
+                        .as_os_str()
+                        .as_bytes()
+                        .starts_with(&self.device_prefix) =>
                 {
-                    return Ok(true);
+                    return Ok(true)
                 }
+                Ok(_) => {}
+                // A listing we may read with links we may not (CAP_DAC_READ_SEARCH
+                // without CAP_SYS_PTRACE) is unreadable, not empty.
+                Err(error) if error.kind() == io::ErrorKind::PermissionDenied => return Err(error),
+                // Closed since the listing.
+                Err(_) => {}
             }
         }
         Ok(false)
