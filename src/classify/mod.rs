@@ -2,8 +2,8 @@
 //! which state, and how much of it no live process owns. Nothing here touches the system.
 
 use crate::observe::{
-    DeviceFiles, GpuError, GpuState, Holder, MemoryReading, NvmlProcess, NvmlReading, Observation,
-    ProcessLookup,
+    DeviceFiles, GpuError, GpuState, Holder, MemoryReading, NamespaceInit, NvmlProcess,
+    NvmlReading, Observation, ProcessLookup,
 };
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -102,6 +102,8 @@ pub enum UnattributedTrust {
     Blind,
     /// A live owner's usage is unavailable: the remainder may be that owner's memory.
     UsageUnavailable,
+    /// NVML's memory figures contradict each other: the remainder is not a measurement.
+    Inconsistent,
 }
 
 /// One process NVML charges memory to, with its verdict.
@@ -115,8 +117,17 @@ pub struct Owner {
     pub ppid: Option<u32>,
     /// The verdict.
     pub state: OwnerState,
-    /// Bytes NVML charges it, `None` when NVML cannot say.
+    /// Bytes NVML charges it (never more than the GPU has), `None` when NVML cannot say.
     pub used_bytes: Option<u64>,
+    /// Its container, when it is alive and its cgroup names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// Its Kubernetes pod, when it is alive and its cgroup names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// It is alive although its container has ended (PID 1 of its PID namespace exited).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub container_exited: bool,
 }
 
 /// Count and bytes of owners per [`OwnerState`].
@@ -129,7 +140,15 @@ pub struct StateTally {
 impl StateTally {
     fn add(&mut self, state: OwnerState, bytes: Option<u64>) {
         self.processes[state as usize] += 1;
-        self.bytes[state as usize] += bytes.unwrap_or(0);
+        self.bytes[state as usize] = self.bytes[state as usize].saturating_add(bytes.unwrap_or(0));
+    }
+
+    /// No state holds more than the GPU has: NVML's per-process figures can repeat or
+    /// exceed the memory (a driver bug, a garbage reading).
+    fn cap_bytes(&mut self, capacity: u64) {
+        for bytes in &mut self.bytes {
+            *bytes = (*bytes).min(capacity);
+        }
     }
 
     /// Owners in this state.
@@ -146,8 +165,11 @@ impl StateTally {
 /// The memory account of a GPU whose readings succeeded.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GpuAccount {
-    /// NVML's memory figures.
+    /// NVML's memory figures, each clamped to what the total leaves (see `memory_inconsistent`).
     pub memory: MemoryReading,
+    /// NVML's figures contradict each other (reserved, used or free beyond what the total
+    /// leaves): they are clamped, and unattributed memory is not called orphaned.
+    pub memory_inconsistent: bool,
     /// Every listed owner with its verdict, by PID.
     pub owners: Vec<Owner>,
     /// Owners and their bytes per state.
@@ -174,13 +196,33 @@ impl GpuAccount {
     pub fn orphaned_unattributed_bytes(&self) -> u64 {
         match self.unattributed_trust {
             UnattributedTrust::Counted => self.unattributed_bytes,
-            UnattributedTrust::Blind | UnattributedTrust::UsageUnavailable => 0,
+            UnattributedTrust::Blind
+            | UnattributedTrust::UsageUnavailable
+            | UnattributedTrust::Inconsistent => 0,
         }
     }
 
-    /// All memory held without a live owner.
+    /// All memory held without a live owner (never more than the GPU's used memory can be).
     pub fn orphaned_bytes(&self) -> u64 {
-        self.orphaned_owner_gone_bytes + self.orphaned_unattributed_bytes()
+        self.orphaned_owner_gone_bytes
+            .saturating_add(self.orphaned_unattributed_bytes())
+            .min(capacity(&self.memory))
+    }
+
+    /// Live owners and unlisted holders of this GPU whose container has ended: they
+    /// survived the SIGKILL that ends a container's processes, so they are stuck.
+    pub fn exited_container_processes(&self) -> u64 {
+        let owners = self
+            .owners
+            .iter()
+            .filter(|owner| owner.state != OwnerState::Gone && owner.container_exited)
+            .count();
+        let holders = self
+            .unlisted_holders
+            .iter()
+            .filter(|holder| NamespaceInit::exited(holder.pid_namespace_init))
+            .count();
+        (owners + holders) as u64
     }
 
     /// Owners that are gone.
@@ -278,7 +320,10 @@ impl Report {
 
     /// Total orphaned bytes over all GPUs.
     pub fn orphaned_bytes(&self) -> u64 {
-        self.gpus.iter().map(GpuVerdict::orphaned_bytes).sum()
+        self.gpus
+            .iter()
+            .map(GpuVerdict::orphaned_bytes)
+            .fold(0, u64::saturating_add)
     }
 }
 
@@ -359,41 +404,77 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
 
 /// The verdict on one listed process.
 pub fn judge_owner(process: &NvmlProcess, lookup: Option<&ProcessLookup>) -> Owner {
-    let (state, comm, ppid) = match lookup {
-        None | Some(ProcessLookup::Missing) => (OwnerState::Gone, None, None),
-        Some(ProcessLookup::Unreadable { .. }) => (OwnerState::Unknown, None, None),
-        Some(ProcessLookup::Present(facts)) => {
-            let state = match facts.device_files {
-                // A process that holds no device file cannot keep a context alive: the
-                // PID was reused, and the memory belongs to nobody.
-                DeviceFiles::NotHeld => OwnerState::Gone,
-                DeviceFiles::Held | DeviceFiles::Unreadable => {
-                    OwnerState::from_proc_letter(facts.state)
-                }
-            };
-            (state, Some(facts.comm.clone()), Some(facts.ppid))
-        }
-    };
-    Owner {
+    let mut owner = Owner {
         pid: process.pid,
-        comm,
-        ppid,
-        state,
+        comm: None,
+        ppid: None,
+        state: OwnerState::Gone,
         used_bytes: process.used_bytes,
+        container_id: None,
+        pod_uid: None,
+        container_exited: false,
+    };
+    match lookup {
+        None | Some(ProcessLookup::Missing) => {}
+        Some(ProcessLookup::Unreadable { .. }) => owner.state = OwnerState::Unknown,
+        Some(ProcessLookup::Present(facts)) => {
+            owner.comm = Some(facts.comm.clone());
+            owner.ppid = Some(facts.ppid);
+            match facts.device_files {
+                // A process that holds no device file cannot keep a context alive: the
+                // PID was reused, and the memory belongs to nobody. Its container is the
+                // new process's, not the owner's.
+                DeviceFiles::NotHeld => {}
+                DeviceFiles::Held | DeviceFiles::Unreadable => {
+                    owner.state = OwnerState::from_proc_letter(facts.state);
+                    owner.container_id = facts.cgroup.container_id.clone();
+                    owner.pod_uid = facts.cgroup.pod_uid.clone();
+                    owner.container_exited = NamespaceInit::exited(facts.pid_namespace_init);
+                }
+            }
+        }
     }
+    owner
+}
+
+/// Memory a GPU can hand to contexts: the total less the driver's reservation.
+fn capacity(memory: &MemoryReading) -> u64 {
+    memory.total.saturating_sub(memory.reserved)
+}
+
+/// NVML's memory figures with each part clamped to what the total leaves, and whether
+/// any had to be: `reserved + used + free` cannot exceed `total` on a real GPU.
+fn clamp_memory(reading: MemoryReading) -> (MemoryReading, bool) {
+    let reserved = reading.reserved.min(reading.total);
+    let used = reading.used.min(reading.total - reserved);
+    let free = reading.free.min(reading.total - reserved - used);
+    let clamped = MemoryReading {
+        total: reading.total,
+        reserved,
+        used,
+        free,
+    };
+    (clamped, clamped != reading)
 }
 
 fn account_for_gpu(
-    memory: MemoryReading,
+    reading: MemoryReading,
     processes: &[NvmlProcess],
     minor: Option<u32>,
     observation: &Observation,
     blind: bool,
     settings: &Settings,
 ) -> GpuAccount {
-    let owners: Vec<Owner> = processes
+    let (memory, memory_inconsistent) = clamp_memory(reading);
+    let capacity = capacity(&memory);
+    // A snapshot may list a PID twice; the live reading never does.
+    let owners: Vec<Owner> = NvmlProcess::distinct(processes.iter().copied())
         .iter()
-        .map(|process| judge_owner(process, observation.processes.get(&process.pid)))
+        .map(|process| {
+            let mut owner = judge_owner(process, observation.processes.get(&process.pid));
+            owner.used_bytes = owner.used_bytes.map(|bytes| bytes.min(capacity));
+            owner
+        })
         .collect();
 
     let mut tally = StateTally::default();
@@ -417,6 +498,9 @@ fn account_for_gpu(
         }
     }
 
+    tally.cap_bytes(capacity);
+    let orphaned_owner_gone_bytes = orphaned_owner_gone_bytes.min(capacity);
+
     let (unlisted_holders, other_holders) = unlisted_holders(minor, &owners, observation, settings);
     let noise_floor = settings
         .context_overhead_bytes
@@ -425,7 +509,9 @@ fn account_for_gpu(
         .used
         .saturating_sub(charged_bytes)
         .saturating_sub(noise_floor);
-    let unattributed_trust = if blind {
+    let unattributed_trust = if memory_inconsistent {
+        UnattributedTrust::Inconsistent
+    } else if blind {
         UnattributedTrust::Blind
     } else if live_owner_usage_unavailable {
         UnattributedTrust::UsageUnavailable
@@ -435,6 +521,7 @@ fn account_for_gpu(
 
     GpuAccount {
         memory,
+        memory_inconsistent,
         tally,
         orphaned_owner_gone_bytes,
         unattributed_bytes,

@@ -36,6 +36,8 @@ fn facts(state: char, device_files: DeviceFiles) -> ProcessLookup {
 
 struct Host {
     used: u64,
+    /// NVML's memory figures as given, instead of a consistent reading of `used`.
+    raw_memory: Option<MemoryReading>,
     listed: Vec<NvmlProcess>,
     processes: BTreeMap<u32, ProcessLookup>,
     host_pid_namespace: Option<bool>,
@@ -46,6 +48,7 @@ impl Host {
     fn idle() -> Host {
         Host {
             used: 0,
+            raw_memory: None,
             listed: Vec::new(),
             processes: BTreeMap::new(),
             host_pid_namespace: Some(true),
@@ -103,7 +106,7 @@ impl Host {
                     pci_bus_id: "00000000:19:00.0".into(),
                     minor: Some(0),
                     state: GpuState::Ok {
-                        memory: memory(self.used),
+                        memory: self.raw_memory.unwrap_or_else(|| memory(self.used)),
                         processes: self.listed.clone(),
                     },
                 }],
@@ -480,4 +483,161 @@ fn context_overhead_setting_moves_the_floor() {
         account.unattributed_bytes,
         USED_ONE_OWNER - CHARGED_ONE_OWNER
     );
+}
+
+/// A live owner's facts with its cgroup and PID namespace.
+fn contained(container_id: &str, pod_uid: &str, init: Option<NamespaceInit>) -> ProcessLookup {
+    let ProcessLookup::Present(mut facts) = facts('D', DeviceFiles::Held) else {
+        unreachable!()
+    };
+    facts.cgroup = CgroupAttribution {
+        cgroup: Some(format!("/kubepods/pod{pod_uid}/{container_id}")),
+        container_id: Some(container_id.into()),
+        pod_uid: Some(pod_uid.into()),
+    };
+    facts.pid_namespace_init = init;
+    ProcessLookup::Present(facts)
+}
+
+const CONTAINER: &str = "3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a";
+const POD: &str = "1d9e2c4a-0000-4000-8000-000000000000";
+
+#[test]
+fn live_owner_carries_its_container_and_pod() {
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(
+            432,
+            Some(CHARGED_ONE_OWNER),
+            contained(CONTAINER, POD, Some(NamespaceInit::Running { pid: 400 })),
+        )
+        .account();
+    let owner = &account.owners[0];
+    assert_eq!(owner.container_id.as_deref(), Some(CONTAINER));
+    assert_eq!(owner.pod_uid.as_deref(), Some(POD));
+    assert!(!owner.container_exited);
+    assert_eq!(account.exited_container_processes(), 0);
+}
+
+#[test]
+fn reused_pid_does_not_lend_its_container_to_the_gone_owner() {
+    let ProcessLookup::Present(mut facts) = contained(CONTAINER, POD, None) else {
+        unreachable!()
+    };
+    facts.device_files = DeviceFiles::NotHeld;
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), ProcessLookup::Present(facts))
+        .account();
+    let owner = &account.owners[0];
+    assert_eq!(owner.state, OwnerState::Gone);
+    assert_eq!(
+        (owner.container_id.as_ref(), owner.pod_uid.as_ref()),
+        (None, None)
+    );
+}
+
+#[test]
+fn owner_and_holder_outliving_their_containers_are_counted() {
+    let ended = Some(NamespaceInit::Exited { pid: 400 });
+    let mut host = Host::idle()
+        .used(2 * USED_ONE_OWNER)
+        .owner(
+            432,
+            Some(CHARGED_ONE_OWNER),
+            contained(CONTAINER, POD, ended),
+        )
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(524, 1, "python3", &[0])
+        .holder(525, 1, "python3", &[0]);
+    host.holders.as_mut().unwrap()[0].pid_namespace_init = ended;
+    host.holders.as_mut().unwrap()[1].pid_namespace_init = Some(NamespaceInit::Unknown);
+    let account = host.account();
+    assert!(account.owners[0].container_exited);
+    // The uninterruptible owner 432 and the holder 524; not 525, whose PID 1 is unknown.
+    assert_eq!(account.exited_container_processes(), 2);
+    assert_eq!(account.orphaned_owner_gone_bytes, CHARGED_ONE_OWNER);
+}
+
+#[test]
+fn used_beyond_the_total_is_clamped_flagged_and_not_called_orphaned() {
+    let mut host = Host::idle().owner(432, Some(CHARGED_ONE_OWNER), facts('S', DeviceFiles::Held));
+    host.raw_memory = Some(MemoryReading {
+        total: TOTAL,
+        reserved: RESERVED,
+        used: 4 * TOTAL,
+        free: 0,
+    });
+    let account = host.account();
+    assert!(account.memory_inconsistent);
+    assert_eq!(account.memory.used, TOTAL - RESERVED);
+    assert_eq!(account.memory.free, 0);
+    assert_eq!(account.unattributed_trust, UnattributedTrust::Inconsistent);
+    assert!(account.unattributed_bytes > 0);
+    assert_eq!(account.orphaned_bytes(), 0);
+}
+
+#[test]
+fn free_and_reserved_beyond_the_total_are_clamped() {
+    let mut host = Host::idle();
+    host.raw_memory = Some(MemoryReading {
+        total: TOTAL,
+        reserved: u64::MAX,
+        used: 0,
+        free: u64::MAX,
+    });
+    let account = host.account();
+    assert!(account.memory_inconsistent);
+    assert_eq!(
+        (
+            account.memory.reserved,
+            account.memory.used,
+            account.memory.free
+        ),
+        (TOTAL, 0, 0)
+    );
+    assert_eq!(account.orphaned_bytes(), 0);
+}
+
+#[test]
+fn consistent_readings_are_not_flagged() {
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), facts('S', DeviceFiles::Held))
+        .account();
+    assert!(!account.memory_inconsistent);
+    assert_eq!(account.memory, memory(USED_ONE_OWNER));
+}
+
+#[test]
+fn a_pid_listed_twice_counts_once() {
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .owner(503, None, ProcessLookup::Missing)
+        .account();
+    assert_eq!(account.owners.len(), 1);
+    assert_eq!(account.tally.processes(OwnerState::Gone), 1);
+    assert_eq!(account.orphaned_owner_gone_bytes, CHARGED_ONE_OWNER);
+    assert_eq!(account.usage_unavailable_owners, 0);
+}
+
+#[test]
+fn absurd_per_process_figures_never_overflow_or_exceed_the_gpu() {
+    let mut host = Host::idle().used(USED_ONE_OWNER);
+    for pid in 1000..1010 {
+        host = host.owner(pid, Some(u64::MAX), ProcessLookup::Missing);
+    }
+    host = host.owner(2000, Some(u64::MAX), facts('S', DeviceFiles::Held));
+    let account = host.account();
+    let capacity = TOTAL - RESERVED;
+    assert!(account
+        .owners
+        .iter()
+        .all(|owner| owner.used_bytes == Some(capacity)));
+    assert_eq!(account.orphaned_owner_gone_bytes, capacity);
+    assert_eq!(account.tally.bytes(OwnerState::Gone), capacity);
+    assert_eq!(account.tally.bytes(OwnerState::Running), capacity);
+    assert!(account.orphaned_bytes() <= capacity);
 }

@@ -97,7 +97,7 @@ fn selected_orphaned_bytes(report: &Report, config: &CheckConfig) -> anyhow::Res
     Ok(select(report, config)?
         .iter()
         .map(|gpu| gpu.orphaned_bytes())
-        .sum())
+        .fold(0, u64::saturating_add))
 }
 
 /// Print the verdict and choose the exit status.

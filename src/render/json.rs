@@ -40,8 +40,11 @@ pub struct GpuDocument<'a> {
     pub minor: Option<u32>,
     /// The failure, when the GPU did not answer.
     pub error: Option<GpuError>,
-    /// Memory figures, when it did.
+    /// Memory figures, when it did (clamped to the total; see `memory_inconsistent`).
     pub memory: Option<MemoryReading>,
+    /// NVML's memory figures contradicted each other and were clamped (only when true).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub memory_inconsistent: bool,
     /// Owners with their verdicts.
     pub owners: &'a [Owner],
     /// Processes and bytes per owner state.
@@ -56,6 +59,9 @@ pub struct GpuDocument<'a> {
     pub orphaned_bytes: u64,
     /// Live holders NVML does not list.
     pub unlisted_holders: &'a [Holder],
+    /// Live owners and unlisted holders whose container has ended (only when some have).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub exited_container_processes: u64,
     /// The verdict in words.
     pub verdict: Verdict,
 }
@@ -77,7 +83,10 @@ pub fn check_document<'a>(report: &'a Report, gpus: &[&'a GpuVerdict]) -> CheckD
         driver_version: report.driver_version.as_deref(),
         host_pid_namespace: report.host_pid_namespace,
         holder_scan: report.holder_scan,
-        orphaned_bytes: gpus.iter().map(|gpu| gpu.orphaned_bytes()).sum(),
+        orphaned_bytes: gpus
+            .iter()
+            .map(|gpu| gpu.orphaned_bytes())
+            .fold(0, u64::saturating_add),
         gpus: gpus.iter().map(|gpu| gpu_document(gpu, report)).collect(),
     }
 }
@@ -95,6 +104,7 @@ fn gpu_document<'a>(gpu: &'a GpuVerdict, report: &Report) -> GpuDocument<'a> {
         minor: gpu.minor,
         error,
         memory: account.map(|account| account.memory),
+        memory_inconsistent: account.is_some_and(|account| account.memory_inconsistent),
         owners: account.map_or(&[], |account| account.owners.as_slice()),
         owners_by_state: account
             .map(|account| {
@@ -118,6 +128,12 @@ fn gpu_document<'a>(gpu: &'a GpuVerdict, report: &Report) -> GpuDocument<'a> {
         unattributed_bytes: account.map_or(0, |account| account.unattributed_bytes),
         orphaned_bytes: gpu.orphaned_bytes(),
         unlisted_holders: account.map_or(&[], |account| account.unlisted_holders.as_slice()),
+        exited_container_processes: account
+            .map_or(0, |account| account.exited_container_processes()),
         verdict: verdict(gpu, report),
     }
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }

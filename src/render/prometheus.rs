@@ -64,6 +64,12 @@ fn with(mut labels: Labels, key: &'static str, value: impl Into<String>) -> Labe
     labels
 }
 
+/// `container_id` and `pod_uid`, empty when the process runs in neither.
+fn container_labels(labels: Labels, container_id: Option<&str>, pod_uid: Option<&str>) -> Labels {
+    let labels = with(labels, "container_id", container_id.unwrap_or_default());
+    with(labels, "pod_uid", pod_uid.unwrap_or_default())
+}
+
 fn flag(value: bool) -> i64 {
     i64::from(value)
 }
@@ -258,9 +264,31 @@ pub fn encode_report(
                     let labels = with(gpu_labels(gpu), "pid", holder.pid.to_string());
                     let labels = with(labels, "comm", holder.comm.clone());
                     let state = OwnerState::from_proc_letter(holder.state);
-                    (with(labels, "state", state.as_str()), 1i64)
+                    let labels = with(labels, "state", state.as_str());
+                    let labels = container_labels(
+                        labels,
+                        holder.cgroup.container_id.as_deref(),
+                        holder.cgroup.pod_uid.as_deref(),
+                    );
+                    (labels, 1i64)
                 })
         }),
+    )?;
+    gauge(
+        encoder,
+        "vram_exited_container_processes",
+        "Live owners and unlisted holders of this GPU whose container has ended (PID 1 of their PID namespace exited): they survived the SIGKILL that ends a container, typically stuck in the driver.",
+        measured.iter().map(|(gpu, account)| {
+            (gpu_labels(gpu), account.exited_container_processes())
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_memory_inconsistent",
+        "1 when NVML's memory figures for this GPU contradict each other (reserved, used or free beyond the total): the figures are clamped to the total and unattributed memory is not called orphaned.",
+        measured
+            .iter()
+            .map(|(gpu, account)| (gpu_labels(gpu), flag(account.memory_inconsistent))),
     )?;
     let scan = report.holder_scan;
     gauge(
@@ -288,6 +316,11 @@ pub fn encode_report(
                         let labels = with(gpu_labels(gpu), "pid", owner.pid.to_string());
                         let labels = with(labels, "comm", owner.comm.clone().unwrap_or_default());
                         let labels = with(labels, "state", owner.state.as_str());
+                        let labels = container_labels(
+                            labels,
+                            owner.container_id.as_deref(),
+                            owner.pod_uid.as_deref(),
+                        );
                         (labels, owner.used_bytes.unwrap_or(0))
                     })
                 })

@@ -5,10 +5,16 @@ use crate::classify::{
     kinship, GpuAccount, GpuOutcome, GpuVerdict, Kinship, Owner, OwnerState, Report,
     UnattributedTrust,
 };
-use crate::observe::Holder;
+use crate::observe::cgroup::short_container_id;
+use crate::observe::{Holder, NamespaceInit};
 use crate::units::format_bytes;
 use serde::Serialize;
 use std::fmt::Write;
+
+/// Most PIDs a sentence names before it says how many more there are.
+const MAX_PIDS_NAMED: usize = 8;
+/// Most processes a table lists, or notes one kind of note names; `check --json` has all.
+const MAX_ROWS: usize = 32;
 
 /// What a GPU's verdict amounts to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -82,12 +88,46 @@ fn describe_holder(holder: &Holder) -> String {
     if let Some(user) = &holder.user {
         let _ = write!(words, ", user {user}");
     }
-    let _ = write!(words, ", parent {})", holder.ppid);
+    let _ = write!(words, ", parent {}", holder.ppid);
+    words.push_str(&container_words(
+        holder.cgroup.container_id.as_deref(),
+        holder.cgroup.pod_uid.as_deref(),
+        NamespaceInit::exited(holder.pid_namespace_init),
+    ));
+    words.push(')');
     words
 }
 
+/// `, container 3f2a9c0b1d2e, pod 1d9e...` for a process in a container, with `, whose
+/// container has ended` when it outlived it; empty for a process on the host.
+fn container_words(container_id: Option<&str>, pod_uid: Option<&str>, exited: bool) -> String {
+    let mut words = String::new();
+    if let Some(id) = container_id {
+        let _ = write!(words, ", container {}", short_container_id(id));
+    }
+    if let Some(uid) = pod_uid {
+        let _ = write!(words, ", pod {uid}");
+    }
+    if exited {
+        words.push_str(if container_id.is_some() {
+            ", whose container has ended"
+        } else {
+            ", whose PID namespace has ended"
+        });
+    }
+    words
+}
+
+/// `1, 2, 3` or `1, 2, ..., 8 and 9,992 more`.
 fn pid_list(owners: &[&Owner]) -> String {
-    let pids: Vec<String> = owners.iter().map(|owner| owner.pid.to_string()).collect();
+    let mut pids: Vec<String> = owners
+        .iter()
+        .take(MAX_PIDS_NAMED)
+        .map(|owner| owner.pid.to_string())
+        .collect();
+    if owners.len() > MAX_PIDS_NAMED {
+        pids.push(format!("and {} more", owners.len() - MAX_PIDS_NAMED));
+    }
     pids.join(", ")
 }
 
@@ -111,6 +151,12 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
         }
     };
     let mut notes = owner_notes(account);
+    if account.memory_inconsistent {
+        notes.insert(
+            0,
+            "NVML's memory figures for this GPU contradict each other (reserved, used or free beyond the total): they are clamped to the total, and memory charged to no process is not called orphaned.".into(),
+        );
+    }
     if account.unattributed_bytes > 0 {
         match account.unattributed_trust {
             UnattributedTrust::Blind => notes.push(format!(
@@ -121,7 +167,7 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
                 "{} is charged to no process, but NVML cannot report a live owner's usage, so it may be that owner's: not called orphaned.",
                 format_bytes(account.unattributed_bytes)
             )),
-            UnattributedTrust::Counted => {}
+            UnattributedTrust::Inconsistent | UnattributedTrust::Counted => {}
         }
     }
 
@@ -151,7 +197,10 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
                 format_bytes(account.memory.used)
             )
         } else {
-            let owned: u64 = live.iter().filter_map(|owner| owner.used_bytes).sum();
+            let owned = live
+                .iter()
+                .filter_map(|owner| owner.used_bytes)
+                .fold(0, u64::saturating_add);
             format!(
                 "GPU {}: {} owned by {} live process{}; nothing orphaned.",
                 gpu.index,
@@ -188,7 +237,7 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
             "the scan for holders ran out of time before it saw every process".to_string()
         }
         Some(scan) => format!(
-            "the descriptors of {} process{} could not be read (run as root or with CAP_SYS_PTRACE)",
+            "the descriptors of {} process{} could not be read (run as root, or with CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE)",
             scan.permission_errors,
             if scan.permission_errors == 1 { "" } else { "es" }
         ),
@@ -198,10 +247,14 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
             notes.push(format!("Other holders may be missing: {why_incomplete}."));
         }
         let gone_pids: Vec<u32> = gone.iter().map(|owner| owner.pid).collect();
-        let named: Vec<String> = holders
+        let mut named: Vec<String> = holders
             .iter()
+            .take(MAX_PIDS_NAMED)
             .map(|holder| describe_holder_tied(holder, &gone_pids))
             .collect();
+        if holders.len() > MAX_PIDS_NAMED {
+            named.push(format!("{} more", holders.len() - MAX_PIDS_NAMED));
+        }
         let pids: Vec<String> = holders
             .iter()
             .map(|holder| holder.pid.to_string())
@@ -216,6 +269,19 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
                 "them".to_string()
             }
         );
+        let ended: Vec<String> = holders
+            .iter()
+            .filter(|holder| NamespaceInit::exited(holder.pid_namespace_init))
+            .map(|holder| holder.pid.to_string())
+            .collect();
+        if !ended.is_empty() {
+            notes.push(format!(
+                "The container of PID {} has ended, and the kernel SIGKILLs every process of a container that ends: {} survived it, so {} stuck (usually in the driver, in state D) and killing again may not free the memory; if it stays, only a reboot or GPU reset will.",
+                ended.join(", "),
+                if ended.len() == 1 { "it" } else { "they" },
+                if ended.len() == 1 { "it is" } else { "they are" }
+            ));
+        }
         if holders.iter().any(|holder| holder.state == 'D') {
             notes.push("A holder in uninterruptible sleep dies only when it leaves the driver call it waits in; if it never does, only a reboot or GPU reset frees the memory.".into());
         }
@@ -296,33 +362,54 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
 
 fn owner_notes(account: &GpuAccount) -> Vec<String> {
     let mut notes = Vec::new();
+    let mut left_out = 0usize;
     for owner in &account.owners {
         let comm = owner.comm.as_deref().unwrap_or("?");
+        let mut about = Vec::new();
         match owner.state {
-            OwnerState::Stopped => notes.push(format!(
+            OwnerState::Stopped => about.push(format!(
                 "PID {} ({comm}) is stopped: its memory stays allocated until it is continued (kill -CONT {}) or killed.",
                 owner.pid, owner.pid
             )),
-            OwnerState::Uninterruptible => notes.push(format!(
+            OwnerState::Uninterruptible => about.push(format!(
                 "PID {} ({comm}) is in uninterruptible sleep, usually inside the driver; it cannot die until that call returns.",
                 owner.pid
             )),
-            OwnerState::Zombie => notes.push(format!(
+            OwnerState::Zombie => about.push(format!(
                 "PID {} ({comm}) has a zombie main thread but live threads still hold the GPU.",
                 owner.pid
             )),
-            OwnerState::Unknown => notes.push(format!(
+            OwnerState::Unknown => about.push(format!(
                 "PID {} could not be read in /proc; it is counted as unknown, not as gone.",
                 owner.pid
             )),
             OwnerState::Running | OwnerState::Gone => {}
         }
         if owner.used_bytes.is_none() {
-            notes.push(format!(
+            about.push(format!(
                 "NVML cannot report the memory of PID {} ({comm}).",
                 owner.pid
             ));
         }
+        if owner.container_exited && owner.state != OwnerState::Gone {
+            about.push(format!(
+                "PID {} ({comm}{}) still owns its memory although its container has ended: it survived the SIGKILL that ends a container's processes, so it is stuck (usually in the driver); if it stays, only a reboot or GPU reset frees the memory.",
+                owner.pid,
+                container_words(owner.container_id.as_deref(), owner.pod_uid.as_deref(), false)
+            ));
+        }
+        for note in about {
+            if notes.len() < MAX_ROWS {
+                notes.push(note);
+            } else {
+                left_out += 1;
+            }
+        }
+    }
+    if left_out > 0 {
+        notes.push(format!(
+            "{left_out} more such notes about owners left out; vram-exporter check --json lists every owner."
+        ));
     }
     notes
 }
@@ -354,46 +441,102 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
     if account.owners.is_empty() {
         let _ = writeln!(out, "  no processes listed by NVML");
     } else {
+        let containers = account
+            .owners
+            .iter()
+            .any(|owner| owner.container_id.is_some());
         let _ = writeln!(
             out,
-            "  {:>8}  {:<16}  {:<16}  {:>10}",
-            "PID", "COMMAND", "STATE", "MEMORY"
+            "{}",
+            row(
+                ["PID", "COMMAND", "STATE", "MEMORY"],
+                containers.then_some("CONTAINER")
+            )
         );
-        for owner in &account.owners {
-            let _ = writeln!(
-                out,
-                "  {:>8}  {:<16}  {:<16}  {:>10}",
-                owner.pid,
+        for owner in account.owners.iter().take(MAX_ROWS) {
+            let pid = owner.pid.to_string();
+            let memory = owner
+                .used_bytes
+                .map_or_else(|| "n/a".to_string(), format_bytes);
+            let container = containers
+                .then(|| container_cell(owner.container_id.as_deref(), owner.container_exited));
+            let cells = [
+                pid.as_str(),
                 owner.comm.as_deref().unwrap_or("-"),
                 owner.state.as_str(),
-                owner
-                    .used_bytes
-                    .map_or_else(|| "n/a".to_string(), format_bytes)
-            );
+                memory.as_str(),
+            ];
+            let _ = writeln!(out, "{}", row(cells, container.as_deref()));
         }
+        more_rows(&mut out, account.owners.len(), "owners");
     }
     if !account.unlisted_holders.is_empty() {
         let _ = writeln!(
             out,
             "  holding the device file without being listed by NVML:"
         );
+        let containers = account
+            .unlisted_holders
+            .iter()
+            .any(|holder| holder.cgroup.container_id.is_some());
         let _ = writeln!(
             out,
-            "  {:>8}  {:<16}  {:<16}  {:>10}",
-            "PID", "COMMAND", "STATE", "PARENT"
+            "{}",
+            row(
+                ["PID", "COMMAND", "STATE", "PARENT"],
+                containers.then_some("CONTAINER")
+            )
         );
-        for holder in &account.unlisted_holders {
-            let _ = writeln!(
-                out,
-                "  {:>8}  {:<16}  {:<16}  {:>10}",
-                holder.pid,
-                holder.comm,
+        for holder in account.unlisted_holders.iter().take(MAX_ROWS) {
+            let pid = holder.pid.to_string();
+            let parent = holder.ppid.to_string();
+            let container = containers.then(|| {
+                container_cell(
+                    holder.cgroup.container_id.as_deref(),
+                    NamespaceInit::exited(holder.pid_namespace_init),
+                )
+            });
+            let cells = [
+                pid.as_str(),
+                holder.comm.as_str(),
                 state_words(holder.state),
-                holder.ppid
-            );
+                parent.as_str(),
+            ];
+            let _ = writeln!(out, "{}", row(cells, container.as_deref()));
         }
+        more_rows(&mut out, account.unlisted_holders.len(), "holders");
     }
     out
+}
+
+/// One table row: PID, command, state and a figure, then the container when any row has one.
+fn row(cells: [&str; 4], container: Option<&str>) -> String {
+    let mut line = format!(
+        "  {:>8}  {:<16}  {:<16}  {:>10}",
+        cells[0], cells[1], cells[2], cells[3]
+    );
+    if let Some(container) = container {
+        let _ = write!(line, "  {container}");
+    }
+    line
+}
+
+fn container_cell(container_id: Option<&str>, exited: bool) -> String {
+    match (container_id, exited) {
+        (Some(id), true) => format!("{} (ended)", short_container_id(id)),
+        (Some(id), false) => short_container_id(id).to_string(),
+        (None, _) => "-".to_string(),
+    }
+}
+
+fn more_rows(out: &mut String, rows: usize, what: &str) {
+    if rows > MAX_ROWS {
+        let _ = writeln!(
+            out,
+            "  ... and {} more {what}; vram-exporter check --json lists them all",
+            rows - MAX_ROWS
+        );
+    }
 }
 
 fn or_dash(text: &str) -> &str {

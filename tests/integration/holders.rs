@@ -245,7 +245,7 @@ fn scan_denied_permission_reports_itself_incomplete() {
         sentence.starts_with(&format!(
             "GPU 0: 8.6 GiB held for exited PID {dead_owner}; no holder of its device file was found, but the descriptors of "
         )) && sentence.ends_with(
-            " processes could not be read (run as root or with CAP_SYS_PTRACE): a holder may be missing."
+            " processes could not be read (run as root, or with CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE): a holder may be missing."
         )
     };
     let sentence = gpu["verdict"]["sentence"].as_str().unwrap();
