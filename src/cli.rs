@@ -104,6 +104,22 @@ pub struct WebArgs {
     )]
     pub telemetry_path: String,
 
+    /// Web configuration file in the Prometheus exporter-toolkit format: TLS, client
+    /// certificates, basic authentication, extra response headers. Re-read when it or a
+    /// file it names changes.
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+
+    /// Most connections open at once; when all are taken, the oldest connection that is
+    /// not serving a request is closed to make room.
+    #[arg(long = "web.max-connections", value_name = "N", default_value_t = 64)]
+    pub max_connections: usize,
+
+    /// Longest a scrape waits for a collection (a hung NVML call) before it gets 503;
+    /// the collection goes on, and later scrapes wait for it rather than start another.
+    #[arg(long = "web.collection-timeout", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub collection_timeout: Duration,
+
     /// Also export vram_process_used_bytes per process (one series per PID: label churn).
     #[arg(long = "collector.processes", global = true)]
     pub per_process: bool,
@@ -202,6 +218,12 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Path of the metrics endpoint.
     pub telemetry_path: String,
+    /// The exporter-toolkit web configuration file, if any.
+    pub web_config_file: Option<PathBuf>,
+    /// Cap on open connections.
+    pub max_connections: usize,
+    /// Longest wait of a scrape for its collection.
+    pub collection_timeout: Duration,
 }
 
 /// `check` settings.
@@ -247,10 +269,21 @@ impl Cli {
     pub fn into_config(self) -> Result<Config, String> {
         use std::os::unix::ffi::OsStringExt;
         let mode = match self.command {
-            None => Mode::Serve(ServeConfig {
-                listen: parse_listen_address(&self.web.listen_address)?,
-                telemetry_path: parse_telemetry_path(&self.web.telemetry_path)?,
-            }),
+            None => {
+                if self.web.max_connections == 0 {
+                    return Err("--web.max-connections must be at least 1".into());
+                }
+                if self.web.collection_timeout.is_zero() {
+                    return Err("--web.collection-timeout must be longer than 0".into());
+                }
+                Mode::Serve(ServeConfig {
+                    listen: parse_listen_address(&self.web.listen_address)?,
+                    telemetry_path: parse_telemetry_path(&self.web.telemetry_path)?,
+                    web_config_file: self.web.config_file,
+                    max_connections: self.web.max_connections,
+                    collection_timeout: self.web.collection_timeout,
+                })
+            }
             Some(Command::Check(args)) => {
                 if args.wait_interval.is_zero() {
                     return Err("--wait.interval must be longer than 0".into());
@@ -345,6 +378,9 @@ mod tests {
         assert_eq!(serve.listen.port(), DEFAULT_PORT);
         assert!(serve.listen.ip().is_unspecified());
         assert_eq!(serve.telemetry_path, "/metrics");
+        assert_eq!(serve.web_config_file, None);
+        assert_eq!(serve.max_connections, 64);
+        assert_eq!(serve.collection_timeout, Duration::from_secs(10));
         assert_eq!(config.procfs, PathBuf::from("/proc"));
         assert_eq!(config.device_prefix, b"/dev/nvidia");
         assert_eq!(config.settings.context_overhead_bytes, 16 << 20);
@@ -370,6 +406,29 @@ mod tests {
         assert!(parse(&["--web.telemetry-path", "/"]).is_err());
         assert!(parse(&["--web.telemetry-path", "/-/ready"]).is_err());
         assert!(parse(&["--web.telemetry-path", "/vram"]).is_ok());
+    }
+
+    #[test]
+    fn web_limits() {
+        let config = parse(&[
+            "--web.config.file",
+            "web.yml",
+            "--web.max-connections",
+            "8",
+            "--web.collection-timeout",
+            "2s",
+        ])
+        .unwrap();
+        let Mode::Serve(serve) = config.mode else {
+            panic!()
+        };
+        assert_eq!(serve.web_config_file, Some(PathBuf::from("web.yml")));
+        assert_eq!(serve.max_connections, 8);
+        assert_eq!(serve.collection_timeout, Duration::from_secs(2));
+        let error = parse(&["--web.max-connections", "0"]).unwrap_err();
+        assert!(error.contains("at least 1"), "{error}");
+        let error = parse(&["--web.collection-timeout", "0s"]).unwrap_err();
+        assert!(error.contains("longer than 0"), "{error}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod observe;
 pub mod render;
 pub mod server;
 pub mod units;
+pub mod web;
 
 use clap::Parser;
 use cli::{Cli, Config, Mode};
@@ -54,6 +55,15 @@ pub fn run() -> ExitCode {
 }
 
 fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
+    // A mistake in the web config file (or a certificate it names) is a start-up error,
+    // reported before anything else and before the port is taken.
+    let web = match &config.mode {
+        Mode::Serve(serve) => match &serve.web_config_file {
+            Some(path) => Some(web::WebConfig::load(path)?),
+            None => Some(web::WebConfig::none()),
+        },
+        _ => None,
+    };
     let exporter = Arc::new(Exporter::new(
         source(&config),
         config.settings.clone(),
@@ -70,15 +80,19 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
     }
     match config.mode {
         Mode::Serve(serve) => {
+            let web = web.unwrap_or_else(web::WebConfig::none);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .max_blocking_threads(4)
                 .enable_all()
                 .build()?;
-            runtime.block_on(async {
+            let served = runtime.block_on(async {
                 let listener = server::bind(&serve).await?;
-                server::serve(listener, serve, exporter).await
-            })?;
+                server::serve(listener, serve, exporter, web).await
+            });
+            // A collection stuck in a hung NVML call must not keep the process alive.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            served?;
             Ok(ExitCode::SUCCESS)
         }
         Mode::Check(check) => commands::check::run(&exporter, &check),

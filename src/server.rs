@@ -1,36 +1,71 @@
 //! The HTTP side: a landing page, health endpoints and `/metrics`, with concurrent
-//! scrapes sharing one collection.
+//! scrapes sharing one collection, behind the `--web.config.file` protections (TLS,
+//! client certificates, basic authentication) and limits against bad clients.
+//!
+//! Limits: a connection must send its request headers (and finish its TLS handshake)
+//! within [`HEADER_READ_TIMEOUT`], also between keep-alive requests; request heads are
+//! capped at [`MAX_REQUEST_HEAD`]; GET and HEAD carry no body, so a request with one is
+//! refused unread (413); open connections are capped (`--web.max-connections`, see
+//! [`crate::web::connections`]); and a scrape waits for its collection at most
+//! `--web.collection-timeout` before it gets 503.
 
 use crate::cli::ServeConfig;
 use crate::exporter::{encode, Exporter, Format};
+use crate::web::auth::Authenticator;
+use crate::web::connections::{Admission, Slot, Slots};
+use crate::web::{WebConfig, WebSettings};
 use anyhow::Context;
 use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::body::{Body as _, Bytes, Incoming};
+use hyper::header::{
+    HeaderValue, ALLOW, AUTHORIZATION, CONNECTION, CONTENT_TYPE, WWW_AUTHENTICATE,
+};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use prometheus_client::registry::Registry;
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::net::TcpListener;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// How long a client may take to send its request headers.
+/// How long a client may take to finish its TLS handshake, and to send its request
+/// headers (also the idle time allowed between two requests on a kept-alive connection).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections may take to finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Largest request line and headers accepted (431 beyond); a scrape sends well under 1 KiB.
+const MAX_REQUEST_HEAD: usize = 16 * 1024;
+/// Most header fields accepted in one request.
+const MAX_HEADERS: usize = 64;
+/// How often, at most, hitting the connection cap is logged.
+const LIMIT_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// Prometheus says how long it will wait for a scrape; answering 503 this much before
+/// that deadline lets it record why the scrape failed.
+const SCRAPE_DEADLINE_MARGIN: Duration = Duration::from_millis(500);
 
 /// One collection in flight, shared by every scrape that arrives while it runs.
-type InFlight = watch::Receiver<Option<Bytes>>;
+#[derive(Clone)]
+struct InFlight {
+    body: watch::Receiver<Option<Bytes>>,
+    started: Instant,
+    /// Whether a scrape already gave up on this collection (and logged it).
+    overran: Arc<AtomicBool>,
+}
 
 struct Shared {
     registry: Registry,
     telemetry_path: String,
+    collection_timeout: Duration,
     in_flight: Mutex<HashMap<Format, InFlight>>,
+    web: WebConfig,
+    auth: Authenticator,
 }
 
 /// Bind the listener; a busy port or a bad address is an error for the caller to print.
@@ -45,47 +80,76 @@ pub async fn serve(
     listener: TcpListener,
     config: ServeConfig,
     exporter: Arc<Exporter>,
+    web: WebConfig,
 ) -> anyhow::Result<()> {
+    let settings = web.current();
     let shared = Arc::new(Shared {
         registry: exporter.registry(),
         telemetry_path: config.telemetry_path,
+        collection_timeout: config.collection_timeout,
         in_flight: Mutex::new(HashMap::new()),
+        web,
+        auth: Authenticator::default(),
     });
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Slots::new(config.max_connections);
+    let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown_signal());
-    tracing::info!(address = %listener.local_addr()?, "listening");
+    tracing::info!(
+        address = %listener.local_addr()?,
+        tls = settings.tls.is_some(),
+        basic_auth_users = settings.users.as_ref().map_or(0, |users| users.len()),
+        max_connections = config.max_connections,
+        "listening"
+    );
+    drop(settings);
+    let mut limit_logged: Option<Instant> = None;
     loop {
+        // Stop accepting while every slot is serving a request: new connections wait in
+        // the kernel's backlog rather than pile up here.
         tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _peer)) => stream,
-                    Err(error) => {
-                        // Out of descriptors, usually: back off instead of spinning.
-                        tracing::warn!(error = %error, "cannot accept a connection");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let shared = Arc::clone(&shared);
-                let connection = http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_READ_TIMEOUT)
-                    .serve_connection(
-                        TokioIo::new(stream),
-                        service_fn(move |request| handle(Arc::clone(&shared), request)),
-                    );
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        tracing::debug!(error = %error, "connection ended with an error");
-                    }
-                });
-            }
+            _ = slots.wait_for_room() => {}
             signal = &mut shutdown => {
                 tracing::info!(signal, "shutting down");
                 break;
             }
         }
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(error) => {
+                    // Out of descriptors, usually: back off instead of spinning.
+                    tracing::warn!(error = %error, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            signal = &mut shutdown => {
+                tracing::info!(signal, "shutting down");
+                break;
+            }
+        };
+        let slot = match slots.admit() {
+            Admission::Admitted { slot, evicted } => {
+                if evicted && limit_logged.is_none_or(|at| at.elapsed() >= LIMIT_LOG_INTERVAL) {
+                    limit_logged = Some(Instant::now());
+                    tracing::warn!(
+                        max_connections = config.max_connections,
+                        "connection limit reached: closing the oldest idle connections to make room (logged once a minute at most)"
+                    );
+                }
+                slot
+            }
+            Admission::Refused => {
+                tracing::debug!("every connection is serving a request; closing a new one");
+                continue;
+            }
+        };
+        tokio::spawn(connection(
+            stream,
+            slot,
+            Arc::clone(&shared),
+            graceful.watcher(),
+        ));
     }
     drop(listener);
     tokio::select! {
@@ -95,6 +159,73 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// One connection: TLS when the web config in force says so, then HTTP/1.1, until the
+/// client leaves, a limit closes it, or its slot is taken by a newer connection.
+async fn connection(stream: TcpStream, slot: Slot, shared: Arc<Shared>, watcher: Watcher) {
+    let slot = Arc::new(slot);
+    let tls = shared.web.current().tls.clone();
+    match tls {
+        Some(acceptor) => {
+            let handshake = tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream));
+            let stream = tokio::select! {
+                result = handshake => match result {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(error)) => {
+                        tracing::debug!(error = %error, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!("TLS handshake timed out");
+                        return;
+                    }
+                },
+                _ = slot.evicted() => return,
+            };
+            serve_http(stream, slot, shared, watcher).await;
+        }
+        None => serve_http(stream, slot, shared, watcher).await,
+    }
+}
+
+async fn serve_http<I>(io: I, slot: Arc<Slot>, shared: Arc<Shared>, watcher: Watcher)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service_slot = Arc::clone(&slot);
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        // A client may close its sending side after the request (`nc -N`, say) and
+        // still get the response.
+        .half_close(true)
+        .max_header_size(MAX_REQUEST_HEAD)
+        .max_buf_size(4 * MAX_REQUEST_HEAD)
+        .max_headers(MAX_HEADERS)
+        .serve_connection(
+            TokioIo::new(io),
+            service_fn(move |request| {
+                let serving = service_slot.serving();
+                let shared = Arc::clone(&shared);
+                async move {
+                    let response = handle(shared, request).await;
+                    drop(serving);
+                    response
+                }
+            }),
+        );
+    let connection = watcher.watch(connection);
+    tokio::select! {
+        result = connection => {
+            if let Err(error) = result {
+                tracing::debug!(error = %error, "connection ended with an error");
+            }
+        }
+        _ = slot.evicted() => {
+            tracing::debug!("closed an idle connection to make room for a new one");
+        }
+    }
 }
 
 async fn shutdown_signal() -> &'static str {
@@ -118,6 +249,38 @@ async fn handle(
     shared: Arc<Shared>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let settings = shared.web.current();
+    let mut response = respond(&shared, &settings, request).await;
+    for (name, value) in &settings.headers {
+        response.headers_mut().insert(name.clone(), value.clone());
+    }
+    Ok(response)
+}
+
+async fn respond(
+    shared: &Arc<Shared>,
+    settings: &WebSettings,
+    request: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    if let Some(limiter) = &settings.rate_limit {
+        if !limiter.allow() {
+            return text(StatusCode::TOO_MANY_REQUESTS, "Too many requests.\n");
+        }
+    }
+    if let Some(users) = &settings.users {
+        if !shared
+            .auth
+            .check(users, request.headers().get(AUTHORIZATION))
+            .await
+        {
+            let mut response = text(StatusCode::UNAUTHORIZED, "Unauthorized.\n");
+            response.headers_mut().insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"vram-exporter\", charset=\"UTF-8\""),
+            );
+            return response;
+        }
+    }
     let head_only = request.method() == Method::HEAD;
     if !(request.method() == Method::GET || head_only) {
         let mut response = text(
@@ -127,13 +290,21 @@ async fn handle(
         response
             .headers_mut()
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
-        return Ok(response);
+        return close_after(response);
+    }
+    if !request.body().is_end_stream() {
+        // GET and HEAD carry no body: refuse one without reading it.
+        return close_after(text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "GET and HEAD requests take no body.\n",
+        ));
     }
     let path = request.uri().path();
     let mut response = if path == shared.telemetry_path {
         let format = negotiate(&request);
-        match metrics(&shared, format).await {
-            Some(body) => {
+        let timeout = collection_timeout(&request, shared.collection_timeout);
+        match metrics(shared, format, timeout).await {
+            Collected::Body(body) => {
                 let mut response = Response::new(Full::new(body));
                 response.headers_mut().insert(
                     CONTENT_TYPE,
@@ -141,9 +312,17 @@ async fn handle(
                 );
                 response
             }
-            None => text(
+            Collected::Failed => text(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "The collection failed; see the exporter's log.\n",
+            ),
+            Collected::Overran(running) => owned_text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "The collection has been running for {:.1}s, longer than this scrape waits ({:.1}s): an NVML call or the /proc scan hangs. It goes on; later scrapes wait for it rather than start another. See the exporter's log.\n",
+                    running.as_secs_f64(),
+                    timeout.as_secs_f64(),
+                ),
             ),
         }
     } else {
@@ -165,16 +344,28 @@ async fn handle(
     if head_only {
         *response.body_mut() = Full::new(Bytes::new());
     }
-    Ok(response)
+    response
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    owned_text(status, body.to_string())
+}
+
+fn owned_text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    response
+}
+
+/// Close the connection after this response rather than read what the client sent on.
+fn close_after(mut response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
     response
 }
 
@@ -193,33 +384,110 @@ fn negotiate(request: &Request<Incoming>) -> Format {
     }
 }
 
+/// `--web.collection-timeout`, or less when Prometheus says it gives up sooner
+/// (`X-Prometheus-Scrape-Timeout-Seconds`), so that it sees the 503 and its reason.
+fn collection_timeout(request: &Request<Incoming>, configured: Duration) -> Duration {
+    scrape_deadline(
+        request
+            .headers()
+            .get("x-prometheus-scrape-timeout-seconds")
+            .and_then(|value| value.to_str().ok()),
+        configured,
+    )
+}
+
+fn scrape_deadline(header: Option<&str>, configured: Duration) -> Duration {
+    let Some(seconds) = header
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
+    else {
+        return configured;
+    };
+    let before_deadline = seconds
+        .checked_sub(SCRAPE_DEADLINE_MARGIN)
+        .filter(|left| !left.is_zero())
+        .unwrap_or(seconds / 2);
+    configured
+        .min(before_deadline)
+        .max(Duration::from_millis(1))
+}
+
+/// What a scrape got from the collection it waited for.
+enum Collected {
+    Body(Bytes),
+    /// The collection panicked.
+    Failed,
+    /// The collection has run this long, longer than the scrape would wait.
+    Overran(Duration),
+}
+
 /// The metrics body, from a collection already in flight when there is one: scrapes
 /// that arrive together share it instead of queueing NVML calls behind each other.
-/// `None` when the collection died.
-async fn metrics(shared: &Arc<Shared>, format: Format) -> Option<Bytes> {
-    let mut receiver = {
+/// A scrape waits at most `timeout`; a collection that takes longer (a hung NVML call)
+/// stays the one in flight, so later scrapes wait for it too instead of starting more
+/// collections that would hang on the same call.
+async fn metrics(shared: &Arc<Shared>, format: Format, timeout: Duration) -> Collected {
+    let in_flight = {
         let mut in_flight = lock(&shared.in_flight);
         match in_flight.get(&format) {
-            Some(receiver) => receiver.clone(),
+            Some(running) => running.clone(),
             None => {
                 let (sender, receiver) = watch::channel(None);
-                in_flight.insert(format, receiver.clone());
+                let running = InFlight {
+                    body: receiver,
+                    started: Instant::now(),
+                    overran: Arc::new(AtomicBool::new(false)),
+                };
+                in_flight.insert(format, running.clone());
                 let shared = Arc::clone(shared);
+                let overran = Arc::clone(&running.overran);
+                let started = running.started;
                 // NVML calls block: collect on the blocking pool, never on the async threads.
                 tokio::task::spawn_blocking(move || {
-                    let _done = InFlightGuard {
+                    let done = InFlightGuard {
                         shared: &shared,
                         format,
                     };
                     let body = Bytes::from(encode(&shared.registry, format));
+                    // Out of the table before the body goes out: a scrape that arrives
+                    // from now on starts a fresh collection instead of getting this one.
+                    drop(done);
                     let _ = sender.send(Some(body));
+                    if overran.load(Ordering::SeqCst) {
+                        tracing::info!(
+                            seconds = started.elapsed().as_secs_f64(),
+                            "the collection that overran --web.collection-timeout has finished"
+                        );
+                    }
                 });
-                receiver
+                running
             }
         }
     };
-    let body = receiver.wait_for(Option::is_some).await.ok()?;
-    body.clone()
+    let mut receiver = in_flight.body.clone();
+    let waited = tokio::time::timeout(timeout, async {
+        receiver
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|body| body.clone())
+    })
+    .await;
+    match waited {
+        Ok(Some(body)) => Collected::Body(body),
+        Ok(None) => Collected::Failed,
+        Err(_) => {
+            let running = in_flight.started.elapsed();
+            if !in_flight.overran.swap(true, Ordering::SeqCst) {
+                tracing::warn!(
+                    seconds = running.as_secs_f64(),
+                    timeout_seconds = timeout.as_secs_f64(),
+                    "a collection is taking longer than scrapes wait (a hung NVML call?); scrapes get 503 and join it until it ends (logged once per collection)"
+                );
+            }
+            Collected::Overran(running)
+        }
+    }
 }
 
 /// Ends a collection's turn, also when it panics, so the next scrape starts a new one.
@@ -251,4 +519,26 @@ fn landing_page(telemetry_path: &str) -> String {
          </body>\n</html>\n",
         version = env!("CARGO_PKG_VERSION"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_scrape_timeout_shortens_the_wait() {
+        let ten = Duration::from_secs(10);
+        assert_eq!(scrape_deadline(None, ten), ten);
+        assert_eq!(scrape_deadline(Some("garbage"), ten), ten);
+        assert_eq!(scrape_deadline(Some("-3"), ten), ten);
+        assert_eq!(scrape_deadline(Some("60"), ten), ten);
+        assert_eq!(
+            scrape_deadline(Some("10"), ten),
+            Duration::from_millis(9_500)
+        );
+        assert_eq!(
+            scrape_deadline(Some("0.4"), ten),
+            Duration::from_millis(200)
+        );
+    }
 }

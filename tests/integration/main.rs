@@ -11,3 +11,4 @@ mod exporter;
 mod holders;
 mod snapshot;
 mod textfile;
+mod web;
