@@ -168,7 +168,8 @@ pub struct GpuAccount {
     /// NVML's memory figures, each clamped to what the total leaves (see `memory_inconsistent`).
     pub memory: MemoryReading,
     /// NVML's figures contradict each other (reserved, used or free beyond what the total
-    /// leaves): they are clamped, and unattributed memory is not called orphaned.
+    /// leaves, a process charged more than the GPU has, processes charged more than is
+    /// used): they are clamped, and unattributed memory is not called orphaned.
     pub memory_inconsistent: bool,
     /// Every listed owner with its verdict, by PID.
     pub owners: Vec<Owner>,
@@ -202,11 +203,11 @@ impl GpuAccount {
         }
     }
 
-    /// All memory held without a live owner (never more than the GPU's used memory can be).
+    /// All memory held without a live owner (never more than the GPU's used memory).
     pub fn orphaned_bytes(&self) -> u64 {
         self.orphaned_owner_gone_bytes
             .saturating_add(self.orphaned_unattributed_bytes())
-            .min(capacity(&self.memory))
+            .min(self.memory.used)
     }
 
     /// Live owners and unlisted holders of this GPU whose container has ended: they
@@ -468,11 +469,15 @@ fn account_for_gpu(
     let (memory, memory_inconsistent) = clamp_memory(reading);
     let capacity = capacity(&memory);
     // A snapshot may list a PID twice; the live reading never does.
+    let mut clamped_owner = false;
     let owners: Vec<Owner> = NvmlProcess::distinct(processes.iter().copied())
         .iter()
         .map(|process| {
             let mut owner = judge_owner(process, observation.processes.get(&process.pid));
-            owner.used_bytes = owner.used_bytes.map(|bytes| bytes.min(capacity));
+            if owner.used_bytes.is_some_and(|bytes| bytes > capacity) {
+                clamped_owner = true;
+                owner.used_bytes = Some(capacity);
+            }
             owner
         })
         .collect();
@@ -499,7 +504,11 @@ fn account_for_gpu(
     }
 
     tally.cap_bytes(capacity);
-    let orphaned_owner_gone_bytes = orphaned_owner_gone_bytes.min(capacity);
+    // Orphaned memory is allocated memory: it cannot exceed what NVML counts as used.
+    let orphaned_owner_gone_bytes = orphaned_owner_gone_bytes.min(memory.used);
+    // Processes charged more than is allocated (NVML's per-process and device figures
+    // disagree): the remainder is not a measurement either.
+    let memory_inconsistent = memory_inconsistent || clamped_owner || charged_bytes > memory.used;
 
     let (unlisted_holders, other_holders) = unlisted_holders(minor, &owners, observation, settings);
     let noise_floor = settings

@@ -636,8 +636,21 @@ fn absurd_per_process_figures_never_overflow_or_exceed_the_gpu() {
         .owners
         .iter()
         .all(|owner| owner.used_bytes == Some(capacity)));
-    assert_eq!(account.orphaned_owner_gone_bytes, capacity);
+    assert!(account.memory_inconsistent);
+    // Orphaned memory is part of the used memory; what owners hold, part of the GPU.
+    assert_eq!(account.orphaned_owner_gone_bytes, USED_ONE_OWNER);
+    assert_eq!(account.orphaned_bytes(), USED_ONE_OWNER);
     assert_eq!(account.tally.bytes(OwnerState::Gone), capacity);
     assert_eq!(account.tally.bytes(OwnerState::Running), capacity);
-    assert!(account.orphaned_bytes() <= capacity);
+}
+
+#[test]
+fn processes_charged_more_than_is_used_are_flagged_and_bounded_by_used() {
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(2 * USED_ONE_OWNER), ProcessLookup::Missing)
+        .account();
+    assert!(account.memory_inconsistent);
+    assert_eq!(account.orphaned_owner_gone_bytes, USED_ONE_OWNER);
+    assert_eq!(account.unattributed_bytes, 0);
 }

@@ -187,8 +187,15 @@ fn refresh_identity(device: &Device, cached: &mut Identity) {
     if let Ok(uuid) = device.uuid() {
         cached.uuid = uuid;
     }
-    if let Ok(name) = device.name() {
-        cached.name = name;
+    match device.name() {
+        Ok(name) => cached.name = name,
+        // A name that is not UTF-8 is still a name: keep it, with U+FFFD for what is not.
+        Err(NvmlError::Utf8Error(_)) => {
+            if let Some(name) = lossy_name(device) {
+                cached.name = name;
+            }
+        }
+        Err(_) => {}
     }
     if let Ok(pci) = device.pci_info() {
         cached.pci_bus_id = pci.bus_id;
@@ -196,6 +203,35 @@ fn refresh_identity(device: &Device, cached: &mut Identity) {
     if let Ok(minor) = device.minor_number() {
         cached.minor = Some(minor);
     }
+}
+
+/// Bytes of NVML's longest device name, with its terminating NUL
+/// (`NVML_DEVICE_NAME_V2_BUFFER_SIZE`).
+const NAME_BUFFER_BYTES: usize = 96;
+
+/// The device name as raw bytes, decoded lossily: nvml-wrapper refuses names that are
+/// not UTF-8.
+fn lossy_name(device: &Device) -> Option<String> {
+    let get_name = device.nvml().lib().nvmlDeviceGetName.as_ref().ok()?;
+    let mut buffer = [0 as std::ffi::c_char; NAME_BUFFER_BYTES];
+    // SAFETY: the handle comes from a live `Device` of this library, and NVML writes at
+    // most `buffer.len()` bytes, NUL included, into the buffer we own.
+    let status = unsafe {
+        get_name(
+            device.handle(),
+            buffer.as_mut_ptr(),
+            NAME_BUFFER_BYTES as std::ffi::c_uint,
+        )
+    };
+    if status != 0 {
+        return None;
+    }
+    let bytes: Vec<u8> = buffer
+        .iter()
+        .take_while(|&&byte| byte != 0)
+        .map(|&byte| byte as u8)
+        .collect();
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 fn read_state(device: &Device) -> Result<(MemoryReading, Vec<NvmlProcess>), NvmlError> {

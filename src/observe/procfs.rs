@@ -50,6 +50,8 @@ impl ProcRoot {
         let mut errors = 0;
         let uid = match process.uid() {
             Ok(uid) => Some(uid),
+            // It exited between the two reads: it is gone, not unreadable.
+            Err(ProcError::NotFound(_)) => return (ProcessLookup::Missing, 0),
             Err(_) => {
                 errors += 1;
                 None

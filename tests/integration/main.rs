@@ -4,6 +4,7 @@
 mod helpers;
 
 mod alerts;
+mod bad_input;
 mod check;
 mod dashboard;
 mod e2e;
