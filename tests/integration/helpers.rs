@@ -956,3 +956,64 @@ pub fn process_group_and_session(pid: u32) -> (u32, u32) {
     let fields: Vec<&str> = stat.rsplit_once(") ").expect("comm").1.split(' ').collect();
     (fields[2].parse().unwrap(), fields[3].parse().unwrap())
 }
+
+// Helpers of the least-privilege, container and bad-input tests.
+
+impl Rig {
+    /// The exporter as `nobody` (through util-linux's `setpriv`) holding only
+    /// `capabilities` (names as `setpriv` takes them: `sys_ptrace`, `dac_read_search`),
+    /// in its effective, inheritable and ambient sets; the tests must run as root.
+    pub fn command_as_nobody_with(&self, capabilities: &[&str], args: &[&str]) -> Command {
+        assert_eq!(
+            effective_uid(),
+            0,
+            "switching to nobody with chosen capabilities needs the tests to run as root"
+        );
+        let prepared = self.unprivileged_command(args);
+        let setpriv = require_tool("setpriv", "util-linux");
+        let mut wanted = String::from("-all");
+        for capability in capabilities {
+            wanted.push_str(",+");
+            wanted.push_str(capability);
+        }
+        let mut command = Command::new(setpriv);
+        command
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(format!("--inh-caps={wanted}"))
+            .arg(format!("--ambient-caps={wanted}"))
+            .arg(prepared.get_program())
+            .args(prepared.get_args());
+        for (key, value) in prepared.get_envs() {
+            if let Some(value) = value {
+                command.env(key, value);
+            }
+        }
+        command
+    }
+}
+
+/// The PIDs whose parent is `pid`, from every `/proc/PID/stat`.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after = stat.rsplit_once(") ")?.1.to_string();
+                    after.split(' ').nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// The kernel's `PF_*` flags of `pid` (field 9 of `/proc/PID/stat`), `None` once it is gone.
+pub fn task_flags(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split(' ').nth(6)?.parse().ok()
+}
