@@ -449,16 +449,16 @@ async fn metrics(shared: &Arc<Shared>, format: Format, timeout: Duration) -> Col
                         format,
                     };
                     let body = Bytes::from(encode(&shared.registry, format));
-                    // Out of the table before the body goes out: a scrape that arrives
-                    // from now on starts a fresh collection instead of getting this one.
-                    drop(done);
-                    let _ = sender.send(Some(body));
                     if overran.load(Ordering::SeqCst) {
                         tracing::info!(
                             seconds = started.elapsed().as_secs_f64(),
                             "the collection that overran --web.collection-timeout has finished"
                         );
                     }
+                    // Out of the table before the body goes out: a scrape that arrives
+                    // from now on starts a fresh collection instead of getting this one.
+                    drop(done);
+                    let _ = sender.send(Some(body));
                 });
                 running
             }
