@@ -13,6 +13,7 @@ command -v promtool >/dev/null || packages+=(prometheus)
 command -v prometheus >/dev/null || packages+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || packages+=(prometheus-alertmanager)
 command -v python3 >/dev/null || packages+=(python3)
+command -v systemd-analyze >/dev/null || packages+=(systemd)
 if ((${#packages[@]})); then
     # shellcheck disable=SC2207
     packages=($(printf '%s\n' "${packages[@]}" | sort -u))

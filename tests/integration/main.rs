@@ -8,6 +8,7 @@ mod bad_input;
 mod check;
 mod containers;
 mod dashboard;
+mod deploy;
 mod e2e;
 mod exporter;
 mod holders;

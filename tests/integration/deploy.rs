@@ -1,0 +1,401 @@
+//! What `deploy/` ships: systemd units that `systemd-analyze` accepts and scores,
+//! Kubernetes manifests of the expected kinds that keep the exporter's requirements
+//! (host PID namespace, the host's /proc, the two capabilities the holder scan needs),
+//! and a PrometheusRule generated from `alerts/vram-exporter.rules.yml`, the one source
+//! of the rules. Regenerate it after changing the rules with:
+//!
+//! ```sh
+//! VRAM_REGENERATE=1 cargo test --test integration deploy::prometheusrule_is_generated_from_the_rules
+//! ```
+
+use crate::helpers::*;
+use serde_norway::{Mapping, Value};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The capabilities the holder scan needs, measured by the privilege tests.
+const CAPABILITIES: [&str; 2] = ["DAC_READ_SEARCH", "SYS_PTRACE"];
+/// Highest `systemd-analyze security` exposure (0-10) the long-running unit may reach.
+const MAX_EXPOSURE: f64 = 2.5;
+const REGENERATE: &str =
+    "VRAM_REGENERATE=1 cargo test --test integration deploy::prometheusrule_is_generated_from_the_rules";
+
+fn repository() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn systemd_dir() -> PathBuf {
+    repository().join("deploy/systemd")
+}
+
+fn kubernetes_dir() -> PathBuf {
+    repository().join("deploy/kubernetes")
+}
+
+fn read_yaml(path: &Path) -> Value {
+    let text =
+        fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    serde_norway::from_str(&text)
+        .unwrap_or_else(|error| panic!("{} is not YAML: {error}", path.display()))
+}
+
+fn get<'a>(value: &'a Value, path: &str) -> &'a Value {
+    path.split('.')
+        .fold(value, |value, key| match key.parse::<usize>() {
+            Ok(index) => &value[index],
+            Err(_) => &value[key],
+        })
+}
+
+fn text<'a>(value: &'a Value, path: &str) -> &'a str {
+    get(value, path)
+        .as_str()
+        .unwrap_or_else(|| panic!("{path} is not a string: {:?}", get(value, path)))
+}
+
+/// The values of `key=` lines in a unit file, in order.
+fn directive(unit: &str, key: &str) -> Vec<String> {
+    unit.lines()
+        .filter_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_string)
+        .collect()
+}
+
+const UNITS: [&str; 3] = [
+    "vram-exporter.service",
+    "vram-exporter-textfile.service",
+    "vram-exporter-textfile.timer",
+];
+
+#[test]
+fn systemd_units_pass_systemd_analyze_verify() {
+    let analyze = require_tool("systemd-analyze", "systemd");
+    // A root with the units where systemd looks, the binary their ExecStart names and
+    // systemd's own unit library (sysinit.target, ...), so verify checks everything.
+    let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let units = root.path().join("etc/systemd/system");
+    fs::create_dir_all(&units).unwrap();
+    for unit in UNITS {
+        fs::copy(systemd_dir().join(unit), units.join(unit)).unwrap();
+    }
+    let bin = root.path().join("usr/local/bin");
+    fs::create_dir_all(&bin).unwrap();
+    if fs::hard_link(exporter_binary(), bin.join("vram-exporter")).is_err() {
+        fs::copy(exporter_binary(), bin.join("vram-exporter")).unwrap();
+    }
+    let library = ["/usr/lib/systemd/system", "/lib/systemd/system"]
+        .into_iter()
+        .map(Path::new)
+        .find(|dir| dir.join("sysinit.target").exists())
+        .expect(
+            "systemd's unit library (sysinit.target); install it with: apt-get install -y systemd",
+        );
+    fs::create_dir_all(root.path().join("usr/lib/systemd")).unwrap();
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(library)
+        .arg(root.path().join("usr/lib/systemd/system"))
+        .status()
+        .unwrap();
+    assert!(copied.success());
+
+    let output = Command::new(&analyze)
+        .arg("verify")
+        .arg(format!("--root={}", root.path().display()))
+        .args(UNITS)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Unknown keys and bad values are only warnings to verify: any word from it fails.
+    assert!(
+        output.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify:\n{said}"
+    );
+}
+
+#[test]
+fn systemd_service_keeps_only_the_measured_capabilities_and_scores_ok() {
+    let analyze = require_tool("systemd-analyze", "systemd");
+    let unit = fs::read_to_string(systemd_dir().join("vram-exporter.service")).unwrap();
+    let wanted: Vec<String> = vec![CAPABILITIES.map(|cap| format!("CAP_{cap}")).join(" ")];
+    assert_eq!(directive(&unit, "AmbientCapabilities"), wanted);
+    assert_eq!(directive(&unit, "CapabilityBoundingSet"), wanted);
+    assert_eq!(directive(&unit, "User"), ["vram-exporter"]);
+    assert_eq!(directive(&unit, "NoNewPrivileges"), ["yes"]);
+    assert_eq!(directive(&unit, "ProtectSystem"), ["strict"]);
+    assert_eq!(directive(&unit, "DevicePolicy"), ["closed"]);
+    // NVML opens these read-write (measured on an H200); the capability nodes read-only.
+    assert_eq!(
+        directive(&unit, "DeviceAllow"),
+        [
+            "char-nvidia rw",
+            "char-nvidiactl rw",
+            "char-nvidia-uvm rw",
+            "char-nvidia-caps r"
+        ]
+    );
+    assert!(directive(&unit, "ReadWritePaths").is_empty());
+    // The textfile unit has the same hardening, and may write only its directory.
+    let textfile =
+        fs::read_to_string(systemd_dir().join("vram-exporter-textfile.service")).unwrap();
+    let hardening = |unit: &str| -> Vec<String> {
+        unit.lines()
+            .filter(|line| {
+                !line.starts_with('#')
+                    && line.contains('=')
+                    && ![
+                        "Description",
+                        "Documentation",
+                        "After",
+                        "Wants",
+                        "Type",
+                        "ExecStart",
+                        "Restart",
+                        "RestartSec",
+                        "ReadWritePaths",
+                        "RestrictAddressFamilies",
+                        "UMask",
+                        "WantedBy",
+                    ]
+                    .iter()
+                    .any(|key| line.starts_with(&format!("{key}=")))
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(hardening(&unit), hardening(&textfile));
+    assert_eq!(
+        directive(&textfile, "ReadWritePaths"),
+        ["/var/lib/prometheus/node-exporter"]
+    );
+
+    let output = Command::new(&analyze)
+        .args(["security", "--offline=yes", "--no-pager"])
+        .arg(format!("--threshold={}", (MAX_EXPOSURE * 10.0) as u32))
+        .arg(systemd_dir().join("vram-exporter.service"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let score: f64 = stdout
+        .lines()
+        .find_map(|line| line.split_once("Overall exposure level for vram-exporter.service: "))
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no exposure level in:\n{stdout}{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+    assert!(
+        output.status.success() && score <= MAX_EXPOSURE,
+        "exposure {score} above {MAX_EXPOSURE}:\n{stdout}"
+    );
+}
+
+/// Every manifest, by file name: each parses as YAML and has the expected kind.
+fn manifests() -> Vec<(String, Value)> {
+    let mut found: Vec<(String, Value)> = fs::read_dir(kubernetes_dir())
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|ext| ext == "yaml" || ext == "yml")
+        })
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, read_yaml(&path))
+        })
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
+}
+
+fn manifest(kind: &str) -> Value {
+    manifests()
+        .into_iter()
+        .find(|(_, value)| value["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in deploy/kubernetes"))
+        .1
+}
+
+#[test]
+fn kubernetes_manifests_parse_and_have_the_expected_kinds() {
+    let kinds: Vec<(String, String, String)> = manifests()
+        .into_iter()
+        .map(|(name, value)| {
+            (
+                name,
+                text(&value, "apiVersion").to_string(),
+                text(&value, "kind").to_string(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("daemonset.yaml", "apps/v1", "DaemonSet"),
+        (
+            "prometheusrule.yaml",
+            "monitoring.coreos.com/v1",
+            "PrometheusRule",
+        ),
+        ("service.yaml", "v1", "Service"),
+        (
+            "servicemonitor.yaml",
+            "monitoring.coreos.com/v1",
+            "ServiceMonitor",
+        ),
+    ]
+    .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()));
+    assert_eq!(kinds, expected);
+    for (name, value) in manifests() {
+        assert_eq!(text(&value, "metadata.name"), "vram-exporter", "{name}");
+    }
+}
+
+#[test]
+fn daemonset_keeps_what_the_exporter_needs_and_no_more() {
+    let daemonset = manifest("DaemonSet");
+    let pod = get(&daemonset, "spec.template.spec");
+    assert_eq!(
+        pod["hostPID"],
+        Value::Bool(true),
+        "NVML hides other PID namespaces"
+    );
+    assert_eq!(text(pod, "runtimeClassName"), "nvidia");
+    let labels = get(&daemonset, "spec.template.metadata.labels");
+    assert_eq!(get(&daemonset, "spec.selector.matchLabels"), labels);
+
+    let containers = pod["containers"].as_sequence().unwrap();
+    assert_eq!(containers.len(), 1);
+    let container = &containers[0];
+    let args: Vec<&str> = container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|arg| arg.as_str().unwrap())
+        .collect();
+    assert!(args.contains(&"--path.procfs=/host/proc"), "{args:?}");
+    assert!(args.contains(&"--web.listen-address=:9077"), "{args:?}");
+    let mount = &container["volumeMounts"][0];
+    assert_eq!(
+        (text(mount, "mountPath"), mount["readOnly"].as_bool()),
+        ("/host/proc", Some(true))
+    );
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|volume| volume["name"] == mount["name"])
+        .expect("the /host/proc volume");
+    assert_eq!(text(volume, "hostPath.path"), "/proc");
+
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], Value::Bool(true));
+    assert_eq!(security["allowPrivilegeEscalation"], Value::Bool(false));
+    assert_eq!(security["privileged"], Value::Bool(false));
+    let listed = |key: &str| -> Vec<String> {
+        get(security, &format!("capabilities.{key}"))
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|cap| cap.as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(listed("drop"), ["ALL"]);
+    assert_eq!(listed("add"), CAPABILITIES);
+
+    for key in [
+        "requests.cpu",
+        "requests.memory",
+        "limits.cpu",
+        "limits.memory",
+    ] {
+        assert!(
+            get(&container["resources"], key).as_str().is_some(),
+            "resources.{key}"
+        );
+    }
+    assert_eq!(text(container, "livenessProbe.httpGet.path"), "/-/healthy");
+    assert_eq!(text(container, "readinessProbe.httpGet.path"), "/-/ready");
+    let port = &container["ports"][0];
+    assert_eq!(
+        (text(port, "name"), port["containerPort"].as_u64()),
+        ("metrics", Some(9077))
+    );
+}
+
+#[test]
+fn service_and_servicemonitor_find_the_daemonset_pods() {
+    let daemonset = manifest("DaemonSet");
+    let pod_labels = get(&daemonset, "spec.template.metadata.labels");
+    let service = manifest("Service");
+    let selector = get(&service, "spec.selector").as_mapping().unwrap();
+    for (key, value) in selector {
+        assert_eq!(&pod_labels[key], value, "Service selector {key:?}");
+    }
+    assert_eq!(text(&service, "spec.ports.0.targetPort"), "metrics");
+    assert_eq!(get(&service, "spec.ports.0.port").as_u64(), Some(9077));
+    let monitor = manifest("ServiceMonitor");
+    let wanted = get(&monitor, "spec.selector.matchLabels")
+        .as_mapping()
+        .unwrap();
+    for (key, value) in wanted {
+        assert_eq!(
+            &service["metadata"]["labels"][key], value,
+            "ServiceMonitor selector {key:?}"
+        );
+    }
+    assert_eq!(text(&monitor, "spec.endpoints.0.port"), "metrics");
+    // The absent-target alert names the job; the Operator names it after the Service.
+    let rules = fs::read_to_string(repository().join("alerts/vram-exporter.rules.yml")).unwrap();
+    assert!(rules.contains(&format!("job=\"{}\"", text(&service, "metadata.name"))));
+}
+
+/// The PrometheusRule for `rules` (the parsed rules file), as the generator writes it.
+fn prometheus_rule(rules: &Value) -> String {
+    let mut labels = Mapping::new();
+    labels.insert("app.kubernetes.io/name".into(), "vram-exporter".into());
+    let mut metadata = Mapping::new();
+    metadata.insert("name".into(), "vram-exporter".into());
+    metadata.insert("labels".into(), Value::Mapping(labels));
+    let mut spec = Mapping::new();
+    spec.insert("groups".into(), rules["groups"].clone());
+    let mut document = Mapping::new();
+    document.insert("apiVersion".into(), "monitoring.coreos.com/v1".into());
+    document.insert("kind".into(), "PrometheusRule".into());
+    document.insert("metadata".into(), Value::Mapping(metadata));
+    document.insert("spec".into(), Value::Mapping(spec));
+    format!(
+        "# Generated from alerts/vram-exporter.rules.yml, the one source of these rules: edit\n\
+         # that file, then regenerate this one with\n\
+         #   {REGENERATE}\n{}",
+        serde_norway::to_string(&Value::Mapping(document)).unwrap()
+    )
+}
+
+#[test]
+fn prometheusrule_is_generated_from_the_rules() {
+    let rules = read_yaml(&repository().join("alerts/vram-exporter.rules.yml"));
+    let target = kubernetes_dir().join("prometheusrule.yaml");
+    if std::env::var_os("VRAM_REGENERATE").is_some_and(|value| value == "1") {
+        fs::write(&target, prometheus_rule(&rules)).unwrap();
+    }
+    let shipped = read_yaml(&target);
+    assert_eq!(
+        get(&shipped, "spec.groups"),
+        &rules["groups"],
+        "deploy/kubernetes/prometheusrule.yaml differs from alerts/vram-exporter.rules.yml; regenerate it with:\n    {REGENERATE}"
+    );
+    assert_eq!(
+        fs::read_to_string(&target).unwrap(),
+        prometheus_rule(&rules),
+        "deploy/kubernetes/prometheusrule.yaml was edited by hand; regenerate it with:\n    {REGENERATE}"
+    );
+    let groups = rules["groups"].as_sequence().unwrap();
+    assert!(groups.len() >= 2, "{groups:?}");
+}
