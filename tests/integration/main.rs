@@ -6,6 +6,7 @@ mod helpers;
 mod alerts;
 mod bad_input;
 mod check;
+mod coalescing;
 mod containers;
 mod dashboard;
 mod deploy;

@@ -1,0 +1,185 @@
+//! The pure half of a scrape: classifying an observation and encoding the report as
+//! Prometheus text. Nothing here touches NVML or `/proc`.
+//!
+//! `cargo bench --bench classify`
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+use serde_json::{json, Value};
+use std::hint::black_box;
+use std::time::Duration;
+use vram_exporter::classify::{classify, Report, Settings};
+use vram_exporter::exporter::{encode, Format};
+use vram_exporter::observe::Observation;
+use vram_exporter::render::prometheus::{encode_report, BuildInfo, RenderOptions};
+
+/// An H200's memory and its driver reservation.
+const TOTAL: u64 = 150_754_820_096;
+const RESERVED: u64 = 644_939_776;
+/// What each owner is charged, and the per-context overhead nobody is charged for.
+const CHARGED: u64 = 1 << 30;
+const OVERHEAD: u64 = 9_240_576;
+
+/// `gpus` H200s and `owners` live owners spread over them round-robin, every owner
+/// holding its device file: nothing orphaned, as on a healthy host. Built in the snapshot
+/// format (`vram-exporter snapshot`), which stays readable as the model grows.
+fn observation(gpus: u32, owners: u32) -> Observation {
+    let mut per_gpu: Vec<Vec<Value>> = vec![Vec::new(); gpus as usize];
+    let mut processes = serde_json::Map::new();
+    for owner in 0..owners {
+        let pid = 10_000 + owner;
+        per_gpu[(owner % gpus) as usize].push(json!({ "pid": pid, "used_bytes": CHARGED }));
+        processes.insert(
+            pid.to_string(),
+            json!({
+                "status": "present",
+                "comm": "python3",
+                "state": "S",
+                "ppid": 1,
+                "start_time_ticks": 123_456 + owner,
+                "uid": 1000,
+                "device_files": "held",
+            }),
+        );
+    }
+    let gpus: Vec<Value> = per_gpu
+        .into_iter()
+        .enumerate()
+        .map(|(index, listed)| {
+            let used = (CHARGED + OVERHEAD) * listed.len() as u64;
+            json!({
+                "index": index,
+                "uuid": format!("GPU-{index:08x}-0000-4000-8000-000000000000"),
+                "name": "NVIDIA H200",
+                "pci_bus_id": format!("00000000:{:02x}:00.0", 0x19 + index),
+                "minor": index,
+                "state": {
+                    "status": "ok",
+                    "memory": {
+                        "total": TOTAL,
+                        "reserved": RESERVED,
+                        "used": used,
+                        "free": TOTAL - RESERVED - used,
+                    },
+                    "processes": listed,
+                },
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "nvml": { "status": "up", "driver_version": "580.159.04", "gpus": gpus },
+        "host_pid_namespace": true,
+        "processes": processes,
+        "procfs_errors": 0,
+    }))
+    .expect("an observation in the snapshot format")
+}
+
+/// Encodes a fixed report, as the exporter's own collector does after classifying.
+#[derive(Debug)]
+struct ReportCollector {
+    report: Report,
+    build: BuildInfo,
+    options: RenderOptions,
+}
+
+impl Collector for ReportCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        encode_report(
+            &mut encoder,
+            &self.report,
+            &self.build,
+            &self.options,
+            0.0003,
+        )
+    }
+}
+
+fn registry(report: Report) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ReportCollector {
+        report,
+        build: BuildInfo::current(),
+        options: RenderOptions::default(),
+    }));
+    registry
+}
+
+const SHAPES: [(u32, u32); 4] = [(1, 0), (1, 64), (8, 0), (8, 64)];
+
+fn label(gpus: u32, owners: u32) -> String {
+    format!("{gpus}gpu_{owners}owners")
+}
+
+fn bench_classify(c: &mut Criterion) {
+    let settings = Settings::default();
+    let mut group = c.benchmark_group("classify");
+    for (gpus, owners) in SHAPES {
+        let observation = observation(gpus, owners);
+        let report = classify(&observation, &settings);
+        assert_eq!(report.orphaned_bytes(), 0, "the bench host must be healthy");
+        group.bench_with_input(
+            BenchmarkId::from_parameter(label(gpus, owners)),
+            &observation,
+            |b, observation| b.iter(|| classify(black_box(observation), &settings)),
+        );
+    }
+    group.finish();
+}
+
+fn bench_encode(c: &mut Criterion) {
+    let settings = Settings::default();
+    let mut group = c.benchmark_group("encode");
+    for (gpus, owners) in SHAPES {
+        let registry = registry(classify(&observation(gpus, owners), &settings));
+        for (format, name) in [
+            (Format::PrometheusText, "prometheus_text"),
+            (Format::OpenMetrics, "openmetrics"),
+        ] {
+            let body = encode(&registry, format);
+            assert!(body.contains("vram_owner_processes"));
+            group.bench_with_input(
+                BenchmarkId::new(name, label(gpus, owners)),
+                &registry,
+                |b, registry| b.iter(|| encode(black_box(registry), format)),
+            );
+        }
+    }
+    group.finish();
+}
+
+/// Both together, from an observation to the bytes a scrape returns.
+fn bench_classify_and_encode(c: &mut Criterion) {
+    let settings = Settings::default();
+    let mut group = c.benchmark_group("classify_and_encode");
+    for (gpus, owners) in SHAPES {
+        let observation = observation(gpus, owners);
+        group.bench_with_input(
+            BenchmarkId::from_parameter(label(gpus, owners)),
+            &observation,
+            |b, observation| {
+                b.iter(|| {
+                    let report = classify(black_box(observation), &settings);
+                    encode(&registry(report), Format::PrometheusText)
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(30)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = bench_classify, bench_encode, bench_classify_and_encode
+}
+criterion_main!(benches);

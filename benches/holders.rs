@@ -1,0 +1,171 @@
+//! The scan of every process's descriptors for NVIDIA device files, on a synthetic
+//! procfs tree (10,000 processes with 50 open files each, built once in a temporary
+//! folder) and on this host's real `/proc`.
+//!
+//! `cargo bench --bench holders`
+//!
+//! The scan runs only while some GPU has orphaned memory; its target is 150 ms for
+//! 10,000 processes, and its cost should grow linearly with the open files it reads.
+
+use criterion::{
+    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
+use std::fs;
+use std::hint::black_box;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use vram_exporter::observe::procfs::{ProcRoot, DEVICE_PREFIX};
+
+/// Open files per synthetic process.
+const FILES_PER_PROCESS: usize = 50;
+/// One process in this many holds `/dev/nvidia0` (and the control node).
+const HOLDER_EVERY: usize = 1_000;
+/// Tree sizes, in processes.
+const SIZES: [usize; 3] = [2_500, 5_000, 10_000];
+/// Far above any scan here, so none is cut short.
+const BUDGET: Duration = Duration::from_secs(60);
+/// A PID that no synthetic process has: the scan leaves its own PID out.
+const OWN_PID: u32 = u32::MAX;
+
+/// What the descriptors of an ordinary process point at.
+const TARGETS: [&str; 10] = [
+    "/dev/null",
+    "/dev/pts/0",
+    "socket:[4026531993]",
+    "pipe:[81234]",
+    "anon_inode:[eventfd]",
+    "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    "/var/log/app/worker.log",
+    "anon_inode:[eventpoll]",
+    "/home/user/data/shard-00017.parquet",
+    "/dev/urandom",
+];
+
+/// A procfs-shaped tree of `processes` PIDs under `root`; returns how many hold a GPU.
+fn build_tree(root: &Path, processes: usize) -> usize {
+    fs::create_dir_all(root).unwrap();
+    let mut holders = 0;
+    for index in 0..processes {
+        let pid = 1_000 + index as u32;
+        let pid_dir = root.join(pid.to_string());
+        let fd_dir = pid_dir.join("fd");
+        fs::create_dir_all(&fd_dir).unwrap();
+        let holds_gpu = index % HOLDER_EVERY == HOLDER_EVERY / 2;
+        for fd in 0..FILES_PER_PROCESS {
+            let target = match fd {
+                40 if holds_gpu => "/dev/nvidiactl",
+                41 if holds_gpu => "/dev/nvidia0",
+                42 if holds_gpu => "/dev/nvidia-uvm",
+                _ => TARGETS[fd % TARGETS.len()],
+            };
+            symlink(target, fd_dir.join(fd.to_string())).unwrap();
+        }
+        if holds_gpu {
+            holders += 1;
+            // Only holders are described, from their stat line.
+            fs::write(
+                pid_dir.join("stat"),
+                format!(
+                    "{pid} (python3) S 1 {pid} {pid} 0 -1 4194560 1000 0 0 0 100 20 0 0 20 0 4 0 \
+                     123456 8388608000 20000 18446744073709551615 1 1 0 0 0 0 0 4096 16386 0 0 0 \
+                     17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+                ),
+            )
+            .unwrap();
+        }
+    }
+    holders
+}
+
+struct Tree {
+    _dir: tempfile::TempDir,
+    roots: Vec<(usize, PathBuf, usize)>,
+}
+
+fn build_trees() -> Tree {
+    // In memory where there is a tmpfs: quick to build and to remove, and no disk I/O.
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .expect("temporary folder");
+    let started = Instant::now();
+    let roots = SIZES
+        .iter()
+        .map(|&processes| {
+            let root = dir.path().join(format!("proc-{processes}"));
+            let holders = build_tree(&root, processes);
+            (processes, root, holders)
+        })
+        .collect();
+    eprintln!(
+        "built synthetic procfs trees of {SIZES:?} processes x {FILES_PER_PROCESS} files in {} in {:.1} s",
+        dir.path().parent().unwrap().display(),
+        started.elapsed().as_secs_f64()
+    );
+    Tree { _dir: dir, roots }
+}
+
+fn proc_root(root: PathBuf) -> ProcRoot {
+    ProcRoot {
+        root,
+        device_prefix: DEVICE_PREFIX.to_vec(),
+    }
+}
+
+fn bench_synthetic(c: &mut Criterion) {
+    let tree = build_trees();
+    let mut group = c.benchmark_group("holder_scan_synthetic");
+    group
+        .sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(9));
+    for (processes, root, holders) in &tree.roots {
+        let root = proc_root(root.clone());
+        let scan = root.scan_holders(OWN_PID, BUDGET);
+        assert!(scan.complete(), "{scan:?}");
+        assert_eq!(scan.holders.len(), *holders);
+        assert!(scan.holders.iter().all(|holder| holder.gpu_minors == [0]
+            && holder.comm == "python3"
+            && holder.state == 'S'));
+        group.throughput(Throughput::Elements((processes * FILES_PER_PROCESS) as u64));
+        group.bench_with_input(
+            BenchmarkId::new("processes_x50_files", processes),
+            &root,
+            |b, root| b.iter(|| black_box(root.scan_holders(OWN_PID, BUDGET))),
+        );
+    }
+    group.finish();
+}
+
+/// This host's own `/proc`: what the scan costs on the machine that runs the benches.
+fn bench_real_proc(c: &mut Criterion) {
+    let root = proc_root(PathBuf::from("/proc"));
+    let processes = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.parse::<u32>().is_ok())
+        })
+        .count();
+    eprintln!("this host's /proc lists {processes} processes");
+    let mut group = c.benchmark_group("holder_scan_real_proc");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    group.bench_function(BenchmarkId::new("processes", processes), |b| {
+        b.iter(|| black_box(root.scan_holders(std::process::id(), BUDGET)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_synthetic, bench_real_proc);
+criterion_main!(benches);

@@ -1,0 +1,666 @@
+//! The release binary against the fake NVML, measured from outside as Prometheus sees it:
+//! scrape latency end to end, where the time of a scrape goes, steady memory and CPU
+//! over 100,000 scrapes, and 64 concurrent connections under `wrk`.
+//!
+//! `cargo bench --bench scrape` (the binary and the fake NVML are built with the release
+//! settings). Without `--bench` (as `cargo test --benches` runs it) it only checks that
+//! every scenario serves a correct body.
+//!
+//! The owners are real `sleep` processes holding a stand-in device file, so every owner
+//! is live, nothing is orphaned, and the holder scan never runs: these figures exclude it
+//! (see `benches/holders.rs` for the scan).
+//!
+//! Environment: `SCRAPE_SAMPLES` (scrapes timed per scenario, default 2000),
+//! `SCRAPE_SOAK` (scrapes of the memory soak, default 100000) on `SCRAPE_SOAK_GPUS` GPUs
+//! (default 1) with `SCRAPE_SOAK_OWNERS` owners (default 8, at most 64),
+//! `SCRAPE_WRK_SECONDS` (default 30) and `SCRAPE_WRK_CONNECTIONS` (default 64). A
+//! positional argument filters the sections by name: latency, breakdown, soak, wrk.
+
+#[path = "../tests/integration/helpers.rs"]
+mod helpers;
+
+use helpers::{exporter_binary, Exporter, Gpu, Gpus, Holder, Rig};
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use vram_exporter::observe::procfs::ProcRoot;
+
+/// What each owner is charged, and the per-context overhead that no process is charged for
+/// (below the default 16 MiB floor, so it is not called orphaned).
+const CHARGED: u64 = 1 << 30;
+const OVERHEAD: u64 = 9_240_576;
+/// The most GPUs a scenario has; the rig brings four device files, we add the rest.
+const MAX_GPUS: u32 = 8;
+const MAX_OWNERS: usize = 64;
+const SHAPES: [(u32, usize); 4] = [(1, 0), (1, 64), (8, 0), (8, 64)];
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let measure = args.iter().any(|arg| arg == "--bench");
+    let filters: Vec<&str> = args
+        .iter()
+        .filter(|arg| !arg.starts_with('-'))
+        .map(String::as_str)
+        .collect();
+    let wanted = |section: &str| {
+        filters.is_empty()
+            || filters
+                .iter()
+                .any(|filter| format!("scrape/{section}").contains(filter))
+    };
+    if !["latency", "breakdown", "soak", "wrk"]
+        .iter()
+        .any(|section| wanted(section))
+    {
+        return;
+    }
+
+    let rig = Rig::new();
+    for minor in 4..MAX_GPUS {
+        fs::write(rig.device(minor), b"").unwrap();
+    }
+    let owners: Vec<Holder> = (0..MAX_OWNERS)
+        .map(|index| Holder::spawn(&rig.device(index as u32 % MAX_GPUS)))
+        .collect();
+    let pids: Vec<u32> = owners.iter().map(|owner| owner.pid).collect();
+    machine();
+
+    let mut medians = Vec::new();
+    if wanted("latency") {
+        let samples = if measure {
+            env_number("SCRAPE_SAMPLES", 2_000)
+        } else {
+            20
+        };
+        medians = latency(&rig, &pids, samples, measure);
+    }
+    if !measure {
+        println!("scrape: smoke run passed (run `cargo bench --bench scrape` to measure)");
+        return;
+    }
+    if wanted("breakdown") {
+        breakdown(&rig, &pids, &medians);
+    }
+    if wanted("soak") {
+        let gpus = env_number("SCRAPE_SOAK_GPUS", 1) as u32;
+        let owners = env_number("SCRAPE_SOAK_OWNERS", 8).min(MAX_OWNERS);
+        soak(
+            &rig,
+            gpus,
+            &pids[..owners],
+            env_number("SCRAPE_SOAK", 100_000),
+        );
+    }
+    if wanted("wrk") {
+        wrk(
+            &rig,
+            &pids,
+            env_number("SCRAPE_WRK_SECONDS", 30),
+            env_number("SCRAPE_WRK_CONNECTIONS", 64),
+        );
+    }
+    drop(owners);
+}
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The machine the figures come from.
+fn machine() {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let model = fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("model name"))
+        .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_default();
+    let processes = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.parse::<u32>().is_ok())
+        })
+        .count();
+    println!("machine: {cores} cores, {model}; {processes} processes in /proc");
+    println!("binary: {}", exporter_binary().display());
+}
+
+/// `gpus` GPUs with `owners` of `pids` spread over them round-robin, all live.
+fn scenario(gpus: u32, pids: &[u32]) -> serde_json::Value {
+    let mut list = Gpus::new();
+    for index in 0..gpus {
+        let mine: Vec<u32> = pids
+            .iter()
+            .enumerate()
+            .filter(|(owner, _)| *owner as u32 % gpus == index)
+            .map(|(_, pid)| *pid)
+            .collect();
+        let mut gpu = Gpu::idle(index).used((CHARGED + OVERHEAD) * mine.len() as u64);
+        for pid in mine {
+            gpu = gpu.process(pid, Some(CHARGED));
+        }
+        list = list.gpu(gpu);
+    }
+    list.into_json()
+}
+
+fn start(rig: &Rig, gpus: u32, pids: &[u32]) -> Exporter {
+    rig.write_scenario(&scenario(gpus, pids));
+    rig.start(&[])
+}
+
+/// One HTTP/1.1 connection kept alive across scrapes, as Prometheus keeps it.
+struct Connection {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    request: Vec<u8>,
+}
+
+impl Connection {
+    fn open(address: SocketAddr) -> Connection {
+        let stream = TcpStream::connect(address).expect("connect");
+        stream.set_nodelay(true).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Connection {
+            writer: stream.try_clone().unwrap(),
+            reader: BufReader::with_capacity(64 * 1024, stream),
+            request: format!(
+                "GET /metrics HTTP/1.1\r\nHost: {address}\r\nUser-Agent: Prometheus/3.0\r\n\
+                 Accept: text/plain;version=0.0.4;q=0.9,*/*;q=0.1\r\n\r\n"
+            )
+            .into_bytes(),
+        }
+    }
+
+    /// One scrape: request to last byte of the body.
+    fn scrape(&mut self, body: &mut Vec<u8>) -> Duration {
+        let started = Instant::now();
+        self.writer.write_all(&self.request).unwrap();
+        let mut line = String::new();
+        let mut status = 0;
+        let mut length = None;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).expect("response head");
+            if line == "\r\n" {
+                break;
+            }
+            if status == 0 {
+                status = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+            } else if let Some((key, value)) = line.split_once(':') {
+                if key.eq_ignore_ascii_case("content-length") {
+                    length = Some(value.trim().parse::<usize>().unwrap());
+                }
+            }
+        }
+        let length = length.expect("a Content-Length");
+        body.resize(length, 0);
+        self.reader.read_exact(body).expect("response body");
+        let elapsed = started.elapsed();
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(body));
+        elapsed
+    }
+}
+
+/// A new connection for one scrape, closed after it.
+fn scrape_new_connection(address: SocketAddr) -> Duration {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_nodelay(true).unwrap();
+    stream
+        .write_all(
+            format!("GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .unwrap();
+    let mut raw = Vec::with_capacity(64 * 1024);
+    stream.read_to_end(&mut raw).unwrap();
+    let elapsed = started.elapsed();
+    assert!(raw.starts_with(b"HTTP/1.1 200"));
+    elapsed
+}
+
+/// The value of an unlabelled sample, or the sum of a family's samples whose labels contain `with`.
+fn sample_sum(body: &str, name: &str, with: &str) -> f64 {
+    body.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter(|line| line.contains(with))
+        .map(|line| line.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum()
+}
+
+/// A body must show `owners` running owners, nothing orphaned and no holder scan.
+fn check_body(body: &str, gpus: u32, owners: usize) {
+    assert_eq!(
+        sample_sum(body, "vram_gpu_up", ""),
+        f64::from(gpus),
+        "{body}"
+    );
+    assert_eq!(
+        sample_sum(body, "vram_owner_processes", "state=\"running\""),
+        owners as f64,
+        "{body}"
+    );
+    assert_eq!(sample_sum(body, "vram_owner_processes", ""), owners as f64);
+    assert_eq!(sample_sum(body, "vram_orphaned_bytes", ""), 0.0, "{body}");
+    assert_eq!(
+        sample_sum(body, "vram_holder_scan_duration_seconds", ""),
+        0.0
+    );
+}
+
+/// The end-to-end median of a scenario, and the exporter's own figure for the same scrapes.
+struct Latency {
+    gpus: u32,
+    owners: usize,
+    median: Duration,
+    inside: Duration,
+}
+
+struct Summary {
+    median: Duration,
+    p90: Duration,
+    p99: Duration,
+    max: Duration,
+    mean: Duration,
+}
+
+fn summarize(mut samples: Vec<Duration>) -> Summary {
+    samples.sort();
+    let at = |fraction: f64| {
+        samples[((samples.len() as f64 * fraction) as usize).min(samples.len() - 1)]
+    };
+    Summary {
+        median: at(0.5),
+        p90: at(0.9),
+        p99: at(0.99),
+        max: *samples.last().unwrap(),
+        mean: samples.iter().sum::<Duration>() / samples.len() as u32,
+    }
+}
+
+fn micros(duration: Duration) -> String {
+    format!("{:.0}", duration.as_secs_f64() * 1e6)
+}
+
+fn latency(rig: &Rig, pids: &[u32], samples: usize, measure: bool) -> Vec<Latency> {
+    let mut medians = Vec::new();
+    let warm_up = if measure { 200 } else { 2 };
+    println!("\n## scrape latency, keep-alive connection, request to last byte ({samples} scrapes per scenario, after {warm_up} warm-up)");
+    println!("| GPUs | owners | body bytes | median us | p90 us | p99 us | max us | mean us | in-exporter median us | new connection median us | new connection p99 us | bodies equal to the previous |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (gpus, owners) in SHAPES {
+        let exporter = start(rig, gpus, &pids[..owners]);
+        let mut connection = Connection::open(exporter.address);
+        let mut body = Vec::new();
+        for _ in 0..warm_up {
+            connection.scrape(&mut body);
+        }
+        check_body(std::str::from_utf8(&body).unwrap(), gpus, owners);
+        let mut timed = Vec::with_capacity(samples);
+        let mut inside = Vec::with_capacity(samples);
+        // A scrape must get a collection of its own: one that got the body of the
+        // collection before it (the same bytes, scrape duration included) timed nothing.
+        let mut previous = Vec::new();
+        let mut shared = 0;
+        for _ in 0..samples {
+            timed.push(connection.scrape(&mut body));
+            if body == previous {
+                shared += 1;
+            }
+            previous.clone_from(&body);
+            let text = std::str::from_utf8(&body).unwrap();
+            inside.push(Duration::from_secs_f64(sample_sum(
+                text,
+                "vram_scrape_duration_seconds",
+                "",
+            )));
+        }
+        check_body(std::str::from_utf8(&body).unwrap(), gpus, owners);
+        // Two collections can render the same bytes by chance (equal durations to the
+        // nanosecond); a scrape joining a finished collection would show in half of them.
+        assert!(
+            shared * 100 < samples,
+            "{shared} of {samples} scrapes got the previous scrape's body"
+        );
+        let fresh: Vec<Duration> = (0..samples.min(1_000))
+            .map(|_| scrape_new_connection(exporter.address))
+            .collect();
+        let timed = summarize(timed);
+        let inside = summarize(inside);
+        let fresh = summarize(fresh);
+        println!(
+            "| {gpus} | {owners} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {shared} |",
+            body.len(),
+            micros(timed.median),
+            micros(timed.p90),
+            micros(timed.p99),
+            micros(timed.max),
+            micros(timed.mean),
+            micros(inside.median),
+            micros(fresh.median),
+            micros(fresh.p99),
+        );
+        medians.push(Latency {
+            gpus,
+            owners,
+            median: timed.median,
+            inside: inside.median,
+        });
+        drop(exporter);
+    }
+    medians
+}
+
+/// Median of `runs` timings of `work`.
+fn time_median(runs: usize, mut work: impl FnMut()) -> Duration {
+    for _ in 0..runs / 10 {
+        work();
+    }
+    let samples = (0..runs)
+        .map(|_| {
+            let started = Instant::now();
+            work();
+            started.elapsed()
+        })
+        .collect();
+    summarize(samples).median
+}
+
+/// Real NVML's cost per GPU and scrape, measured on an H200 (docs: gpu-facts): about
+/// 40 us of calls for memory, identity and the three process lists.
+const REAL_NVML_PER_GPU: Duration = Duration::from_micros(40);
+
+/// Where the time of a scrape goes, per scenario: the fake NVML answering the calls a
+/// scrape makes, and the `/proc` lookups of the owners, each timed in this process; and
+/// what a scrape would cost with real NVML instead of the fake.
+fn breakdown(rig: &Rig, pids: &[u32], latencies: &[Latency]) {
+    const RUNS: usize = 500;
+    println!("\n## where a scrape's time goes (medians; the parts timed in this process, {RUNS} runs each)");
+    println!("| GPUs | owners | NVML calls | fake NVML answering them us | /proc lookups of the owners us | in-exporter (vram_scrape_duration_seconds) us | end to end us | end to end with real NVML (projected) us |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    // The fake NVML reads its scenario (and its call log) from the environment on every
+    // call; no other thread of this process reads or writes the environment.
+    std::env::set_var("FAKE_NVML_SCENARIO", &rig.scenario);
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(rig.library.as_os_str())
+        .init()
+        .expect("load the fake NVML");
+    let calls = rig.dir.path().join("calls.log");
+    let proc_root = ProcRoot {
+        root: "/proc".into(),
+        device_prefix: rig.device_prefix().into_os_string().into_encoded_bytes(),
+    };
+    for (gpus, owners) in SHAPES {
+        let pids = &pids[..owners];
+        rig.write_scenario(&scenario(gpus, pids));
+        let _ = fs::remove_file(&calls);
+        std::env::set_var("FAKE_NVML_CALL_LOG", &calls);
+        read_like_a_scrape(&nvml);
+        std::env::remove_var("FAKE_NVML_CALL_LOG");
+        let nvml_calls = fs::read_to_string(&calls).unwrap().lines().count();
+        let nvml_read = time_median(RUNS, || read_like_a_scrape(&nvml));
+        let lookups = time_median(RUNS, || {
+            for &pid in pids {
+                std::hint::black_box(proc_root.lookup(pid));
+            }
+        });
+        let measured = latencies
+            .iter()
+            .find(|latency| (latency.gpus, latency.owners) == (gpus, owners));
+        let projected = measured
+            .map(|latency| (latency.median + REAL_NVML_PER_GPU * gpus).saturating_sub(nvml_read));
+        println!(
+            "| {gpus} | {owners} | {nvml_calls} | {} | {} | {} | {} | {} |",
+            micros(nvml_read),
+            micros(lookups),
+            measured.map_or("-".into(), |latency| micros(latency.inside)),
+            measured.map_or("-".into(), |latency| micros(latency.median)),
+            projected.map_or("-".into(), micros),
+        );
+    }
+    println!(
+        "(the fake re-reads and parses its JSON scenario on every call; real NVML costs about {} us per GPU and scrape)",
+        REAL_NVML_PER_GPU.as_micros()
+    );
+}
+
+/// The NVML calls one scrape makes (through nvml-wrapper, as the exporter does): the
+/// driver version, then per GPU its identity, memory and the three process lists.
+fn read_like_a_scrape(nvml: &nvml_wrapper::Nvml) {
+    let count = nvml.device_count().expect("device count");
+    std::hint::black_box(nvml.sys_driver_version().ok());
+    for index in 0..count {
+        let device = nvml.device_by_index(index).expect("device");
+        std::hint::black_box((
+            device.uuid().ok(),
+            device.name().ok(),
+            device.pci_info().ok(),
+            device.minor_number().ok(),
+            device.memory_info().ok(),
+            device.running_compute_processes().ok(),
+            device.running_graphics_processes().ok(),
+            device.mps_running_compute_processes().ok(),
+        ));
+    }
+}
+
+/// VmRSS and VmHWM in KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+            .unwrap()
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn open_files(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+fn threads(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task")).unwrap().count()
+}
+
+/// User plus system CPU time of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    // After the command: state is field 3, utime field 14 and stime field 15.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks as f64 / per_second
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
+fn soak(rig: &Rig, gpus: u32, pids: &[u32], scrapes: usize) {
+    let owners = pids.len();
+    let exporter = start(rig, gpus, pids);
+    let pid = exporter.child.id();
+    std::thread::sleep(Duration::from_millis(200));
+    let (started_rss, _) = memory_kib(pid);
+    let mut connection = Connection::open(exporter.address);
+    let mut body = Vec::new();
+    connection.scrape(&mut body);
+    check_body(std::str::from_utf8(&body).unwrap(), gpus, owners);
+    let (first_rss, _) = memory_kib(pid);
+    println!("\n## steady memory and CPU, {gpus} GPUs and {owners} owners, {scrapes} scrapes on one keep-alive connection");
+    println!(
+        "binary size: {} bytes ({:.1} MiB){}",
+        fs::metadata(exporter_binary()).unwrap().len(),
+        fs::metadata(exporter_binary()).unwrap().len() as f64 / 1048576.0,
+        stripped_size(&exporter_binary())
+            .map(|size| format!(
+                "; stripped with `strip`: {size} bytes ({:.1} MiB)",
+                size as f64 / 1048576.0
+            ))
+            .unwrap_or_default()
+    );
+    println!(
+        "RSS after start: {} MiB; after the first scrape (NVML loaded): {} MiB",
+        mib(started_rss),
+        mib(first_rss)
+    );
+    println!("| scrapes | RSS MiB | peak RSS (VmHWM) MiB | open fds | threads |");
+    println!("| --- | --- | --- | --- | --- |");
+    let cpu_before = cpu_seconds(pid);
+    let wall = Instant::now();
+    let step = (scrapes / 10).max(1);
+    let mut done = 0;
+    while done < scrapes {
+        for _ in 0..step.min(scrapes - done) {
+            connection.scrape(&mut body);
+        }
+        done += step.min(scrapes - done);
+        let (rss, hwm) = memory_kib(pid);
+        println!(
+            "| {done} | {} | {} | {} | {} |",
+            mib(rss),
+            mib(hwm),
+            open_files(pid),
+            threads(pid)
+        );
+    }
+    let wall = wall.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(pid) - cpu_before;
+    check_body(std::str::from_utf8(&body).unwrap(), gpus, owners);
+    let per_scrape = cpu / scrapes as f64;
+    println!(
+        "CPU: {cpu:.2} s user+system over {scrapes} scrapes in {wall:.1} s: {:.0} us per scrape; \
+         at one scrape a second: {:.2} CPU s per hour ({:.3}% of one core)",
+        per_scrape * 1e6,
+        per_scrape * 3600.0,
+        per_scrape * 100.0
+    );
+}
+
+fn stripped_size(binary: &Path) -> Option<u64> {
+    let copy = std::env::temp_dir().join(format!("vram-exporter-stripped-{}", std::process::id()));
+    let status = Command::new("strip")
+        .arg("-o")
+        .arg(&copy)
+        .arg(binary)
+        .status()
+        .ok()?;
+    let size = fs::metadata(&copy).ok().map(|metadata| metadata.len());
+    let _ = fs::remove_file(&copy);
+    status.success().then_some(size).flatten()
+}
+
+fn wrk(rig: &Rig, pids: &[u32], seconds: usize, connections: usize) {
+    let (gpus, owners) = (MAX_GPUS, MAX_OWNERS);
+    let Some(wrk) = helpers_tool("wrk") else {
+        println!("\n## wrk: not installed (apt-get install -y wrk); skipped");
+        return;
+    };
+    let exporter = start(rig, gpus, pids);
+    let pid = exporter.child.id();
+    let mut connection = Connection::open(exporter.address);
+    let mut body = Vec::new();
+    for _ in 0..100 {
+        connection.scrape(&mut body);
+    }
+    drop(connection);
+    std::thread::sleep(Duration::from_millis(200));
+    let (rss_before, _) = memory_kib(pid);
+    let fds_before = open_files(pid);
+    let threads_before = threads(pid);
+    let cpu_before = cpu_seconds(pid);
+    let mut run = Command::new(wrk)
+        .args([
+            "-t2",
+            &format!("-c{connections}"),
+            &format!("-d{seconds}s"),
+            "--latency",
+        ])
+        .arg(format!("http://{}/metrics", exporter.address))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run wrk");
+    // RSS and descriptors while the load runs: they should level off, not climb.
+    let mut during = Vec::new();
+    let started = Instant::now();
+    while run.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(100));
+        if started.elapsed().as_secs() as usize / 5 > during.len() {
+            let (rss, _) = memory_kib(pid);
+            during.push((started.elapsed().as_secs(), rss, open_files(pid)));
+        }
+    }
+    let output = run.wait_with_output().unwrap();
+    let cpu = cpu_seconds(pid) - cpu_before;
+    std::thread::sleep(Duration::from_secs(1));
+    let (rss_after, hwm) = memory_kib(pid);
+    let fds_after = open_files(pid);
+    let threads_after = threads(pid);
+    let mut connection = Connection::open(exporter.address);
+    connection.scrape(&mut body);
+    check_body(std::str::from_utf8(&body).unwrap(), gpus, owners);
+    let report = String::from_utf8_lossy(&output.stdout);
+    println!("\n## wrk -t2 -c{connections} -d{seconds}s --latency against /metrics, {gpus} GPUs and {owners} owners");
+    println!("```");
+    print!("{report}");
+    println!("```");
+    let errors = report.contains("Socket errors") || report.contains("Non-2xx");
+    println!(
+        "errors: {}; exporter CPU during the run: {cpu:.1} s",
+        if errors { "SEE ABOVE" } else { "none" }
+    );
+    println!("| when | RSS MiB | open fds | threads |");
+    println!("| --- | --- | --- | --- |");
+    println!(
+        "| before | {} | {fds_before} | {threads_before} |",
+        mib(rss_before)
+    );
+    for (second, rss, fds) in during {
+        println!("| at {second} s | {} | {fds} | |", mib(rss));
+    }
+    println!(
+        "| 1 s after | {} | {fds_after} | {threads_after} |",
+        mib(rss_after)
+    );
+    println!(
+        "peak RSS (VmHWM) over the exporter's life: {} MiB",
+        mib(hwm)
+    );
+    assert!(
+        output.status.success(),
+        "wrk failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A program on PATH, if there is one.
+fn helpers_tool(program: &str) -> Option<std::path::PathBuf> {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|folder| Path::new(folder).join(program))
+        .find(|candidate| candidate.is_file())
+}
