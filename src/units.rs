@@ -2,16 +2,20 @@
 
 use std::time::Duration;
 
-/// Parse a byte size: a number with an optional unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let text = text.trim();
+/// Split `16MiB` into its leading number and the unit that follows.
+fn split_number(text: &str) -> Option<(f64, &str)> {
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size such as 16MiB or 1048576"))?;
+    Some((number.parse().ok()?, unit))
+}
+
+/// Parse a byte size: a number with an optional unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (value, unit) = split_number(text)
+        .ok_or_else(|| format!("'{text}' is not a size such as 16MiB or 1048576"))?;
     let scale: u64 = match unit.trim() {
         "" | "B" => 1,
         "KiB" => 1 << 10,
@@ -38,13 +42,8 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 /// Parse a duration: a number with a unit (ms, s, m, h), as Prometheus writes them.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' is not a duration such as 500ms, 30s or 2m"))?;
+    let (value, unit) = split_number(text)
+        .ok_or_else(|| format!("'{text}' is not a duration such as 500ms, 30s or 2m"))?;
     let seconds = match unit {
         "ms" => value / 1000.0,
         "s" => value,
