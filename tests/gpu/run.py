@@ -202,6 +202,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--binary", default="target/release/vram-exporter")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--owners", type=int, default=64,
+                        help="live CUDA owners for the many-owner latency figure (0: skip)")
     args = parser.parse_args()
     binary = os.path.abspath(args.binary)
     os.makedirs(args.out, exist_ok=True)
@@ -350,6 +352,8 @@ def main():
     os.kill(pid, signal.SIGKILL)
     proc.wait()
 
+    many_owners_latency(suite, exporter, args.owners)
+
     exporter.stop()
     failed = [row for row in suite.rows if not row["passed"]]
     with open(os.path.join(args.out, "results.json"), "w") as f:
@@ -391,6 +395,40 @@ def proc_state(pid):
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return None
+
+
+def many_owners_latency(suite, exporter, count):
+    """Scrape latency with `count` live CUDA owners, each with its real descriptor table."""
+    if count <= 0:
+        return
+    procs = [subprocess.Popen([sys.executable, "-c", OWNER, "hold", str(64 << 20)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              start_new_session=True) for _ in range(count)]
+    SPAWNED.extend(procs)
+    for proc in procs:
+        assert proc.stdout.readline().startswith("READY"), "an owner did not start"
+    s = exporter.scrape()
+    suite.expect("9 many owners", "running owners", count, owners(s, "running"))
+    suite.expect("9 many owners", "orphaned bytes", 0, orphaned(s))
+    fds = sorted(len(os.listdir(f"/proc/{proc.pid}/fd")) for proc in procs)
+    url = f"http://127.0.0.1:{exporter.port}/metrics"
+    times = []
+    for _ in range(500):
+        started = time.perf_counter()
+        urllib.request.urlopen(url, timeout=30).read()
+        times.append(time.perf_counter() - started)
+    times.sort()
+    suite.facts["many_owners"] = dict(
+        owners=count,
+        owner_descriptors_median=fds[len(fds) // 2],
+        median_ms=round(statistics.median(times) * 1e3, 3),
+        p99_ms=round(times[int(len(times) * 0.99) - 1] * 1e3, 3),
+        in_exporter_ms=round(value(exporter.scrape(), "vram_scrape_duration_seconds") * 1e3, 3),
+    )
+    print(f"many owners: {suite.facts['many_owners']}", flush=True)
+    for proc in procs:
+        proc.kill()
+        proc.wait()
 
 
 def latency(suite, exporter, scrapes=500, runs=20):
