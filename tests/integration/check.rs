@@ -161,11 +161,7 @@ fn idle_gpu_verdict_is_idle_and_exit_status_0() {
 fn live_owner_verdict_names_its_memory_and_exit_status_0() {
     let rig = Rig::new();
     let owner = Holder::spawn(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(owner.pid, Some(CHARGED));
     let outcome = rig.run(&["check"]);
     assert_eq!(outcome.status, Some(0), "{outcome:?}");
     assert_eq!(
@@ -179,11 +175,7 @@ fn live_owner_verdict_names_its_memory_and_exit_status_0() {
 fn fork_inherited_orphan_verdict_says_which_pid_to_kill() {
     let rig = Rig::new();
     let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(dead_owner, Some(CHARGED));
     let outcome = rig.run(&["check"]);
     assert_eq!(outcome.status, Some(1), "{outcome:?}");
 
@@ -599,11 +591,7 @@ fn gpu_flag_narrows_the_tables_the_verdicts_and_the_exit_status() {
 fn wait_returns_0_once_the_holder_dies_and_the_driver_frees_the_memory() {
     let rig = Rig::new();
     let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(dead_owner, Some(CHARGED));
     let check = rig.spawn(&["check", "--wait", "30s", "--wait.interval", "50ms"]);
     wait_until(
         "check has printed its first verdict and polls",
@@ -643,11 +631,7 @@ fn wait_returns_0_once_the_holder_dies_and_the_driver_frees_the_memory() {
 fn wait_returns_1_when_the_time_runs_out_with_the_holder_alive() {
     let rig = Rig::new();
     let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(dead_owner, Some(CHARGED));
     let outcome = rig.run(&["check", "--wait", "1s"]);
     assert_eq!(outcome.status, Some(1), "{outcome:?}");
     let still = outcome

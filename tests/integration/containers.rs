@@ -224,11 +224,7 @@ fn live_owner_in_a_docker_container_is_labelled_on_its_per_process_series() {
     // Docker's systemd driver: a scope named after the container.
     let cgroup = Cgroup::create(&format!("system.slice/docker-{CONTAINER}.scope"));
     cgroup.add(owner.pid);
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(owner.pid, Some(CHARGED));
 
     let metrics = rig.start(&["--collector.processes"]).scrape();
     let pid = owner.pid.to_string();

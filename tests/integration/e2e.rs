@@ -160,11 +160,7 @@ fn fork_orphan_alert_reaches_alertmanager_resolves_and_the_dashboard_has_data() 
     // The fork-inherited orphan: the owner dies while the child it forked keeps the device
     // file, and NVML keeps charging the dead PID. It appears when the scenario says so.
     let (dead_owner, holder) = settled_fork_orphan(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(dead_owner, Some(CHARGED));
     let orphan_appeared = Instant::now();
     let orphan_appeared_wall = unix_now();
 

@@ -66,11 +66,7 @@ fn idle_gpu_reports_memory_and_nothing_orphaned() {
 fn live_owner_is_running_and_owns_its_bytes() {
     let rig = Rig::new();
     let owner = Holder::spawn(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(owner.pid, Some(CHARGED));
     let metrics = rig.start(&[]).scrape();
     only_state(&metrics, "running", 1.0);
     assert_eq!(
@@ -88,11 +84,7 @@ fn stopped_owner_is_stopped_and_nothing_is_orphaned() {
     let rig = Rig::new();
     let owner = Holder::spawn(&rig.device(0));
     owner.stop();
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(owner.pid, Some(CHARGED));
     let metrics = rig.start(&[]).scrape();
     only_state(&metrics, "stopped", 1.0);
     assert_eq!(
@@ -106,11 +98,7 @@ fn stopped_owner_is_stopped_and_nothing_is_orphaned() {
 fn zombie_main_thread_with_a_live_thread_is_a_live_owner() {
     let rig = Rig::new();
     let owner = Holder::zombie_main_thread(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(owner.pid, Some(CHARGED));
     let metrics = rig.start(&[]).scrape();
     only_state(&metrics, "zombie", 1.0);
     assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
@@ -175,11 +163,7 @@ fn reused_pid_without_the_device_is_gone() {
     let rig = Rig::new();
     // A live process that never opened a GPU, standing where the owner's PID was.
     let stranger = Holder::opening(&rig.dir.path().join("scenario.json"));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(stranger.pid, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(stranger.pid, Some(CHARGED));
     let metrics = rig.start(&[]).scrape();
     only_state(&metrics, "gone", 1.0);
     assert_eq!(orphaned(&metrics, "owner_gone"), CHARGED as f64);
@@ -201,11 +185,7 @@ fn memory_charged_to_nobody_is_unattributed_orphan() {
 fn noise_floor_is_a_flag() {
     let rig = Rig::new();
     let owner = Holder::spawn(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(owner.pid, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(owner.pid, Some(CHARGED));
     let metrics = rig.start(&["--orphan.context-overhead", "0"]).scrape();
     assert_eq!(orphaned(&metrics, "unattributed"), (USED - CHARGED) as f64);
 }
@@ -214,11 +194,7 @@ fn noise_floor_is_a_flag() {
 fn live_owner_with_unavailable_usage_blocks_unattributed_orphans() {
     let rig = Rig::new();
     let owner = Holder::spawn(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(owner.pid, None))
-            .into_json(),
-    );
+    rig.charge_gpu0(owner.pid, None);
     let metrics = rig.start(&[]).scrape();
     only_state(&metrics, "running", 1.0);
     assert_eq!(
@@ -469,11 +445,7 @@ fn bad_flags_are_one_clear_line_and_a_failure() {
 fn unreadable_proc_entries_are_counted_not_called_gone() {
     // PID 1 belongs to root; an unprivileged exporter may not read its descriptors.
     let rig = Rig::new();
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(1, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(1, Some(CHARGED));
     let exporter =
         crate::helpers::start(rig.unprivileged_command(&["--web.listen-address", "127.0.0.1:0"]));
     let metrics = exporter.scrape();

@@ -101,6 +101,16 @@ impl Rig {
         fs::rename(&temporary, &self.scenario).unwrap();
     }
 
+    /// One GPU with the H200's figures for one 8 GiB owner: `USED` in use, `bytes`
+    /// charged to `pid` (`None`: unavailable).
+    pub fn charge_gpu0(&self, pid: u32, bytes: Option<u64>) {
+        self.write_scenario(
+            &Gpus::new()
+                .gpu(Gpu::idle(0).used(USED).process(pid, bytes))
+                .into_json(),
+        );
+    }
+
     /// The stand-in for `/dev/nvidia<minor>`.
     pub fn device(&self, minor: u32) -> PathBuf {
         self.devices.join(format!("nvidia{minor}"))

@@ -26,11 +26,7 @@ fn dac_read_search_and_sys_ptrace_are_enough_and_each_alone_is_not() {
     let rig = Rig::new();
     // Spawned by this test, which runs as root: a holder nobody may not look into.
     let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(dead_owner, Some(CHARGED));
 
     for capabilities in [&[][..], &["sys_ptrace"][..], &["dac_read_search"][..]] {
         let document = check_as_nobody(&rig, capabilities);
@@ -79,11 +75,7 @@ fn dac_read_search_and_sys_ptrace_are_enough_and_each_alone_is_not() {
 fn the_server_as_nobody_with_both_capabilities_scans_completely() {
     let rig = Rig::new();
     let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .into_json(),
-    );
+    rig.charge_gpu0(dead_owner, Some(CHARGED));
     let exporter = start(rig.command_as_nobody_with(
         &["dac_read_search", "sys_ptrace"],
         &["--web.listen-address", "127.0.0.1:0"],
