@@ -13,7 +13,7 @@ use std::time::Duration;
 use vram_exporter::classify::{classify, Report, Settings};
 use vram_exporter::exporter::{encode, Format};
 use vram_exporter::observe::Observation;
-use vram_exporter::render::prometheus::{encode_report, BuildInfo, RenderOptions};
+use vram_exporter::render::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
 
 /// An H200's memory and its driver reservation.
 const TOTAL: u64 = 150_754_820_096;
@@ -31,18 +31,23 @@ fn observation(gpus: u32, owners: u32) -> Observation {
     for owner in 0..owners {
         let pid = 10_000 + owner;
         per_gpu[(owner % gpus) as usize].push(json!({ "pid": pid, "used_bytes": CHARGED }));
-        processes.insert(
-            pid.to_string(),
-            json!({
-                "status": "present",
-                "comm": "python3",
-                "state": "S",
-                "ppid": 1,
-                "start_time_ticks": 123_456 + owner,
-                "uid": 1000,
-                "device_files": "held",
-            }),
-        );
+        let cuda = json!({ "status": "read", "gpus": [owner % gpus], "control": true });
+        let facts = json!({
+            "status": "present",
+            "pid": pid,
+            "local_pid": pid,
+            "comm": "python3",
+            "state": "S",
+            "ppid": 1,
+            "pgid": pid,
+            "sid": pid,
+            "threads": 8,
+            "start_time_ticks": 123_456 + owner,
+            "uid": 1000,
+            "descriptors": cuda,
+            "mappings": cuda,
+        });
+        processes.insert(pid.to_string(), json!({ "first_seen": null, "now": facts }));
     }
     let gpus: Vec<Value> = per_gpu
         .into_iter()
@@ -71,7 +76,7 @@ fn observation(gpus: u32, owners: u32) -> Observation {
     serde_json::from_value(json!({
         "nvml": { "status": "up", "driver_version": "580.159.04", "gpus": gpus },
         "host_pid_namespace": true,
-        "processes": processes,
+        "owners": processes,
         "procfs_errors": 0,
     }))
     .expect("an observation in the snapshot format")
@@ -92,7 +97,10 @@ impl Collector for ReportCollector {
             &self.report,
             &self.build,
             &self.options,
-            0.0003,
+            ScrapeTiming {
+                total_seconds: 0.0003,
+                scan_seconds: None,
+            },
         )
     }
 }

@@ -15,7 +15,7 @@ use std::hint::black_box;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use vram_exporter::observe::procfs::{ProcRoot, DEVICE_PREFIX};
+use vram_exporter::observe::procfs::{ProcRoot, Reader, DEVICE_PREFIX};
 
 /// Open files per synthetic process.
 const FILES_PER_PROCESS: usize = 50;
@@ -25,8 +25,6 @@ const HOLDER_EVERY: usize = 1_000;
 const SIZES: [usize; 3] = [2_500, 5_000, 10_000];
 /// Far above any scan here, so none is cut short.
 const BUDGET: Duration = Duration::from_secs(60);
-/// A PID that no synthetic process has: the scan leaves its own PID out.
-const OWN_PID: u32 = u32::MAX;
 
 /// What the descriptors of an ordinary process point at.
 const TARGETS: [&str; 10] = [
@@ -71,6 +69,14 @@ fn build_tree(root: &Path, processes: usize) -> usize {
                      123456 8388608000 20000 18446744073709551615 1 1 0 0 0 0 0 4096 16386 0 0 0 \
                      17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
                 ),
+            )
+            .unwrap();
+            fs::write(pid_dir.join("status"), "Name:\tpython3\nUid:\t0\t0\t0\t0\n").unwrap();
+            // A CUDA context: shared mappings of the GPU's node and the control node.
+            fs::write(
+                pid_dir.join("maps"),
+                "7f10a0000000-7f10a0200000 rw-s 00000000 00:05 1065 /dev/nvidiactl\n\
+                 7f10a4000000-7f10a4001000 rw-s 00000000 00:05 1071 /dev/nvidia0\n",
             )
             .unwrap();
         }
@@ -126,17 +132,21 @@ fn bench_synthetic(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(9));
     for (processes, root, holders) in &tree.roots {
         let root = proc_root(root.clone());
-        let scan = root.scan_holders(OWN_PID, BUDGET);
+        let scan = Reader::new(&root).scan_holders(BUDGET);
         assert!(scan.complete(), "{scan:?}");
         assert_eq!(scan.holders.len(), *holders);
-        assert!(scan.holders.iter().all(|holder| holder.gpu_minors == [0]
-            && holder.comm == "python3"
-            && holder.state == 'S'));
+        assert!(scan
+            .holders
+            .iter()
+            .all(|holder| holder.descriptors.has_gpu(0)
+                && holder.mappings.has_gpu(0)
+                && holder.comm == "python3"
+                && holder.state == 'S'));
         group.throughput(Throughput::Elements((processes * FILES_PER_PROCESS) as u64));
         group.bench_with_input(
             BenchmarkId::new("processes_x50_files", processes),
             &root,
-            |b, root| b.iter(|| black_box(root.scan_holders(OWN_PID, BUDGET))),
+            |b, root| b.iter(|| black_box(Reader::new(root).scan_holders(BUDGET))),
         );
     }
     group.finish();
@@ -162,7 +172,7 @@ fn bench_real_proc(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
     group.bench_function(BenchmarkId::new("processes", processes), |b| {
-        b.iter(|| black_box(root.scan_holders(std::process::id(), BUDGET)))
+        b.iter(|| black_box(Reader::new(&root).scan_holders(BUDGET)))
     });
     group.finish();
 }

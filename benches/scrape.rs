@@ -26,7 +26,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use vram_exporter::observe::procfs::ProcRoot;
+use vram_exporter::observe::procfs::{ProcRoot, Reader};
 
 /// What each owner is charged, and the per-context overhead that no process is charged for
 /// (below the default 16 MiB floor, so it is not called orphaned).
@@ -417,8 +417,9 @@ fn breakdown(rig: &Rig, pids: &[u32], latencies: &[Latency]) {
         let nvml_calls = fs::read_to_string(&calls).unwrap().lines().count();
         let nvml_read = time_median(RUNS, || read_like_a_scrape(&nvml));
         let lookups = time_median(RUNS, || {
+            let reader = Reader::new(&proc_root);
             for &pid in pids {
-                std::hint::black_box(proc_root.lookup(pid));
+                let _ = std::hint::black_box(reader.read(pid, None));
             }
         });
         let measured = latencies

@@ -312,7 +312,7 @@ impl Cli {
             replay: self.common.replay,
             settings: Settings {
                 context_overhead_bytes: self.common.context_overhead,
-                ignored_holder_comms: self.common.ignore_comm,
+                agent_comms: self.common.ignore_comm,
             },
             scan_timeout: self.common.scan_timeout,
             device_prefix: self

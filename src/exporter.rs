@@ -1,8 +1,8 @@
 //! Ties the flow together: observe -> classify -> render, once per scrape.
 
 use crate::classify::{classify, Report, Settings};
-use crate::observe::{NvmlReading, Observation, ObserveError, Source};
-use crate::render::prometheus::{encode_report, BuildInfo, RenderOptions};
+use crate::observe::{NvmlReading, Observation, ObserveError, ProcfsView, Source};
+use crate::render::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
@@ -38,6 +38,18 @@ impl Format {
     }
 }
 
+/// One collection: what was seen, the verdict, and the time this collection spent on
+/// the holder scan (`None` when it made none; a replayed scan is not this one's).
+#[derive(Debug)]
+pub struct Collected {
+    /// What was seen.
+    pub observation: Observation,
+    /// The verdict.
+    pub report: Report,
+    /// Seconds spent scanning for holders in this collection.
+    pub scan_seconds: Option<f64>,
+}
+
 /// The exporter's state: where it looks and how it judges.
 #[derive(Debug)]
 pub struct Exporter {
@@ -67,7 +79,7 @@ impl Exporter {
     pub fn try_observe_and_classify(
         &self,
         policy: HolderScanPolicy,
-    ) -> Result<(Observation, Report), ObserveError> {
+    ) -> Result<Collected, ObserveError> {
         let _one_at_a_time = self
             .collecting
             .lock()
@@ -78,34 +90,51 @@ impl Exporter {
             HolderScanPolicy::Always => true,
             HolderScanPolicy::WhenOrphaned => report.orphaned_bytes() > 0,
         };
+        let mut scan_seconds = None;
         if scan && observation.holder_scan.is_none() {
+            let started = Instant::now();
             self.source.scan_holders(&mut observation);
             report = classify(&observation, &self.settings);
+            scan_seconds = Some(started.elapsed().as_secs_f64());
         }
-        Ok((observation, report))
+        Ok(Collected {
+            observation,
+            report,
+            scan_seconds,
+        })
     }
 
     /// Like [`Exporter::try_observe_and_classify`], for a scrape: a replay file that
     /// cannot be read is served as NVML being down, with the reason in the log.
-    pub fn observe_and_classify(&self, policy: HolderScanPolicy) -> Report {
+    pub fn observe_and_classify(&self, policy: HolderScanPolicy) -> Collected {
         match self.try_observe_and_classify(policy) {
-            Ok((_, report)) => report,
+            Ok(collected) => collected,
             Err(error) => {
                 tracing::error!(error = %error, "cannot observe");
-                classify(
-                    &Observation {
-                        nvml: NvmlReading::Down {
-                            error: error.to_string(),
-                        },
-                        host_pid_namespace: None,
-                        processes: BTreeMap::new(),
-                        holder_scan: None,
-                        procfs_errors: 0,
+                let observation = Observation {
+                    nvml: NvmlReading::Down {
+                        error: error.to_string(),
                     },
-                    &self.settings,
-                )
+                    host_pid_namespace: None,
+                    procfs_view: ProcfsView::Own,
+                    boot_time_unix_seconds: None,
+                    clock_ticks_per_second: 100,
+                    owners: BTreeMap::new(),
+                    holder_scan: None,
+                    procfs_errors: 0,
+                };
+                Collected {
+                    report: classify(&observation, &self.settings),
+                    observation,
+                    scan_seconds: None,
+                }
             }
         }
+    }
+
+    /// The name of the host observed.
+    pub fn hostname(&self) -> String {
+        self.source.hostname()
     }
 
     /// A registry whose one collector observes the host afresh on every encode.
@@ -138,14 +167,17 @@ impl Collector for ScrapeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let started = Instant::now();
         let exporter = &self.0;
-        let report = exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned);
-        let seconds = started.elapsed().as_secs_f64();
+        let collected = exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned);
+        let timing = ScrapeTiming {
+            total_seconds: started.elapsed().as_secs_f64(),
+            scan_seconds: collected.scan_seconds,
+        };
         encode_report(
             &mut encoder,
-            &report,
+            &collected.report,
             &exporter.build,
             &exporter.options,
-            seconds,
+            timing,
         )
     }
 }

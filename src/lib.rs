@@ -7,6 +7,7 @@
 pub mod classify;
 pub mod cli;
 pub mod commands;
+pub mod exit_codes;
 pub mod exporter;
 pub mod logging;
 pub mod observe;
@@ -24,15 +25,16 @@ use render::prometheus::RenderOptions;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-/// Exit status for errors: `check` uses 0 and 1 for its verdict.
-pub const EXIT_ERROR: u8 = 2;
-
 /// Parse flags, run the chosen mode, and turn any error into one line and an exit status.
 pub fn run() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
-            let status = if error.use_stderr() { EXIT_ERROR } else { 0 };
+            let status = if error.use_stderr() {
+                exit_codes::ERROR
+            } else {
+                0
+            };
             let _ = error.print();
             return ExitCode::from(status);
         }
@@ -41,7 +43,7 @@ pub fn run() -> ExitCode {
         Ok(config) => config,
         Err(message) => {
             eprintln!("vram-exporter: {message}");
-            return ExitCode::from(EXIT_ERROR);
+            return ExitCode::from(exit_codes::ERROR);
         }
     };
     logging::init(config.log_level, config.log_format);
@@ -49,7 +51,7 @@ pub fn run() -> ExitCode {
         Ok(status) => status,
         Err(error) => {
             eprintln!("vram-exporter: {error:#}");
-            ExitCode::from(EXIT_ERROR)
+            ExitCode::from(exit_codes::ERROR)
         }
     }
 }

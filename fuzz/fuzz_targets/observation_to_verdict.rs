@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 use vram_exporter::classify::{classify, Report, Settings};
 use vram_exporter::observe::{Observation, Snapshot};
 use vram_exporter::render::json::check_document;
-use vram_exporter::render::prometheus::{encode_report, BuildInfo, RenderOptions};
+use vram_exporter::render::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
 use vram_exporter::render::text::check_text;
 
 #[derive(Debug)]
@@ -27,14 +27,17 @@ impl Collector for Rendered {
             &self.0,
             &BuildInfo::current(),
             &options,
-            0.001,
+            ScrapeTiming {
+                total_seconds: 0.001,
+                scan_seconds: None,
+            },
         )
     }
 }
 
 fn check(observation: &Observation) {
     let settings = Settings {
-        ignored_holder_comms: vec!["agent".into()],
+        agent_comms: vec!["agent".into()],
         ..Settings::default()
     };
     let report = classify(observation, &settings);
@@ -55,8 +58,20 @@ fn check(observation: &Observation) {
         }
     }
     let gpus: Vec<_> = report.gpus.iter().collect();
+    // What check exits with is what its document says.
+    let status = report.check_status(&gpus);
+    for gpu in &report.gpus {
+        if let Some(account) = gpu.account() {
+            // Only a GPU with orphaned memory blames anyone.
+            if account.orphaned_bytes() == 0 {
+                assert!(account.culprits.is_empty() && account.bystanders.is_empty());
+            }
+        }
+    }
     let _ = check_text(&report, &gpus);
-    serde_json::to_string(&check_document(&report, &gpus)).expect("the JSON document");
+    let document = check_document(&report, &gpus);
+    assert_eq!(document.status, status);
+    serde_json::to_string(&document).expect("the JSON document");
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Rendered(report)));
     let mut text = String::new();

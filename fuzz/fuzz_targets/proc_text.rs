@@ -1,4 +1,5 @@
-//! The hand-written /proc and /etc parsers on any bytes: no panic.
+//! The hand-written /proc and /etc parsers on any bytes: no panic, and what they return
+//! is well formed.
 
 #![no_main]
 
@@ -6,12 +7,19 @@ use libfuzzer_sys::fuzz_target;
 use vram_exporter::observe::parse;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = parse::stat_fields(data);
-    if let Some(levels) = parse::nspid(data) {
+    if let Some(stat) = parse::stat(data) {
+        assert!(stat.comm.len() <= data.len() * 3);
+    }
+    if let Some(levels) = parse::status(data).nspid {
         assert!(!levels.is_empty());
     }
     let _ = parse::namespace_inode(data);
-    let _ = parse::effective_capabilities(data);
+    let _ = parse::boot_time(data);
+    for mapping in parse::shared_mappings(data) {
+        assert!(!mapping.path.is_empty() && mapping.inode != 0);
+        let _ = parse::nvidia_node(mapping.path, b"/dev/nvidia");
+    }
+    let _ = parse::nvidia_node(data, b"/dev/nvidia");
     let uid = data.get(..4).map_or(0, |bytes| {
         u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
     });

@@ -1,15 +1,23 @@
-//! Pure functions from one [`Observation`] to a verdict per GPU: who owns the memory, in
-//! which state, and how much of it no live process owns. Nothing here touches the system.
+//! Pure functions from one [`Observation`] to the whole verdict per GPU, as data: who owns
+//! the memory and in which state, how much no live process owns and why, which process
+//! keeps it (with the evidence) and which merely watches, what would free it, and what
+//! `check` exits with. The renderers put this into words and series and decide nothing.
 
-use crate::observe::{
-    DeviceFiles, GpuError, GpuState, Holder, MemoryReading, NamespaceInit, NvmlProcess,
-    NvmlReading, Observation, ProcessLookup,
-};
-use serde::Serialize;
-use std::collections::BTreeSet;
-
+mod owners;
+mod suspects;
 #[cfg(test)]
 mod tests;
+
+pub use owners::{judge_owner, Frame, GoneReason, Owner, OwnerDetail, OwnerState};
+pub use suspects::{Evidence, Role, Suspect};
+
+use crate::observe::{
+    CgroupAttribution, GpuError, GpuState, MemoryReading, NamespaceInit, NvmlProcess, NvmlReading,
+    Observation, ProcessFacts, ProcfsView, References,
+};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use suspects::Scene;
 
 /// Tunables of the classification.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,75 +27,188 @@ pub struct Settings {
     /// process is charged for is noise, not an orphan.
     pub context_overhead_bytes: u64,
     /// Command names of this site's NVML clients (monitoring agents), besides the
-    /// built-in ones, that hold device files without owning memory.
-    pub ignored_holder_comms: Vec<String>,
+    /// built-in ones: a label for bystanders, never a reason to blame or to clear.
+    pub agent_comms: Vec<String>,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Settings {
             context_overhead_bytes: 16 * 1024 * 1024,
-            ignored_holder_comms: Vec::new(),
+            agent_comms: Vec::new(),
         }
     }
 }
 
 impl Settings {
-    /// Whether a holder with this command name is an NVML client, never a culprit.
-    pub fn is_ignored_holder(&self, comm: &str) -> bool {
-        is_management_agent(comm) || self.ignored_holder_comms.iter().any(|name| name == comm)
+    /// Whether a command name is a known NVML client's.
+    pub fn is_known_agent(&self, comm: &str) -> bool {
+        MANAGEMENT_AGENTS.contains(&comm) || self.agent_comms.iter().any(|name| name == comm)
     }
 }
 
-/// Where an owner of GPU memory stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// NVML clients that hold the same device files as a CUDA process (measured on an H200)
+/// without a context; names as `comm` shows them (15 bytes). Only a label: the rule that
+/// clears them is that they map nothing of the GPU.
+const MANAGEMENT_AGENTS: &[&str] = &[
+    "vram-exporter",
+    "nvidia-persiste",
+    "nv-hostengine",
+    "dcgm-exporter",
+    "dcgmi",
+    "nvidia-smi",
+    "nvidia-powerd",
+    "nvidia-fabricma",
+    "nvidia_gpu_expo",
+    "nvtop",
+];
+
+/// A process's state as `ps` names it; [`ProcessState::owner_state`] is the coarser
+/// word the series use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum OwnerState {
-    /// Alive and schedulable (`R`, `S`, `I`).
+pub enum ProcessState {
+    /// `R`
     Running,
-    /// Stopped by a signal or a tracer (`T`, `t`).
+    /// `S`
+    Sleeping,
+    /// `I`: an idle kernel thread.
+    Idle,
+    /// `T`: stopped by a signal.
     Stopped,
-    /// In uninterruptible sleep (`D`), typically inside the driver.
-    Uninterruptible,
-    /// Main thread is a zombie while other threads still hold the device.
+    /// `t`: stopped by a tracer.
+    TracingStop,
+    /// `D`: uninterruptible sleep, typically inside the driver.
+    DiskSleep,
+    /// `Z`: the main thread exited.
     Zombie,
-    /// No live process: the PID is gone or now belongs to a process without the device.
-    Gone,
-    /// Exists but `/proc` would not tell us enough to decide.
-    Unknown,
+    /// `X`: being reaped.
+    Dead,
 }
 
-impl OwnerState {
-    /// Every state, in the order metrics list them.
-    pub const ALL: [OwnerState; 6] = [
-        OwnerState::Running,
-        OwnerState::Stopped,
-        OwnerState::Uninterruptible,
-        OwnerState::Zombie,
-        OwnerState::Gone,
-        OwnerState::Unknown,
-    ];
-
-    /// The label value used in metrics and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OwnerState::Running => "running",
-            OwnerState::Stopped => "stopped",
-            OwnerState::Uninterruptible => "uninterruptible",
-            OwnerState::Zombie => "zombie",
-            OwnerState::Gone => "gone",
-            OwnerState::Unknown => "unknown",
+impl ProcessState {
+    /// The state of a stat letter; letters of older kernels count as running.
+    pub fn from_letter(letter: char) -> ProcessState {
+        match letter {
+            'S' => ProcessState::Sleeping,
+            'I' => ProcessState::Idle,
+            'T' => ProcessState::Stopped,
+            't' => ProcessState::TracingStop,
+            'D' => ProcessState::DiskSleep,
+            'Z' => ProcessState::Zombie,
+            'X' | 'x' => ProcessState::Dead,
+            _ => ProcessState::Running,
         }
     }
 
-    /// The state of a live process from its `/proc/PID/stat` letter.
-    pub fn from_proc_letter(letter: char) -> OwnerState {
-        match letter {
-            'T' | 't' => OwnerState::Stopped,
-            'D' => OwnerState::Uninterruptible,
-            'Z' => OwnerState::Zombie,
-            'X' | 'x' => OwnerState::Gone,
-            _ => OwnerState::Running,
+    /// The words `ps` users know.
+    pub fn words(self) -> &'static str {
+        match self {
+            ProcessState::Running => "running",
+            ProcessState::Sleeping => "sleeping",
+            ProcessState::Idle => "idle",
+            ProcessState::Stopped => "stopped",
+            ProcessState::TracingStop => "stopped by a tracer",
+            ProcessState::DiskSleep => "in uninterruptible sleep",
+            ProcessState::Zombie => "zombie",
+            ProcessState::Dead => "dead",
+        }
+    }
+
+    /// The coarse state of the `state` label: running covers running, sleeping and idle.
+    pub fn owner_state(self) -> OwnerState {
+        match self {
+            ProcessState::Running | ProcessState::Sleeping | ProcessState::Idle => {
+                OwnerState::Running
+            }
+            ProcessState::Stopped | ProcessState::TracingStop => OwnerState::Stopped,
+            ProcessState::DiskSleep => OwnerState::Uninterruptible,
+            ProcessState::Zombie => OwnerState::Zombie,
+            ProcessState::Dead => OwnerState::Gone,
+        }
+    }
+}
+
+/// A live process as the verdict names it: always with its start time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Process {
+    /// Its PID here (in the exporter's namespace) when visible here, else the procfs's.
+    pub pid: u32,
+    /// Its PID in the procfs read, when that shows another namespace than ours.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub procfs_pid: Option<u32>,
+    /// Whether it is visible in our PID namespace, so that `kill` can reach it from here.
+    #[serde(skip_serializing_if = "is_true")]
+    pub visible_here: bool,
+    /// Start time in clock ticks after boot: with the PID, its identity.
+    pub start_time_ticks: u64,
+    /// When it started, in seconds since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_unix_seconds: Option<u64>,
+    /// Command name.
+    pub comm: String,
+    /// Its state, as `ps` names it.
+    pub state: ProcessState,
+    /// Parent PID (the procfs's).
+    pub ppid: u32,
+    /// Process group (the procfs's).
+    pub pgid: u32,
+    /// Session (the procfs's).
+    pub sid: u32,
+    /// Threads.
+    pub threads: u32,
+    /// Real user id, when readable.
+    pub uid: Option<u32>,
+    /// User name, when the host knows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Kernel function it waits in, when in uninterruptible sleep.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wchan: Option<String>,
+    /// Its container and pod.
+    #[serde(flatten)]
+    pub cgroup: CgroupAttribution,
+    /// PID 1 of its PID namespace, when that is nested in ours (a container's own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid_namespace_init: Option<NamespaceInit>,
+    /// Its container has ended (PID 1 of its PID namespace exited): it survived the
+    /// SIGKILL that ends a container, so it is stuck.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub container_ended: bool,
+    /// NVIDIA device files it holds open.
+    pub descriptors: References,
+    /// NVIDIA device files it maps shared.
+    pub mappings: References,
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
+}
+
+impl Process {
+    /// The verdict's view of a process read from `/proc`.
+    pub fn new(facts: &ProcessFacts, frame: &Frame) -> Process {
+        let foreign = frame.procfs_view != ProcfsView::Own;
+        Process {
+            pid: facts.local_pid.unwrap_or(facts.pid),
+            procfs_pid: foreign.then_some(facts.pid),
+            visible_here: facts.local_pid.is_some(),
+            start_time_ticks: facts.start_time_ticks,
+            started_unix_seconds: frame.started(facts.start_time_ticks),
+            comm: facts.comm.clone(),
+            state: ProcessState::from_letter(facts.state),
+            ppid: facts.ppid,
+            pgid: facts.pgid,
+            sid: facts.sid,
+            threads: facts.threads,
+            uid: facts.uid,
+            user: facts.user.clone(),
+            wchan: facts.wchan.clone(),
+            cgroup: facts.cgroup.clone(),
+            pid_namespace_init: facts.pid_namespace_init,
+            container_ended: NamespaceInit::exited(facts.pid_namespace_init),
+            descriptors: facts.descriptors.clone(),
+            mappings: facts.mappings.clone(),
         }
     }
 }
@@ -100,34 +221,11 @@ pub enum UnattributedTrust {
     Counted,
     /// Not in the host PID namespace: NVML hides foreign processes, so the remainder proves nothing.
     Blind,
-    /// A live owner's usage is unavailable: the remainder may be that owner's memory.
-    UsageUnavailable,
+    /// A live or unknown owner's usage is unavailable, or an owner cannot be judged: the
+    /// remainder may be that owner's.
+    OwnersUncertain,
     /// NVML's memory figures contradict each other: the remainder is not a measurement.
     Inconsistent,
-}
-
-/// One process NVML charges memory to, with its verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Owner {
-    /// Process id as NVML reports it.
-    pub pid: u32,
-    /// Command name, when the process exists.
-    pub comm: Option<String>,
-    /// Parent PID, when the process exists.
-    pub ppid: Option<u32>,
-    /// The verdict.
-    pub state: OwnerState,
-    /// Bytes NVML charges it (never more than the GPU has), `None` when NVML cannot say.
-    pub used_bytes: Option<u64>,
-    /// Its container, when it is alive and its cgroup names one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub container_id: Option<String>,
-    /// Its Kubernetes pod, when it is alive and its cgroup names one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pod_uid: Option<String>,
-    /// It is alive although its container has ended (PID 1 of its PID namespace exited).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub container_exited: bool,
 }
 
 /// Count and bytes of owners per [`OwnerState`].
@@ -162,7 +260,186 @@ impl StateTally {
     }
 }
 
-/// The memory account of a GPU whose readings succeeded.
+/// What a GPU's verdict amounts to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finding {
+    /// Nothing is used.
+    Idle,
+    /// Every used byte has a live owner.
+    Owned,
+    /// Memory is held without a live owner.
+    Orphaned,
+    /// Nothing is proven orphaned, but memory cannot be judged (owners that cannot be
+    /// read, a blind exporter, usage NVML cannot report).
+    CannotTell,
+}
+
+/// What would give orphaned memory back; the exporter only suggests it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Remedy {
+    /// Nothing to do.
+    None,
+    /// End these culprits (each named with its start time); every one holds a context on
+    /// the GPU.
+    Kill {
+        /// The culprits, in PID order.
+        targets: Vec<KillTarget>,
+    },
+    /// The owner is exiting: its memory is being freed.
+    Wait,
+    /// No process but the GPU's own live owners holds its device file; stopping them may
+    /// free it (one may hold the exited owner's context besides its own).
+    StopOwners {
+        /// The live owners' PIDs.
+        pids: Vec<u32>,
+    },
+    /// No process holds the GPU's device file: only a reset gives the memory back.
+    ResetGpu,
+    /// What holds the memory cannot be told; nothing is suggested but how to see more.
+    CannotTell {
+        /// Why.
+        reason: Blindness,
+    },
+}
+
+/// A culprit to end, by identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KillTarget {
+    /// Its PID here.
+    pub pid: u32,
+    /// Its start time in clock ticks after boot: a PID names it only with this.
+    pub start_time_ticks: u64,
+    /// When it started, in seconds since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_unix_seconds: Option<u64>,
+    /// Command name.
+    pub comm: String,
+}
+
+/// Why the holder of orphaned memory cannot be named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "why", rename_all = "snake_case")]
+pub enum Blindness {
+    /// Processes hold the device file but their mappings could not be read.
+    MappingsUnreadable {
+        /// How many.
+        processes: u64,
+    },
+    /// The culprits live in another PID namespace than this process's: `kill` here
+    /// cannot reach them.
+    CulpritsNotVisible,
+    /// The scan for holders ran out of time before it saw every process.
+    ScanCutShort,
+    /// The descriptors of some processes could not be read.
+    ScanDenied {
+        /// How many.
+        processes: u64,
+    },
+    /// No scan for holders was made (a snapshot taken without one).
+    NoScan,
+}
+
+/// A fact about a GPU worth a line of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "note", rename_all = "snake_case")]
+pub enum Note {
+    /// NVML's memory figures contradict each other; they were clamped.
+    MemoryInconsistent,
+    /// Unattributed memory that is not called orphaned, and why.
+    UnattributedNotCounted {
+        /// The bytes.
+        bytes: u64,
+        /// Why they are not counted.
+        trust: UnattributedTrust,
+    },
+    /// A live owner is stopped.
+    OwnerStopped {
+        /// Its PID.
+        pid: u32,
+        /// Its command name.
+        comm: String,
+    },
+    /// A live owner is in uninterruptible sleep.
+    OwnerInUninterruptibleSleep {
+        /// Its PID.
+        pid: u32,
+        /// Its command name.
+        comm: String,
+    },
+    /// A live owner's main thread exited while other threads hold the context.
+    OwnerZombieLeader {
+        /// Its PID.
+        pid: u32,
+        /// Its command name.
+        comm: String,
+    },
+    /// An owner cannot be judged.
+    OwnerUnknown {
+        /// Its PID.
+        pid: u32,
+        /// Why.
+        detail: OwnerDetail,
+    },
+    /// An owner's PID names another process now.
+    OwnerPidReused {
+        /// The owner's PID.
+        pid: u32,
+        /// The command name first seen under it, when the exporter saw the owner.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        was: Option<String>,
+        /// The process that has the PID now.
+        now: Box<Process>,
+    },
+    /// NVML cannot report an owner's memory.
+    OwnerUsageUnavailable {
+        /// Its PID.
+        pid: u32,
+        /// Its command name, when alive.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        comm: Option<String>,
+    },
+    /// A live owner outlived its container.
+    OwnerContainerEnded {
+        /// Its PID.
+        pid: u32,
+        /// Its command name.
+        comm: String,
+        /// Its container and pod.
+        #[serde(flatten)]
+        cgroup: CgroupAttribution,
+    },
+    /// More owner notes than a person can read were left out.
+    MoreOwnerNotes {
+        /// How many.
+        count: u64,
+    },
+    /// Culprits were named, but the scan did not see every process: there may be more.
+    MoreHoldersPossible {
+        /// Why.
+        reason: Blindness,
+    },
+    /// Culprits outlived their container: killing again may not free the memory.
+    CulpritsContainerEnded {
+        /// Their PIDs.
+        pids: Vec<u32>,
+    },
+    /// A culprit is in uninterruptible sleep: it dies only when it leaves the driver.
+    CulpritInUninterruptibleSleep,
+    /// A culprit is stopped: SIGKILL still ends it, SIGTERM waits until it is continued.
+    CulpritStopped,
+    /// Processes hold the device file whose mappings could not be read.
+    UndeterminedHolders {
+        /// Their PIDs.
+        pids: Vec<u32>,
+    },
+}
+
+/// Most notes about owners one GPU carries; `check --json` still lists every owner.
+const MAX_OWNER_NOTES: usize = 32;
+
+/// The memory account and verdict of a GPU whose readings succeeded.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GpuAccount {
     /// NVML's memory figures, each clamped to what the total leaves (see `memory_inconsistent`).
@@ -175,6 +452,8 @@ pub struct GpuAccount {
     pub owners: Vec<Owner>,
     /// Owners and their bytes per state.
     pub tally: StateTally,
+    /// Gone owners per reason.
+    pub gone_by_reason: [u64; GoneReason::ALL.len()],
     /// Bytes charged to owners that are gone.
     pub orphaned_owner_gone_bytes: u64,
     /// Used bytes no listed process is charged for, above the per-context noise floor.
@@ -183,13 +462,20 @@ pub struct GpuAccount {
     pub unattributed_trust: UnattributedTrust,
     /// Owners whose usage NVML reports as unavailable.
     pub usage_unavailable_owners: u64,
-    /// Live processes holding this GPU's device node that NVML does not list as owners:
-    /// what keeps orphaned memory alive (an NVML client holds the same files, so agents
-    /// known by name are set apart in `other_holders`).
-    pub unlisted_holders: Vec<Holder>,
-    /// Unlisted holders that are NVML clients known by name (monitoring agents, this
-    /// exporter); named to people, never called culprits.
-    pub other_holders: Vec<Holder>,
+    /// Processes with a context on this GPU that keep its orphaned memory alive (only
+    /// while memory is orphaned), with the evidence.
+    pub culprits: Vec<Suspect>,
+    /// Processes holding its device file without a context here (only while memory is
+    /// orphaned), with why they are not blamed.
+    pub bystanders: Vec<Suspect>,
+    /// Processes holding its device file whose mappings could not be read.
+    pub undetermined: Vec<Suspect>,
+    /// What the verdict amounts to.
+    pub finding: Finding,
+    /// What would give orphaned memory back.
+    pub remedy: Remedy,
+    /// Facts worth a line each.
+    pub notes: Vec<Note>,
 }
 
 impl GpuAccount {
@@ -198,7 +484,7 @@ impl GpuAccount {
         match self.unattributed_trust {
             UnattributedTrust::Counted => self.unattributed_bytes,
             UnattributedTrust::Blind
-            | UnattributedTrust::UsageUnavailable
+            | UnattributedTrust::OwnersUncertain
             | UnattributedTrust::Inconsistent => 0,
         }
     }
@@ -210,20 +496,20 @@ impl GpuAccount {
             .min(self.memory.used)
     }
 
-    /// Live owners and unlisted holders of this GPU whose container has ended: they
-    /// survived the SIGKILL that ends a container's processes, so they are stuck.
+    /// Live owners and culprits of this GPU whose container has ended: they survived the
+    /// SIGKILL that ends a container's processes, so they are stuck.
     pub fn exited_container_processes(&self) -> u64 {
         let owners = self
             .owners
             .iter()
-            .filter(|owner| owner.state != OwnerState::Gone && owner.container_exited)
+            .filter(|owner| owner.state.is_live() && owner.container_exited)
             .count();
-        let holders = self
-            .unlisted_holders
+        let culprits = self
+            .culprits
             .iter()
-            .filter(|holder| NamespaceInit::exited(holder.pid_namespace_init))
+            .filter(|culprit| culprit.process.container_ended)
             .count();
-        (owners + holders) as u64
+        (owners + culprits) as u64
     }
 
     /// Owners that are gone.
@@ -231,6 +517,25 @@ impl GpuAccount {
         self.owners
             .iter()
             .filter(|owner| owner.state == OwnerState::Gone)
+    }
+
+    /// Owners that are alive.
+    pub fn live_owners(&self) -> impl Iterator<Item = &Owner> {
+        self.owners.iter().filter(|owner| owner.state.is_live())
+    }
+
+    /// Holders of the device file in `role`.
+    pub fn holders(&self, role: Role) -> &[Suspect] {
+        match role {
+            Role::Culprit => &self.culprits,
+            Role::Bystander => &self.bystanders,
+            Role::Undetermined => &self.undetermined,
+        }
+    }
+
+    /// Gone owners whose PID names another process now.
+    pub fn gone(&self, reason: GoneReason) -> u64 {
+        self.gone_by_reason[reason as usize]
     }
 }
 
@@ -279,6 +584,43 @@ impl GpuVerdict {
     pub fn orphaned_bytes(&self) -> u64 {
         self.account().map_or(0, GpuAccount::orphaned_bytes)
     }
+
+    /// What `check` says of this GPU.
+    pub fn status(&self) -> CheckStatus {
+        match self.account().map(|account| account.finding) {
+            Some(Finding::Orphaned) => CheckStatus::Orphaned,
+            Some(Finding::Idle | Finding::Owned) => CheckStatus::Clear,
+            Some(Finding::CannotTell) | None => CheckStatus::CannotTell,
+        }
+    }
+}
+
+/// What `check` reports, in order of precedence: orphaned memory is reported even beside
+/// a GPU that cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckStatus {
+    /// Every byte has a live owner, or nothing is used.
+    Clear,
+    /// Some GPU's memory cannot be judged, and none is proven orphaned.
+    CannotTell,
+    /// Some GPU holds memory without a live owner.
+    Orphaned,
+    /// NVML did not answer: nothing can be said.
+    NvmlDown,
+}
+
+impl Report {
+    /// What `check` reports for the GPUs shown.
+    pub fn check_status(&self, gpus: &[&GpuVerdict]) -> CheckStatus {
+        if !self.nvml_up {
+            return CheckStatus::NvmlDown;
+        }
+        gpus.iter()
+            .map(|gpu| gpu.status())
+            .max()
+            .unwrap_or(CheckStatus::Clear)
+    }
 }
 
 /// Summary of a holder scan for the exporter's own health series.
@@ -305,6 +647,8 @@ pub struct Report {
     pub driver_version: Option<String>,
     /// Whether we run in the host PID namespace (`None`: could not tell).
     pub host_pid_namespace: Option<bool>,
+    /// Whether the procfs read shows our PID namespace.
+    pub procfs_view: ProcfsView,
     /// One verdict per GPU.
     pub gpus: Vec<GpuVerdict>,
     /// `/proc` entries that could not be read.
@@ -328,58 +672,81 @@ impl Report {
     }
 }
 
-/// NVML clients that hold the same device files as a CUDA process (measured on an H200:
-/// an NVML client holds /dev/nvidia0, nvidiactl, nvidia-uvm and the capability nodes)
-/// without owning memory; never call them culprits. Names as `comm` shows them (15 bytes).
-const MANAGEMENT_AGENTS: &[&str] = &[
-    "vram-exporter",
-    "nvidia-persiste",
-    "nv-hostengine",
-    "dcgm-exporter",
-    "dcgmi",
-    "nvidia-smi",
-    "nvidia-powerd",
-    "nvidia-fabricma",
-    "nvidia_gpu_expo",
-    "nvtop",
-];
-
-/// Whether a command name belongs to a driver management daemon rather than a workload.
-pub fn is_management_agent(comm: &str) -> bool {
-    MANAGEMENT_AGENTS.contains(&comm)
-}
-
 /// Classify a whole observation.
 pub fn classify(observation: &Observation, settings: &Settings) -> Report {
-    let blind = observation.host_pid_namespace != Some(true);
+    let frame = Frame {
+        boot_time_unix_seconds: observation.boot_time_unix_seconds,
+        ticks_per_second: observation.clock_ticks_per_second,
+        procfs_view: observation.procfs_view,
+    };
+    let scan = observation.holder_scan.as_ref().map(|scan| ScanSummary {
+        complete: scan.complete(),
+        cut_short: scan.cut_short,
+        permission_errors: scan.permission_errors,
+        duration_seconds: scan.duration_seconds,
+    });
     let (nvml_up, nvml_error, driver_version, gpus) = match &observation.nvml {
         NvmlReading::Up {
             driver_version,
             gpus,
         } => {
+            // Owners first, for every GPU: a holder of one GPU may be another's owner.
+            let judged: Vec<Option<Vec<Owner>>> = gpus
+                .iter()
+                .map(|gpu| match &gpu.state {
+                    GpuState::Ok { processes, .. } => {
+                        Some(judge_owners(processes, gpu.minor, observation, &frame))
+                    }
+                    GpuState::Failed { .. } => None,
+                })
+                .collect();
+            let mut live_owner_gpus: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+            for (gpu, owners) in gpus.iter().zip(&judged) {
+                for owner in owners
+                    .iter()
+                    .flatten()
+                    .filter(|owner| owner.state.is_live())
+                {
+                    live_owner_gpus
+                        .entry(owner.pid)
+                        .or_default()
+                        .push(gpu.index);
+                }
+            }
             let verdicts = gpus
                 .iter()
-                .map(|gpu| GpuVerdict {
+                .zip(judged)
+                .map(|(gpu, owners)| GpuVerdict {
                     index: gpu.index,
                     uuid: gpu.uuid.clone(),
                     name: gpu.name.clone(),
                     pci_bus_id: gpu.pci_bus_id.clone(),
                     minor: gpu.minor,
-                    outcome: match &gpu.state {
-                        GpuState::Ok { memory, processes } => {
+                    outcome: match (&gpu.state, owners) {
+                        (GpuState::Ok { memory, .. }, Some(owners)) => {
                             GpuOutcome::Measured(Box::new(account_for_gpu(
                                 *memory,
-                                processes,
-                                gpu.minor,
-                                observation,
-                                blind,
-                                settings,
+                                owners,
+                                GpuPlace {
+                                    index: gpu.index,
+                                    minor: gpu.minor,
+                                },
+                                &Surroundings {
+                                    observation,
+                                    settings,
+                                    frame: &frame,
+                                    scan,
+                                    live_owner_gpus: &live_owner_gpus,
+                                },
                             )))
                         }
-                        GpuState::Failed { error, message } => GpuOutcome::Failed {
+                        (GpuState::Failed { error, message }, _) => GpuOutcome::Failed {
                             error: *error,
                             message: message.clone(),
                         },
+                        (GpuState::Ok { .. }, None) => {
+                            unreachable!("owners are judged for every GPU that answered")
+                        }
                     },
                 })
                 .collect();
@@ -392,50 +759,40 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         nvml_error,
         driver_version,
         host_pid_namespace: observation.host_pid_namespace,
+        procfs_view: observation.procfs_view,
         gpus,
         procfs_errors: observation.procfs_errors,
-        holder_scan: observation.holder_scan.as_ref().map(|scan| ScanSummary {
-            complete: scan.complete(),
-            cut_short: scan.cut_short,
-            permission_errors: scan.permission_errors,
-            duration_seconds: scan.duration_seconds,
-        }),
+        holder_scan: scan,
     }
 }
 
-/// The verdict on one listed process.
-pub fn judge_owner(process: &NvmlProcess, lookup: Option<&ProcessLookup>) -> Owner {
-    let mut owner = Owner {
-        pid: process.pid,
-        comm: None,
-        ppid: None,
-        state: OwnerState::Gone,
-        used_bytes: process.used_bytes,
-        container_id: None,
-        pod_uid: None,
-        container_exited: false,
-    };
-    match lookup {
-        None | Some(ProcessLookup::Missing) => {}
-        Some(ProcessLookup::Unreadable { .. }) => owner.state = OwnerState::Unknown,
-        Some(ProcessLookup::Present(facts)) => {
-            owner.comm = Some(facts.comm.clone());
-            owner.ppid = Some(facts.ppid);
-            match facts.device_files {
-                // A process that holds no device file cannot keep a context alive: the
-                // PID was reused, and the memory belongs to nobody. Its container is the
-                // new process's, not the owner's.
-                DeviceFiles::NotHeld => {}
-                DeviceFiles::Held | DeviceFiles::Unreadable => {
-                    owner.state = OwnerState::from_proc_letter(facts.state);
-                    owner.container_id = facts.cgroup.container_id.clone();
-                    owner.pod_uid = facts.cgroup.pod_uid.clone();
-                    owner.container_exited = NamespaceInit::exited(facts.pid_namespace_init);
-                }
-            }
-        }
-    }
-    owner
+/// Which GPU an account is for.
+#[derive(Clone, Copy)]
+struct GpuPlace {
+    index: u32,
+    minor: Option<u32>,
+}
+
+/// What every GPU's account is judged against.
+struct Surroundings<'a> {
+    observation: &'a Observation,
+    settings: &'a Settings,
+    frame: &'a Frame,
+    scan: Option<ScanSummary>,
+    live_owner_gpus: &'a BTreeMap<u32, Vec<u32>>,
+}
+
+fn judge_owners(
+    processes: &[NvmlProcess],
+    minor: Option<u32>,
+    observation: &Observation,
+    frame: &Frame,
+) -> Vec<Owner> {
+    // A snapshot may list a PID twice; the live reading never does.
+    NvmlProcess::distinct(processes.iter().copied())
+        .iter()
+        .map(|process| judge_owner(process, observation.owners.get(&process.pid), minor, frame))
+        .collect()
 }
 
 /// Memory a GPU can hand to contexts: the total less the driver's reservation.
@@ -460,35 +817,33 @@ fn clamp_memory(reading: MemoryReading) -> (MemoryReading, bool) {
 
 fn account_for_gpu(
     reading: MemoryReading,
-    processes: &[NvmlProcess],
-    minor: Option<u32>,
-    observation: &Observation,
-    blind: bool,
-    settings: &Settings,
+    mut owners: Vec<Owner>,
+    place: GpuPlace,
+    around: &Surroundings<'_>,
 ) -> GpuAccount {
     let (memory, memory_inconsistent) = clamp_memory(reading);
     let capacity = capacity(&memory);
-    // A snapshot may list a PID twice; the live reading never does.
     let mut clamped_owner = false;
-    let owners: Vec<Owner> = NvmlProcess::distinct(processes.iter().copied())
-        .iter()
-        .map(|process| {
-            let mut owner = judge_owner(process, observation.processes.get(&process.pid));
-            if owner.used_bytes.is_some_and(|bytes| bytes > capacity) {
-                clamped_owner = true;
-                owner.used_bytes = Some(capacity);
-            }
-            owner
-        })
-        .collect();
+    for owner in &mut owners {
+        if owner.used_bytes.is_some_and(|bytes| bytes > capacity) {
+            clamped_owner = true;
+            owner.used_bytes = Some(capacity);
+        }
+    }
 
     let mut tally = StateTally::default();
+    let mut gone_by_reason = [0; GoneReason::ALL.len()];
     let mut orphaned_owner_gone_bytes = 0u64;
     let mut charged_bytes = 0u64;
     let mut usage_unavailable_owners = 0u64;
-    let mut live_owner_usage_unavailable = false;
+    let mut owners_uncertain = false;
     for owner in &owners {
         tally.add(owner.state, owner.used_bytes);
+        if let Some(reason) = owner.detail.as_ref().and_then(OwnerDetail::gone_reason) {
+            gone_by_reason[reason as usize] += 1;
+        }
+        // An unknown owner may be alive: memory beside it cannot be called orphaned.
+        owners_uncertain |= owner.state == OwnerState::Unknown;
         match owner.used_bytes {
             Some(bytes) => {
                 charged_bytes = charged_bytes.saturating_add(bytes);
@@ -498,11 +853,10 @@ fn account_for_gpu(
             }
             None => {
                 usage_unavailable_owners += 1;
-                live_owner_usage_unavailable |= owner.state != OwnerState::Gone;
+                owners_uncertain |= owner.state != OwnerState::Gone;
             }
         }
     }
-
     tally.cap_bytes(capacity);
     // Orphaned memory is allocated memory: it cannot exceed what NVML counts as used.
     let orphaned_owner_gone_bytes = orphaned_owner_gone_bytes.min(memory.used);
@@ -510,8 +864,8 @@ fn account_for_gpu(
     // disagree): the remainder is not a measurement either.
     let memory_inconsistent = memory_inconsistent || clamped_owner || charged_bytes > memory.used;
 
-    let (unlisted_holders, other_holders) = unlisted_holders(minor, &owners, observation, settings);
-    let noise_floor = settings
+    let noise_floor = around
+        .settings
         .context_overhead_bytes
         .saturating_mul(owners.len() as u64);
     let unattributed_bytes = memory
@@ -520,75 +874,252 @@ fn account_for_gpu(
         .saturating_sub(noise_floor);
     let unattributed_trust = if memory_inconsistent {
         UnattributedTrust::Inconsistent
-    } else if blind {
+    } else if around.observation.host_pid_namespace != Some(true) {
         UnattributedTrust::Blind
-    } else if live_owner_usage_unavailable {
-        UnattributedTrust::UsageUnavailable
+    } else if owners_uncertain {
+        UnattributedTrust::OwnersUncertain
     } else {
         UnattributedTrust::Counted
     };
 
-    GpuAccount {
+    let mut account = GpuAccount {
         memory,
         memory_inconsistent,
         tally,
+        gone_by_reason,
         orphaned_owner_gone_bytes,
         unattributed_bytes,
         unattributed_trust,
         usage_unavailable_owners,
-        unlisted_holders,
-        other_holders,
+        culprits: Vec::new(),
+        bystanders: Vec::new(),
+        undetermined: Vec::new(),
+        finding: Finding::Idle,
+        remedy: Remedy::None,
+        notes: Vec::new(),
         owners,
+    };
+    let orphaned = account.orphaned_bytes() > 0;
+    // Holders are looked for only where memory is orphaned: elsewhere nothing is blamed,
+    // and the three outputs agree on it.
+    if let (true, Some(minor), Some(scan)) = (
+        orphaned,
+        place.minor,
+        around.observation.holder_scan.as_ref(),
+    ) {
+        let scene = Scene {
+            minor,
+            index: place.index,
+            owners: &account.owners,
+            live_owner_gpus: around.live_owner_gpus,
+        };
+        for suspect in suspects::suspects(&scan.holders, &scene, around.settings, around.frame) {
+            match suspect.role {
+                Role::Culprit => account.culprits.push(suspect),
+                Role::Bystander => account.bystanders.push(suspect),
+                Role::Undetermined => account.undetermined.push(suspect),
+            }
+        }
+    }
+    account.finding = finding(&account);
+    account.remedy = remedy(&account, around.scan);
+    account.notes = notes(&account, around.scan);
+    account
+}
+
+fn finding(account: &GpuAccount) -> Finding {
+    if account.orphaned_bytes() > 0 {
+        Finding::Orphaned
+    } else if account.tally.processes(OwnerState::Unknown) > 0
+        || (account.unattributed_bytes > 0
+            && account.unattributed_trust != UnattributedTrust::Counted)
+    {
+        Finding::CannotTell
+    } else if account.memory.used == 0 && account.owners.is_empty() {
+        Finding::Idle
+    } else {
+        Finding::Owned
     }
 }
 
-/// Holders of this GPU's node that NVML does not list, split into possible culprits and
-/// the NVML clients (monitoring agents) that hold device files without owning memory.
-fn unlisted_holders(
-    minor: Option<u32>,
-    owners: &[Owner],
-    observation: &Observation,
-    settings: &Settings,
-) -> (Vec<Holder>, Vec<Holder>) {
-    let (Some(minor), Some(scan)) = (minor, &observation.holder_scan) else {
-        return (Vec::new(), Vec::new());
-    };
-    let live_owner_pids: BTreeSet<u32> = owners
-        .iter()
-        .filter(|owner| owner.state != OwnerState::Gone)
-        .map(|owner| owner.pid)
-        .collect();
-    scan.holders
-        .iter()
-        .filter(|holder| holder.gpu_minors.contains(&minor))
-        .filter(|holder| !live_owner_pids.contains(&holder.pid))
-        .cloned()
-        .partition(|holder| !settings.is_ignored_holder(&holder.comm))
+/// What gives orphaned memory back, in order: end the culprits; say "cannot tell" when
+/// a holder may hide behind what could not be read; wait for an exiting owner; stop the
+/// live owners that alone hold the device; else only a reset frees it.
+fn remedy(account: &GpuAccount, scan: Option<ScanSummary>) -> Remedy {
+    if account.finding != Finding::Orphaned {
+        return Remedy::None;
+    }
+    if !account.culprits.is_empty() {
+        if account
+            .culprits
+            .iter()
+            .any(|culprit| !culprit.process.visible_here)
+        {
+            return Remedy::CannotTell {
+                reason: Blindness::CulpritsNotVisible,
+            };
+        }
+        return Remedy::Kill {
+            targets: account
+                .culprits
+                .iter()
+                .map(|culprit| KillTarget {
+                    pid: culprit.process.pid,
+                    start_time_ticks: culprit.process.start_time_ticks,
+                    started_unix_seconds: culprit.process.started_unix_seconds,
+                    comm: culprit.process.comm.clone(),
+                })
+                .collect(),
+        };
+    }
+    if !account.undetermined.is_empty() {
+        return Remedy::CannotTell {
+            reason: Blindness::MappingsUnreadable {
+                processes: account.undetermined.len() as u64,
+            },
+        };
+    }
+    if let Some(reason) = scan_blindness(scan) {
+        return Remedy::CannotTell { reason };
+    }
+    let gone: Vec<&Owner> = account.gone_owners().collect();
+    if !gone.is_empty()
+        && gone
+            .iter()
+            .all(|owner| owner.detail == Some(OwnerDetail::Exiting))
+    {
+        return Remedy::Wait;
+    }
+    let live: Vec<u32> = account.live_owners().map(|owner| owner.pid).collect();
+    if !live.is_empty() {
+        return Remedy::StopOwners { pids: live };
+    }
+    Remedy::ResetGpu
 }
 
-/// How a holder is tied to an owner that is gone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "relation", content = "pid")]
-pub enum Kinship {
-    /// Its parent is the gone owner (not yet reaped).
-    ChildOf(u32),
-    /// It is in the process group the gone owner led.
-    ProcessGroupOf(u32),
-    /// It is in the session the gone owner led.
-    SessionOf(u32),
+/// What a holder scan could not see, if anything.
+fn scan_blindness(scan: Option<ScanSummary>) -> Option<Blindness> {
+    match scan {
+        None => Some(Blindness::NoScan),
+        Some(scan) if scan.cut_short => Some(Blindness::ScanCutShort),
+        Some(scan) if scan.permission_errors > 0 => Some(Blindness::ScanDenied {
+            processes: scan.permission_errors,
+        }),
+        Some(_) => None,
+    }
 }
 
-/// The closest tie between `holder` and one of the `gone` owners' PIDs, if any: the
-/// evidence that it inherited their device files rather than merely watching the GPU.
-pub fn kinship(holder: &Holder, gone: &[u32]) -> Option<Kinship> {
-    gone.iter()
-        .find_map(|&pid| (holder.ppid == pid).then_some(Kinship::ChildOf(pid)))
-        .or_else(|| {
-            gone.iter()
-                .find_map(|&pid| (holder.pgid == pid).then_some(Kinship::ProcessGroupOf(pid)))
-        })
-        .or_else(|| {
-            gone.iter()
-                .find_map(|&pid| (holder.sid == pid).then_some(Kinship::SessionOf(pid)))
-        })
+fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
+    let mut notes = Vec::new();
+    if account.memory_inconsistent {
+        notes.push(Note::MemoryInconsistent);
+    }
+    if account.unattributed_bytes > 0
+        && matches!(
+            account.unattributed_trust,
+            UnattributedTrust::Blind | UnattributedTrust::OwnersUncertain
+        )
+    {
+        notes.push(Note::UnattributedNotCounted {
+            bytes: account.unattributed_bytes,
+            trust: account.unattributed_trust,
+        });
+    }
+    let mut owner_notes = Vec::new();
+    for owner in &account.owners {
+        owner_notes.extend(owner_note(owner));
+        if owner.used_bytes.is_none() {
+            owner_notes.push(Note::OwnerUsageUnavailable {
+                pid: owner.pid,
+                comm: owner.comm().map(str::to_string),
+            });
+        }
+        if owner.state.is_live() && owner.container_exited {
+            if let Some(process) = &owner.process {
+                owner_notes.push(Note::OwnerContainerEnded {
+                    pid: owner.pid,
+                    comm: process.comm.clone(),
+                    cgroup: process.cgroup.clone(),
+                });
+            }
+        }
+    }
+    let left_out = owner_notes.len().saturating_sub(MAX_OWNER_NOTES);
+    notes.extend(owner_notes.into_iter().take(MAX_OWNER_NOTES));
+    if left_out > 0 {
+        notes.push(Note::MoreOwnerNotes {
+            count: left_out as u64,
+        });
+    }
+    if !account.culprits.is_empty() {
+        if let Some(reason) = scan_blindness(scan) {
+            notes.push(Note::MoreHoldersPossible { reason });
+        }
+        let ended: Vec<u32> = account
+            .culprits
+            .iter()
+            .filter(|culprit| culprit.process.container_ended)
+            .map(|culprit| culprit.process.pid)
+            .collect();
+        if !ended.is_empty() {
+            notes.push(Note::CulpritsContainerEnded { pids: ended });
+        }
+        let states: Vec<ProcessState> = account
+            .culprits
+            .iter()
+            .map(|culprit| culprit.process.state)
+            .collect();
+        if states.contains(&ProcessState::DiskSleep) {
+            notes.push(Note::CulpritInUninterruptibleSleep);
+        }
+        if states
+            .iter()
+            .any(|state| matches!(state, ProcessState::Stopped | ProcessState::TracingStop))
+        {
+            notes.push(Note::CulpritStopped);
+        }
+        if !account.undetermined.is_empty() {
+            notes.push(Note::UndeterminedHolders {
+                pids: account
+                    .undetermined
+                    .iter()
+                    .map(|suspect| suspect.process.pid)
+                    .collect(),
+            });
+        }
+    }
+    notes
+}
+
+fn owner_note(owner: &Owner) -> Option<Note> {
+    let comm = || owner.comm().unwrap_or("?").to_string();
+    match (owner.state, &owner.detail) {
+        (OwnerState::Stopped, _) => Some(Note::OwnerStopped {
+            pid: owner.pid,
+            comm: comm(),
+        }),
+        (OwnerState::Uninterruptible, _) => Some(Note::OwnerInUninterruptibleSleep {
+            pid: owner.pid,
+            comm: comm(),
+        }),
+        (OwnerState::Zombie, _) => Some(Note::OwnerZombieLeader {
+            pid: owner.pid,
+            comm: comm(),
+        }),
+        (OwnerState::Unknown, Some(detail)) => Some(Note::OwnerUnknown {
+            pid: owner.pid,
+            detail: detail.clone(),
+        }),
+        (OwnerState::Gone, Some(OwnerDetail::Reused { by })) => Some(Note::OwnerPidReused {
+            pid: owner.pid,
+            // Only a process seen before the one there now says who the owner was.
+            was: owner
+                .first_seen
+                .as_ref()
+                .filter(|first| first.start_time_ticks != by.start_time_ticks)
+                .map(|first| first.comm.clone()),
+            now: by.clone(),
+        }),
+        _ => None,
+    }
 }

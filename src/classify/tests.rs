@@ -1,16 +1,21 @@
-//! Case-by-case tests with the figures measured on an H200 (see the project's GPU facts).
+//! Case-by-case tests of the classifier, one rule each, with the figures measured on an
+//! H200 (see the project's GPU facts) and expected values worked out by hand.
 
 use super::*;
-use crate::observe::{CgroupAttribution, GpuReading, HolderScan, ProcessFacts};
-use std::collections::BTreeMap;
+use crate::observe::{
+    GpuReading, HolderScan, Identity, NodeSet, OwnerLookup, ProcessLookup, References,
+};
 
 const MIB: u64 = 1024 * 1024;
+const GIB: u64 = 1024 * MIB;
 /// v2 `used` with one live PyTorch process holding an 8 GiB tensor.
 const USED_ONE_OWNER: u64 = 9_238_806_528;
 /// What NVML charged that process.
 const CHARGED_ONE_OWNER: u64 = 9_229_565_952;
 const TOTAL: u64 = 150_754_820_096;
 const RESERVED: u64 = 644_939_776;
+/// The host booted at 2026-12-03 00:00:00 UTC.
+const BOOT: u64 = 1_796_256_000;
 
 fn memory(used: u64) -> MemoryReading {
     MemoryReading {
@@ -21,77 +26,166 @@ fn memory(used: u64) -> MemoryReading {
     }
 }
 
-fn facts(state: char, device_files: DeviceFiles) -> ProcessLookup {
-    ProcessLookup::Present(ProcessFacts {
-        comm: "python3".into(),
-        state,
-        ppid: 1,
-        start_time_ticks: 1000,
-        uid: Some(0),
-        device_files,
-        cgroup: CgroupAttribution::default(),
-        pid_namespace_init: None,
+/// What a process maps or holds: the GPU nodes given, and the control node.
+fn nodes(gpus: &[u32]) -> References {
+    References::Read(NodeSet {
+        gpus: gpus.to_vec(),
+        control: !gpus.is_empty(),
+        uvm: !gpus.is_empty(),
+        ..NodeSet::default()
     })
 }
 
+/// A sleeping python3 that holds and maps `gpus` (a CUDA process with a context on
+/// each), started 1000 s after boot.
+fn cuda(pid: u32, gpus: &[u32]) -> ProcessFacts {
+    ProcessFacts {
+        pid,
+        local_pid: Some(pid),
+        start_time_ticks: 100_000,
+        comm: "python3".into(),
+        state: 'S',
+        ppid: 1,
+        pgid: pid,
+        sid: pid,
+        threads: 8,
+        uid: Some(0),
+        user: Some("root".into()),
+        wchan: None,
+        descriptors: nodes(gpus),
+        mappings: nodes(gpus),
+        cgroup: CgroupAttribution::default(),
+        pid_namespace_init: None,
+    }
+}
+
+/// An NVML client (a monitoring agent): it holds `gpus`' nodes open and maps nothing.
+fn nvml_client(pid: u32, comm: &str, gpus: &[u32]) -> ProcessFacts {
+    ProcessFacts {
+        comm: comm.into(),
+        mappings: nodes(&[]),
+        ..cuda(pid, &[]).with_descriptors(gpus)
+    }
+}
+
+impl ProcessFacts {
+    fn with_descriptors(mut self, gpus: &[u32]) -> ProcessFacts {
+        self.descriptors = nodes(gpus);
+        self
+    }
+
+    fn state(mut self, letter: char) -> ProcessFacts {
+        self.state = letter;
+        self
+    }
+
+    fn started(mut self, ticks: u64) -> ProcessFacts {
+        self.start_time_ticks = ticks;
+        self
+    }
+
+    fn child_of(mut self, parent: u32) -> ProcessFacts {
+        self.ppid = parent;
+        self.pgid = parent;
+        self.sid = parent;
+        self
+    }
+}
+
+/// A host being built: GPUs with their NVML readings, `/proc` under each listed PID, and
+/// the holder scan.
 struct Host {
-    used: u64,
-    /// NVML's memory figures as given, instead of a consistent reading of `used`.
-    raw_memory: Option<MemoryReading>,
-    listed: Vec<NvmlProcess>,
-    processes: BTreeMap<u32, ProcessLookup>,
+    gpus: Vec<GpuReading>,
+    owners: BTreeMap<u32, OwnerLookup>,
     host_pid_namespace: Option<bool>,
-    holders: Option<Vec<Holder>>,
+    procfs_view: ProcfsView,
+    holders: Option<Vec<ProcessFacts>>,
+    scan_cut_short: bool,
+    scan_denied: u64,
 }
 
 impl Host {
+    /// One idle H200, minor 0.
     fn idle() -> Host {
         Host {
-            used: 0,
-            raw_memory: None,
-            listed: Vec::new(),
-            processes: BTreeMap::new(),
+            gpus: Vec::new(),
+            owners: BTreeMap::new(),
             host_pid_namespace: Some(true),
+            procfs_view: ProcfsView::Own,
             holders: None,
+            scan_cut_short: false,
+            scan_denied: 0,
+        }
+        .gpu(0)
+    }
+
+    /// Another idle GPU, index and minor `index`.
+    fn gpu(mut self, index: u32) -> Host {
+        self.gpus.push(GpuReading {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "NVIDIA H200".into(),
+            pci_bus_id: format!("00000000:{:02x}:00.0", 0x19 + index),
+            minor: Some(index),
+            state: GpuState::Ok {
+                memory: memory(0),
+                processes: Vec::new(),
+            },
+        });
+        self
+    }
+
+    fn readings(&mut self, index: usize) -> (&mut MemoryReading, &mut Vec<NvmlProcess>) {
+        match &mut self.gpus[index].state {
+            GpuState::Ok { memory, processes } => (memory, processes),
+            GpuState::Failed { .. } => panic!("GPU {index} failed"),
         }
     }
 
-    fn used(mut self, used: u64) -> Host {
-        self.used = used;
+    fn used(self, used: u64) -> Host {
+        self.used_on(0, used)
+    }
+
+    fn used_on(mut self, gpu: usize, used: u64) -> Host {
+        *self.readings(gpu).0 = memory(used);
         self
     }
 
-    fn owner(mut self, pid: u32, bytes: Option<u64>, lookup: ProcessLookup) -> Host {
-        self.listed.push(NvmlProcess {
+    /// NVML charges `bytes` to `pid` on GPU 0; `/proc` shows `now` under it, and the
+    /// exporter first saw `first` there.
+    fn owner(self, pid: u32, bytes: Option<u64>, now: ProcessLookup) -> Host {
+        self.owner_on(0, pid, bytes, now)
+    }
+
+    fn owner_on(mut self, gpu: usize, pid: u32, bytes: Option<u64>, now: ProcessLookup) -> Host {
+        self.readings(gpu).1.push(NvmlProcess {
             pid,
             used_bytes: bytes,
+            mps_only: false,
         });
-        self.processes.insert(pid, lookup);
+        let first_seen = match &now {
+            ProcessLookup::Present(facts) => Some(Identity::of(facts)),
+            _ => None,
+        };
+        self.owners.insert(pid, OwnerLookup { first_seen, now });
         self
     }
 
-    /// A process with these GPU nodes open.
-    fn holder(mut self, pid: u32, ppid: u32, comm: &str, minors: &[u32]) -> Host {
-        self.holders.get_or_insert_with(Vec::new).push(Holder {
-            pid,
-            ppid,
-            comm: comm.into(),
-            state: 'S',
-            start_time_ticks: 2000,
-            uid: Some(0),
-            user: None,
-            wchan: None,
-            gpu_minors: minors.to_vec(),
-            pgid: pid,
-            sid: pid,
-            cgroup: CgroupAttribution::default(),
-            pid_namespace_init: None,
-        });
+    /// The exporter first saw `first` under `pid`, whatever is there now.
+    fn first_seen(mut self, pid: u32, first: &ProcessFacts) -> Host {
+        self.owners.get_mut(&pid).expect("a listed PID").first_seen = Some(Identity::of(first));
         self
     }
 
-    fn namespace(mut self, host: Option<bool>) -> Host {
-        self.host_pid_namespace = host;
+    /// A process the holder scan found.
+    fn holder(mut self, facts: ProcessFacts) -> Host {
+        self.holders.get_or_insert_with(Vec::new).push(facts);
+        self
+    }
+
+    /// A holder scan that found nothing.
+    fn scanned(mut self) -> Host {
+        self.holders.get_or_insert_with(Vec::new);
         self
     }
 
@@ -99,162 +193,291 @@ impl Host {
         Observation {
             nvml: NvmlReading::Up {
                 driver_version: "580.159.04".into(),
-                gpus: vec![GpuReading {
-                    index: 0,
-                    uuid: "GPU-0".into(),
-                    name: "NVIDIA H200".into(),
-                    pci_bus_id: "00000000:19:00.0".into(),
-                    minor: Some(0),
-                    state: GpuState::Ok {
-                        memory: self.raw_memory.unwrap_or_else(|| memory(self.used)),
-                        processes: self.listed.clone(),
-                    },
-                }],
+                gpus: self.gpus.clone(),
             },
             host_pid_namespace: self.host_pid_namespace,
-            processes: self.processes.clone(),
+            procfs_view: self.procfs_view,
+            boot_time_unix_seconds: Some(BOOT),
+            clock_ticks_per_second: 100,
+            owners: self.owners.clone(),
             holder_scan: self.holders.clone().map(|holders| HolderScan {
                 holders,
-                permission_errors: 0,
-                cut_short: false,
+                permission_errors: self.scan_denied,
+                cut_short: self.scan_cut_short,
                 duration_seconds: 0.001,
             }),
             procfs_errors: 0,
         }
     }
 
+    fn report(&self) -> Report {
+        classify(&self.observation(), &Settings::default())
+    }
+
     fn account(&self) -> GpuAccount {
-        let report = classify(&self.observation(), &Settings::default());
-        report.gpus[0].account().expect("measured").clone()
+        self.account_of(0)
+    }
+
+    fn account_of(&self, gpu: usize) -> GpuAccount {
+        self.report().gpus[gpu].account().expect("measured").clone()
     }
 }
 
-#[test]
-fn idle_gpu_has_no_owners_and_nothing_orphaned() {
-    let account = Host::idle().account();
-    assert!(account.owners.is_empty());
-    assert_eq!(account.orphaned_bytes(), 0);
-    assert_eq!(account.unattributed_bytes, 0);
-    for state in OwnerState::ALL {
-        assert_eq!(account.tally.processes(state), 0, "{state:?}");
-    }
+fn present(facts: ProcessFacts) -> ProcessLookup {
+    ProcessLookup::Present(Box::new(facts))
 }
 
-#[test]
-fn live_sleeping_owner_is_running_and_its_context_overhead_is_noise() {
-    let account = Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(432, Some(CHARGED_ONE_OWNER), facts('S', DeviceFiles::Held))
-        .account();
-    assert_eq!(account.tally.processes(OwnerState::Running), 1);
-    assert_eq!(account.tally.bytes(OwnerState::Running), CHARGED_ONE_OWNER);
-    // 8.8 MiB are uncharged per-context overhead: under the floor.
-    assert_eq!(account.unattributed_bytes, 0);
-    assert_eq!(account.orphaned_bytes(), 0);
+fn pids(suspects: &[Suspect]) -> Vec<u32> {
+    suspects.iter().map(|suspect| suspect.process.pid).collect()
 }
 
-#[test]
-fn running_letters_r_s_i_are_running() {
-    for letter in ['R', 'S', 'I', 'W', 'P'] {
-        assert_eq!(OwnerState::from_proc_letter(letter), OwnerState::Running);
-    }
-}
-
-#[test]
-fn stopped_owner_is_stopped_not_orphaned() {
-    for letter in ['T', 't'] {
-        let account = Host::idle()
-            .used(USED_ONE_OWNER)
-            .owner(
-                432,
-                Some(CHARGED_ONE_OWNER),
-                facts(letter, DeviceFiles::Held),
-            )
-            .account();
-        assert_eq!(account.tally.processes(OwnerState::Stopped), 1);
-        assert_eq!(account.tally.bytes(OwnerState::Stopped), CHARGED_ONE_OWNER);
-        assert_eq!(account.orphaned_bytes(), 0);
-    }
-}
-
-#[test]
-fn owner_in_uninterruptible_sleep_is_live() {
-    let account = Host::idle()
-        .used(4_850_000_000)
-        .owner(465, Some(4_840_000_000), facts('D', DeviceFiles::Held))
-        .account();
-    assert_eq!(account.tally.processes(OwnerState::Uninterruptible), 1);
-    assert_eq!(account.orphaned_bytes(), 0);
-}
-
-#[test]
-fn zombie_main_thread_with_live_threads_holding_the_device_is_a_live_zombie() {
-    // pthread_exit case: the observer found the device in a thread's fd list.
-    let account = Host::idle()
-        .used(4_850_000_000)
-        .owner(454, Some(4_840_000_000), facts('Z', DeviceFiles::Held))
-        .account();
-    assert_eq!(account.tally.processes(OwnerState::Zombie), 1);
-    assert_eq!(account.tally.processes(OwnerState::Gone), 0);
-    assert_eq!(account.orphaned_bytes(), 0);
-}
-
-#[test]
-fn fork_inherited_orphan_charges_the_dead_pid_as_owner_gone() {
-    let account = Host::idle()
+/// The fork-inherited orphan measured on the H200: NVML charges 9,229,565,952 bytes to
+/// PID 503, which exited; its child 524 maps GPU 0 and keeps the memory.
+fn fork_orphan() -> Host {
+    Host::idle()
         .used(USED_ONE_OWNER)
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .account();
-    assert_eq!(account.tally.processes(OwnerState::Gone), 1);
-    assert_eq!(account.tally.bytes(OwnerState::Gone), CHARGED_ONE_OWNER);
-    assert_eq!(account.orphaned_owner_gone_bytes, CHARGED_ONE_OWNER);
-    assert_eq!(account.orphaned_unattributed_bytes(), 0);
-    assert_eq!(account.orphaned_bytes(), CHARGED_ONE_OWNER);
+        .holder(cuda(524, &[0]).child_of(503).started(150_000))
+}
+
+// Owners: identity and context.
+
+#[test]
+fn an_idle_gpu_is_idle_with_nothing_orphaned() {
+    let account = Host::idle().scanned().account();
+    assert_eq!(account.finding, Finding::Idle);
+    assert_eq!(account.remedy, Remedy::None);
+    assert_eq!(account.orphaned_bytes(), 0);
+    assert!(account.culprits.is_empty() && account.bystanders.is_empty());
 }
 
 #[test]
-fn reused_pid_without_the_device_is_gone() {
+fn an_owner_that_maps_its_gpu_is_live_in_its_state() {
     let account = Host::idle()
         .used(USED_ONE_OWNER)
-        .owner(
-            503,
-            Some(CHARGED_ONE_OWNER),
-            facts('S', DeviceFiles::NotHeld),
-        )
+        .owner(432, Some(CHARGED_ONE_OWNER), present(cuda(432, &[0])))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
-    assert_eq!(account.orphaned_owner_gone_bytes, CHARGED_ONE_OWNER);
+    let owner = &account.owners[0];
+    assert_eq!(owner.state, OwnerState::Running);
+    assert_eq!(owner.detail, None);
+    let process = owner.process.as_ref().expect("the live process");
+    assert_eq!(process.state, ProcessState::Sleeping);
+    // Started 100,000 ticks (1,000 s) after a boot at BOOT.
+    assert_eq!(process.started_unix_seconds, Some(BOOT + 1_000));
+    assert_eq!(account.tally.bytes(OwnerState::Running), CHARGED_ONE_OWNER);
+    // 9,238,806,528 - 9,229,565,952 = 9,240,576 bytes (8.8 MiB) uncharged: under the
+    // 16 MiB floor of one context, so nothing is unattributed.
+    assert_eq!(account.unattributed_bytes, 0);
+    assert_eq!(account.finding, Finding::Owned);
 }
 
 #[test]
-fn full_zombie_without_device_files_is_gone() {
-    let account = Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(
-            503,
-            Some(CHARGED_ONE_OWNER),
-            facts('Z', DeviceFiles::NotHeld),
-        )
-        .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
+fn ps_letters_r_s_and_i_are_the_running_label_under_their_own_words() {
+    for (letter, words) in [('R', "running"), ('S', "sleeping"), ('I', "idle")] {
+        let state = ProcessState::from_letter(letter);
+        assert_eq!(state.owner_state(), OwnerState::Running, "{letter}");
+        assert_eq!(state.words(), words);
+    }
+    assert_eq!(
+        ProcessState::from_letter('T').owner_state(),
+        OwnerState::Stopped
+    );
+    assert_eq!(
+        ProcessState::from_letter('t').words(),
+        "stopped by a tracer"
+    );
+    assert_eq!(
+        ProcessState::from_letter('D').owner_state(),
+        OwnerState::Uninterruptible
+    );
 }
 
 #[test]
-fn unreadable_descriptor_list_is_never_called_gone() {
+fn a_stopped_owner_keeps_its_memory_and_gets_a_note() {
     let account = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(
             432,
             Some(CHARGED_ONE_OWNER),
-            facts('S', DeviceFiles::Unreadable),
+            present(cuda(432, &[0]).state('T')),
         )
+        .account();
+    assert_eq!(account.owners[0].state, OwnerState::Stopped);
+    assert_eq!(account.orphaned_bytes(), 0);
+    assert_eq!(
+        account.notes,
+        vec![Note::OwnerStopped {
+            pid: 432,
+            comm: "python3".into()
+        }]
+    );
+}
+
+#[test]
+fn an_owner_in_uninterruptible_sleep_is_live() {
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(
+            465,
+            Some(CHARGED_ONE_OWNER),
+            present(cuda(465, &[0]).state('D')),
+        )
+        .account();
+    assert_eq!(account.owners[0].state, OwnerState::Uninterruptible);
+    assert_eq!(account.orphaned_bytes(), 0);
+}
+
+#[test]
+fn a_zombie_leader_whose_threads_map_the_gpu_is_a_live_zombie() {
+    // pthread_exit in main: state Z, four threads, the mappings read from a live thread.
+    let mut facts = cuda(454, &[0]).state('Z');
+    facts.threads = 4;
+    let account = Host::idle()
+        .used(4_850_000_000)
+        .owner(454, Some(4_840_000_000), present(facts))
+        .account();
+    assert_eq!(account.owners[0].state, OwnerState::Zombie);
+    assert_eq!(account.orphaned_bytes(), 0);
+}
+
+#[test]
+fn a_pid_with_no_process_is_gone_and_its_charge_is_orphaned() {
+    let account = fork_orphan().account();
+    let owner = &account.owners[0];
+    assert_eq!(owner.state, OwnerState::Gone);
+    assert_eq!(owner.detail, Some(OwnerDetail::Exited));
+    assert_eq!(account.gone(GoneReason::Exited), 1);
+    assert_eq!(account.orphaned_owner_gone_bytes, 9_229_565_952);
+    assert_eq!(account.finding, Finding::Orphaned);
+}
+
+#[test]
+fn a_pid_reused_by_an_nvml_client_is_gone_not_live() {
+    // The H200 case: the dead owner's PID handed to an NVML-only client, which holds
+    // /dev/nvidia0 open but maps nothing. The exporter used to call the owner live.
+    let owner = cuda(503, &[0]);
+    let reuser = nvml_client(503, "python3", &[0]).started(400_000);
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), present(reuser))
+        .first_seen(503, &owner)
+        .account();
+    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert!(matches!(
+        &account.owners[0].detail,
+        Some(OwnerDetail::Reused { by }) if by.start_time_ticks == 400_000
+    ));
+    assert_eq!(account.gone(GoneReason::Reused), 1);
+    assert_eq!(account.orphaned_bytes(), CHARGED_ONE_OWNER);
+    assert!(matches!(
+        &account.notes[0],
+        Note::OwnerPidReused { pid: 503, was: Some(comm), .. } if comm == "python3"
+    ));
+}
+
+#[test]
+fn a_pid_first_seen_without_a_context_here_is_reused_even_with_no_history() {
+    // The exporter started after the reuse: the start time matches what it first saw, but
+    // the process maps nothing of GPU 0, so it holds no context there.
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(
+            503,
+            Some(CHARGED_ONE_OWNER),
+            present(nvml_client(503, "gpu-health", &[0])),
+        )
+        .account();
+    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.gone(GoneReason::Reused), 1);
+    // No earlier process seen: the note cannot say who the owner was.
+    assert!(matches!(
+        &account.notes[0],
+        Note::OwnerPidReused { was: None, .. }
+    ));
+}
+
+#[test]
+fn a_pid_reused_by_a_cuda_job_of_another_gpu_is_gone_on_this_one() {
+    let account = Host::idle()
+        .gpu(1)
+        .used(USED_ONE_OWNER)
+        .owner(
+            503,
+            Some(CHARGED_ONE_OWNER),
+            present(cuda(503, &[1]).started(400_000)),
+        )
+        .first_seen(503, &cuda(503, &[0]))
+        .account();
+    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.orphaned_bytes(), CHARGED_ONE_OWNER);
+}
+
+#[test]
+fn a_new_start_time_means_a_new_process_even_when_its_mappings_cannot_be_read() {
+    let mut reuser = cuda(503, &[]).started(400_000);
+    reuser.mappings = References::Unreadable;
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), present(reuser))
+        .first_seen(503, &cuda(503, &[0]))
+        .account();
+    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.gone(GoneReason::Reused), 1);
+}
+
+#[test]
+fn a_new_process_with_its_own_context_here_owns_the_charge() {
+    // The first owner exited and freed its memory; a new CUDA process got the PID before
+    // a scrape saw the gap. Its context on GPU 0 is evidence; calling it gone would page
+    // on its memory for as long as it runs.
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(
+            503,
+            Some(CHARGED_ONE_OWNER),
+            present(cuda(503, &[0]).started(400_000)),
+        )
+        .first_seen(503, &cuda(503, &[0]))
         .account();
     assert_eq!(account.owners[0].state, OwnerState::Running);
     assert_eq!(account.orphaned_bytes(), 0);
 }
 
 #[test]
-fn unreadable_proc_entry_is_unknown_not_gone() {
+fn an_exiting_zombie_is_gone_and_the_remedy_is_to_wait() {
+    // SIGKILLed: a zombie with one thread and no address space; the driver frees the
+    // memory within 0.13-0.18 s.
+    let mut facts = cuda(432, &[]).state('Z');
+    facts.threads = 1;
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
+        .scanned()
+        .account();
+    assert_eq!(account.owners[0].detail, Some(OwnerDetail::Exiting));
+    assert_eq!(account.finding, Finding::Orphaned);
+    assert_eq!(account.remedy, Remedy::Wait);
+}
+
+#[test]
+fn unreadable_mappings_make_an_owner_unknown_never_gone() {
+    let mut facts = cuda(432, &[]);
+    facts.mappings = References::Unreadable;
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
+        .account();
+    assert_eq!(account.owners[0].state, OwnerState::Unknown);
+    assert_eq!(
+        account.owners[0].detail,
+        Some(OwnerDetail::ContextUnreadable)
+    );
+    assert_eq!(account.orphaned_bytes(), 0);
+    assert_eq!(account.finding, Finding::CannotTell);
+}
+
+#[test]
+fn an_unreadable_proc_entry_is_unknown_never_gone() {
     let account = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(
@@ -266,326 +489,527 @@ fn unreadable_proc_entry_is_unknown_not_gone() {
         )
         .account();
     assert_eq!(account.owners[0].state, OwnerState::Unknown);
-    assert_eq!(account.tally.processes(OwnerState::Gone), 0);
     assert_eq!(account.orphaned_bytes(), 0);
+    assert_eq!(account.finding, Finding::CannotTell);
 }
 
 #[test]
-fn used_memory_without_any_owner_is_unattributed_orphan() {
-    // The story: GPU 2 kept 76,107 MiB with no process listed.
-    let used = 76_107 * MIB;
-    let account = Host::idle().used(used).account();
-    assert_eq!(account.unattributed_bytes, used);
-    assert_eq!(account.unattributed_trust, UnattributedTrust::Counted);
-    assert_eq!(account.orphaned_unattributed_bytes(), used);
-    assert_eq!(account.orphaned_bytes(), used);
+fn a_pid_a_foreign_procfs_cannot_show_is_unknown_never_gone() {
+    // The exporter in its own PID namespace reading the host's /proc: before, namespace
+    // PID 2 was looked up as the host's kthreadd and the live owner called gone.
+    let mut host =
+        Host::idle()
+            .used(2 * GIB + 64 * MIB)
+            .owner(2, Some(2 * GIB), ProcessLookup::NotVisible);
+    host.procfs_view = ProcfsView::Foreign;
+    host.host_pid_namespace = Some(false);
+    let account = host.account();
+    assert_eq!(account.owners[0].state, OwnerState::Unknown);
+    assert_eq!(account.owners[0].detail, Some(OwnerDetail::NotVisible));
+    assert_eq!(account.orphaned_bytes(), 0);
+    assert_eq!(account.finding, Finding::CannotTell);
 }
 
 #[test]
-fn unattributed_is_used_minus_charged_minus_floor_per_context() {
-    let floor = Settings::default().context_overhead_bytes;
-    let extra = 3 * 1024 * MIB;
-    let used = CHARGED_ONE_OWNER + 2 * floor + extra;
+fn an_mps_client_is_judged_by_its_start_time_alone() {
+    // Its context lives in the MPS server: it maps nothing of the GPU itself.
+    let client = nvml_client(700, "python3", &[0]);
+    let mut host = Host::idle().used(USED_ONE_OWNER).owner(
+        700,
+        Some(CHARGED_ONE_OWNER),
+        present(client.clone()),
+    );
+    host.readings(0).1[0].mps_only = true;
+    assert_eq!(host.account().owners[0].state, OwnerState::Running);
+    let host = host.owner(
+        700,
+        Some(CHARGED_ONE_OWNER),
+        present(client.started(900_000)),
+    );
+    let mut host = host.first_seen(700, &nvml_client(700, "python3", &[0]));
+    host.readings(0).1.truncate(1);
+    host.readings(0).1[0].mps_only = true;
+    assert_eq!(host.account().owners[0].state, OwnerState::Gone);
+}
+
+#[test]
+fn without_a_device_node_no_owner_can_be_proven_live() {
+    let mut host = Host::idle().used(USED_ONE_OWNER).owner(
+        432,
+        Some(CHARGED_ONE_OWNER),
+        present(cuda(432, &[0])),
+    );
+    host.gpus[0].minor = None;
+    let account = host.account();
+    assert_eq!(account.owners[0].detail, Some(OwnerDetail::NoDeviceNode));
+    assert_eq!(account.finding, Finding::CannotTell);
+}
+
+// Unattributed memory.
+
+#[test]
+fn used_memory_without_any_owner_is_orphaned_as_unattributed() {
+    let account = Host::idle().used(4 * GIB).scanned().account();
+    assert_eq!(account.unattributed_bytes, 4 * GIB);
+    assert_eq!(account.orphaned_unattributed_bytes(), 4 * GIB);
+    assert_eq!(account.remedy, Remedy::ResetGpu);
+}
+
+#[test]
+fn unattributed_is_used_less_charges_less_the_floor_per_context() {
+    // 10 GiB used, 8 GiB charged to one live owner: 2 GiB - 16 MiB = 2,130,706,432 bytes.
     let account = Host::idle()
-        .used(used)
-        .owner(432, Some(CHARGED_ONE_OWNER), facts('S', DeviceFiles::Held))
+        .used(10 * GIB)
+        .owner(432, Some(8 * GIB), present(cuda(432, &[0])))
         .account();
-    // One context: one floor subtracted.
-    assert_eq!(account.unattributed_bytes, floor + extra);
+    assert_eq!(account.unattributed_bytes, 2_130_706_432);
+    assert_eq!(account.orphaned_bytes(), 2_130_706_432);
 }
 
 #[test]
-fn unattributed_never_goes_below_zero() {
-    // NVML may charge more than `used` says, between two calls.
+fn unattributed_memory_never_goes_below_zero() {
     let account = Host::idle()
-        .used(1000)
-        .owner(432, Some(CHARGED_ONE_OWNER), facts('S', DeviceFiles::Held))
+        .used(8 * GIB)
+        .owner(432, Some(8 * GIB), present(cuda(432, &[0])))
         .account();
     assert_eq!(account.unattributed_bytes, 0);
 }
 
 #[test]
-fn blind_exporter_reports_unattributed_but_not_orphaned() {
-    // Inside a foreign PID namespace NVML lists nothing while a 4 GiB owner lives outside.
-    let used = 4 * 1024 * MIB + 9 * MIB;
-    for namespace in [Some(false), None] {
-        let account = Host::idle().used(used).namespace(namespace).account();
-        assert_eq!(account.unattributed_bytes, used);
-        assert_eq!(account.unattributed_trust, UnattributedTrust::Blind);
-        assert_eq!(account.orphaned_bytes(), 0);
-    }
+fn a_blind_exporter_reports_unattributed_memory_but_cannot_tell() {
+    let mut host = Host::idle().used(4 * GIB);
+    host.host_pid_namespace = Some(false);
+    let account = host.account();
+    assert_eq!(account.unattributed_bytes, 4 * GIB);
+    assert_eq!(account.unattributed_trust, UnattributedTrust::Blind);
+    assert_eq!(account.orphaned_bytes(), 0);
+    assert_eq!(account.finding, Finding::CannotTell);
+    assert_eq!(host.report().gpus[0].status(), CheckStatus::CannotTell);
 }
 
 #[test]
-fn blind_exporter_still_reports_gone_owners() {
-    let account = Host::idle()
-        .used(USED_ONE_OWNER)
-        .namespace(Some(false))
-        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .account();
-    assert_eq!(account.orphaned_owner_gone_bytes, CHARGED_ONE_OWNER);
+fn a_blind_exporter_still_reports_the_gone_owners_it_can_see() {
+    let mut host = fork_orphan();
+    host.host_pid_namespace = Some(false);
+    assert_eq!(host.account().orphaned_bytes(), CHARGED_ONE_OWNER);
 }
 
 #[test]
-fn live_owner_with_unavailable_usage_counts_but_blocks_unattributed_orphans() {
+fn a_live_owner_with_unavailable_usage_blocks_unattributed_orphans() {
     let account = Host::idle()
         .used(USED_ONE_OWNER)
-        .owner(432, None, facts('S', DeviceFiles::Held))
+        .owner(432, None, present(cuda(432, &[0])))
         .account();
-    assert_eq!(account.tally.processes(OwnerState::Running), 1);
-    assert_eq!(account.tally.bytes(OwnerState::Running), 0);
     assert_eq!(account.usage_unavailable_owners, 1);
-    // Its bytes are not subtracted, so the remainder is not evidence of an orphan.
-    assert_eq!(
-        account.unattributed_bytes,
-        USED_ONE_OWNER - Settings::default().context_overhead_bytes
-    );
+    assert_eq!(account.unattributed_bytes, USED_ONE_OWNER - 16 * MIB);
     assert_eq!(
         account.unattributed_trust,
-        UnattributedTrust::UsageUnavailable
+        UnattributedTrust::OwnersUncertain
     );
     assert_eq!(account.orphaned_bytes(), 0);
+    assert_eq!(account.finding, Finding::CannotTell);
 }
 
 #[test]
-fn gone_owner_with_unavailable_usage_leaves_its_memory_orphaned_as_unattributed() {
+fn a_gone_owner_with_unavailable_usage_leaves_its_memory_unattributed_and_orphaned() {
     let account = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(503, None, ProcessLookup::Missing)
+        .scanned()
         .account();
-    assert_eq!(account.tally.processes(OwnerState::Gone), 1);
     assert_eq!(account.orphaned_owner_gone_bytes, 0);
-    assert_eq!(account.unattributed_trust, UnattributedTrust::Counted);
-    assert!(account.orphaned_bytes() > 8 * 1024 * MIB);
+    assert_eq!(
+        account.orphaned_unattributed_bytes(),
+        USED_ONE_OWNER - 16 * MIB
+    );
 }
 
 #[test]
-fn live_and_gone_owners_are_tallied_separately() {
-    let account = Host::idle()
-        .used(2 * USED_ONE_OWNER)
-        .owner(432, Some(CHARGED_ONE_OWNER), facts('S', DeviceFiles::Held))
-        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .account();
-    assert_eq!(account.tally.processes(OwnerState::Running), 1);
-    assert_eq!(account.tally.processes(OwnerState::Gone), 1);
-    assert_eq!(account.orphaned_owner_gone_bytes, CHARGED_ONE_OWNER);
-}
-
-#[test]
-fn unlisted_holder_of_the_gpu_node_is_named() {
-    let account = Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .holder(524, 1, "python3", &[0])
-        .holder(600, 1, "python3", &[1])
-        .holder(700, 1, "nvidia-persiste", &[0])
-        .account();
-    let pids: Vec<u32> = account.unlisted_holders.iter().map(|h| h.pid).collect();
-    // 600 holds another GPU; 700 is the driver's persistence daemon.
-    assert_eq!(pids, vec![524]);
-    let others: Vec<u32> = account.other_holders.iter().map(|h| h.pid).collect();
-    assert_eq!(others, vec![700]);
-}
-
-#[test]
-fn known_nvml_clients_and_site_agents_are_never_culprits() {
-    // NVML clients hold the very files a CUDA process holds; only their names tell.
-    let host = Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .holder(800, 1, "gpu-agent", &[0])
-        .holder(801, 1, "vram-exporter", &[0])
-        .holder(524, 1, "python3", &[0]);
-    let settings = Settings {
-        ignored_holder_comms: vec!["gpu-agent".into()],
-        ..Settings::default()
-    };
-    let report = classify(&host.observation(), &settings);
-    let account = report.gpus[0].account().unwrap();
-    let culprits: Vec<u32> = account.unlisted_holders.iter().map(|h| h.pid).collect();
-    assert_eq!(culprits, vec![524]);
-    let others: Vec<u32> = account.other_holders.iter().map(|h| h.pid).collect();
-    assert_eq!(others, vec![800, 801]);
-}
-
-#[test]
-fn kinship_ties_a_holder_to_the_gone_owner() {
-    let mut holder = Host::idle()
-        .holder(524, 1, "python3", &[0])
-        .holders
-        .unwrap()
-        .remove(0);
-    assert_eq!(kinship(&holder, &[503]), None);
-    holder.sid = 503;
-    assert_eq!(kinship(&holder, &[503]), Some(Kinship::SessionOf(503)));
-    holder.pgid = 503;
-    assert_eq!(kinship(&holder, &[503]), Some(Kinship::ProcessGroupOf(503)));
-    holder.ppid = 503;
-    assert_eq!(kinship(&holder, &[7, 503]), Some(Kinship::ChildOf(503)));
-}
-
-#[test]
-fn listed_live_owner_is_not_an_unlisted_holder() {
-    let account = Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(432, Some(CHARGED_ONE_OWNER), facts('S', DeviceFiles::Held))
-        .holder(432, 1, "python3", &[0])
-        .account();
-    assert!(account.unlisted_holders.is_empty());
-}
-
-#[test]
-fn failed_gpu_has_no_account_and_no_orphans() {
-    let mut observation = Host::idle().observation();
-    if let NvmlReading::Up { gpus, .. } = &mut observation.nvml {
-        gpus[0].state = GpuState::Failed {
-            error: GpuError::GpuLost,
-            message: "GPU is lost".into(),
-        };
-    }
-    let report = classify(&observation, &Settings::default());
-    assert!(report.gpus[0].account().is_none());
-    assert_eq!(report.gpus[0].orphaned_bytes(), 0);
-    assert!(report.nvml_up);
-}
-
-#[test]
-fn nvml_down_reports_no_gpus() {
-    let observation = Observation {
-        nvml: NvmlReading::Down {
-            error: "libnvidia-ml.so.1: cannot open shared object file".into(),
-        },
-        host_pid_namespace: Some(true),
-        processes: BTreeMap::new(),
-        holder_scan: None,
-        procfs_errors: 0,
-    };
-    let report = classify(&observation, &Settings::default());
-    assert!(!report.nvml_up);
-    assert!(report.gpus.is_empty());
-    assert!(report.nvml_error.unwrap().contains("libnvidia-ml"));
-}
-
-#[test]
-fn context_overhead_setting_moves_the_floor() {
+fn the_context_overhead_setting_moves_the_floor() {
     let host = Host::idle().used(USED_ONE_OWNER).owner(
         432,
         Some(CHARGED_ONE_OWNER),
-        facts('S', DeviceFiles::Held),
+        present(cuda(432, &[0])),
     );
     let strict = Settings {
         context_overhead_bytes: 0,
         ..Settings::default()
     };
     let report = classify(&host.observation(), &strict);
-    let account = report.gpus[0].account().unwrap();
+    // 9,238,806,528 - 9,229,565,952 with no floor.
     assert_eq!(
-        account.unattributed_bytes,
-        USED_ONE_OWNER - CHARGED_ONE_OWNER
+        report.gpus[0].account().unwrap().unattributed_bytes,
+        9_240_576
     );
 }
 
-/// A live owner's facts with its cgroup and PID namespace.
-fn contained(container_id: &str, pod_uid: &str, init: Option<NamespaceInit>) -> ProcessLookup {
-    let ProcessLookup::Present(mut facts) = facts('D', DeviceFiles::Held) else {
-        unreachable!()
-    };
-    facts.cgroup = CgroupAttribution {
-        cgroup: Some(format!("/kubepods/pod{pod_uid}/{container_id}")),
-        container_id: Some(container_id.into()),
-        pod_uid: Some(pod_uid.into()),
-    };
-    facts.pid_namespace_init = init;
-    ProcessLookup::Present(facts)
+// Culprits and bystanders.
+
+#[test]
+fn a_forked_child_mapping_the_gpu_is_the_culprit_with_its_evidence() {
+    let account = fork_orphan().account();
+    assert_eq!(pids(&account.culprits), vec![524]);
+    assert_eq!(
+        account.culprits[0].evidence,
+        vec![
+            Evidence::MapsGpu,
+            Evidence::Inherited,
+            Evidence::ChildOf { pid: 503 },
+            Evidence::ProcessGroupOf { pid: 503 },
+            Evidence::SessionOf { pid: 503 },
+        ]
+    );
+    assert_eq!(
+        account.remedy,
+        Remedy::Kill {
+            targets: vec![KillTarget {
+                pid: 524,
+                start_time_ticks: 150_000,
+                started_unix_seconds: Some(BOOT + 1_500),
+                comm: "python3".into(),
+            }]
+        }
+    );
 }
+
+#[test]
+fn an_nvml_client_under_any_name_is_a_bystander_never_in_the_kill() {
+    // The H200 case: a python3 monitoring script holding /dev/nvidia0 open was put into
+    // `kill 467 513` beside the real holder. It maps nothing: it holds no context.
+    let account = fork_orphan()
+        .holder(nvml_client(467, "python3", &[0]))
+        .account();
+    assert_eq!(pids(&account.culprits), vec![524]);
+    assert_eq!(pids(&account.bystanders), vec![467]);
+    assert_eq!(account.bystanders[0].evidence, vec![Evidence::NoContext]);
+    let Remedy::Kill { targets } = &account.remedy else {
+        panic!("{:?}", account.remedy)
+    };
+    assert_eq!(targets.iter().map(|t| t.pid).collect::<Vec<_>>(), vec![524]);
+}
+
+#[test]
+fn a_known_agent_name_is_a_label_not_a_verdict() {
+    let account = fork_orphan()
+        .holder(nvml_client(1711, "nv-hostengine", &[0]))
+        .account();
+    assert_eq!(
+        account.bystanders[0].evidence,
+        vec![Evidence::NoContext, Evidence::KnownAgent]
+    );
+    // A process under an agent's name that maps the GPU holds a context: it is blamed.
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(ProcessFacts {
+            comm: "nv-hostengine".into(),
+            ..cuda(1711, &[0])
+        })
+        .account();
+    assert_eq!(pids(&account.culprits), vec![1711]);
+    assert!(account.culprits[0].evidence.contains(&Evidence::KnownAgent));
+}
+
+#[test]
+fn a_live_job_of_gpu_0_holding_gpu_1s_node_is_a_bystander_on_gpu_1() {
+    // The CUDA runtime opens every visible GPU's node: a job on GPU 0 holds /dev/nvidia1
+    // but maps only /dev/nvidia0. GPU 1 has a fork orphan held by 524.
+    let job = cuda(900, &[0]).with_descriptors(&[0, 1]);
+    let host = Host::idle()
+        .gpu(1)
+        .used_on(0, USED_ONE_OWNER)
+        .owner_on(0, 900, Some(CHARGED_ONE_OWNER), present(job.clone()))
+        .used_on(1, USED_ONE_OWNER)
+        .owner_on(1, 503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(job)
+        .holder(cuda(524, &[1]).child_of(503));
+    let gpu1 = host.account_of(1);
+    assert_eq!(pids(&gpu1.culprits), vec![524]);
+    assert_eq!(pids(&gpu1.bystanders), vec![900]);
+    assert_eq!(
+        gpu1.bystanders[0].evidence,
+        vec![Evidence::OwnerOfOtherGpus { gpus: vec![0] }]
+    );
+    // GPU 0 has nothing orphaned: nothing is blamed there.
+    let gpu0 = host.account_of(0);
+    assert_eq!(gpu0.finding, Finding::Owned);
+    assert!(gpu0.culprits.is_empty() && gpu0.bystanders.is_empty());
+}
+
+#[test]
+fn holders_are_named_only_for_a_gpu_with_orphaned_memory() {
+    let account = Host::idle()
+        .holder(nvml_client(467, "python3", &[0]))
+        .holder(cuda(524, &[0]))
+        .account();
+    assert_eq!(account.finding, Finding::Idle);
+    assert!(account.culprits.is_empty() && account.bystanders.is_empty());
+}
+
+#[test]
+fn three_dataloader_workers_are_all_culprits_in_pid_order() {
+    let mut host = Host::idle().used(USED_ONE_OWNER).owner(
+        503,
+        Some(CHARGED_ONE_OWNER),
+        ProcessLookup::Missing,
+    );
+    for pid in [530, 528, 529] {
+        host = host.holder(cuda(pid, &[0]).child_of(503));
+    }
+    let account = host.account();
+    assert_eq!(pids(&account.culprits), vec![528, 529, 530]);
+    let Remedy::Kill { targets } = &account.remedy else {
+        panic!("{:?}", account.remedy)
+    };
+    assert_eq!(targets.len(), 3);
+}
+
+#[test]
+fn a_zombie_leader_holder_is_a_culprit_through_its_threads_mappings() {
+    let mut zombie = cuda(524, &[0]).child_of(503).state('Z');
+    zombie.threads = 2;
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(zombie)
+        .account();
+    assert_eq!(pids(&account.culprits), vec![524]);
+    assert_eq!(account.culprits[0].process.state, ProcessState::Zombie);
+}
+
+#[test]
+fn a_child_adopted_by_the_dead_owners_parent_carries_that_tie() {
+    let mut owner = cuda(503, &[0]);
+    owner.ppid = 480;
+    let mut child = cuda(524, &[0]);
+    child.ppid = 480;
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .first_seen(503, &owner)
+        .holder(child)
+        .account();
+    assert!(account.culprits[0]
+        .evidence
+        .contains(&Evidence::AdoptedByOwnersParent {
+            pid: 503,
+            parent: 480
+        }));
+}
+
+#[test]
+fn a_candidate_with_unreadable_mappings_is_undetermined_and_nothing_is_suggested() {
+    let mut unknown = cuda(524, &[0]).child_of(503);
+    unknown.mappings = References::Unreadable;
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(unknown)
+        .account();
+    assert_eq!(pids(&account.undetermined), vec![524]);
+    assert!(account.culprits.is_empty());
+    assert_eq!(
+        account.remedy,
+        Remedy::CannotTell {
+            reason: Blindness::MappingsUnreadable { processes: 1 }
+        }
+    );
+}
+
+#[test]
+fn culprits_beside_an_undetermined_holder_are_named_with_a_note() {
+    let mut unknown = cuda(600, &[0]);
+    unknown.mappings = References::Unreadable;
+    let account = fork_orphan().holder(unknown).account();
+    assert!(matches!(account.remedy, Remedy::Kill { .. }));
+    assert!(account
+        .notes
+        .contains(&Note::UndeterminedHolders { pids: vec![600] }));
+}
+
+#[test]
+fn a_gpus_own_live_owner_is_never_its_candidate() {
+    let account = Host::idle()
+        .used(2 * USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), present(cuda(432, &[0])))
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(cuda(432, &[0]))
+        .account();
+    assert!(account.culprits.is_empty() && account.bystanders.is_empty());
+    assert_eq!(account.remedy, Remedy::StopOwners { pids: vec![432] });
+}
+
+#[test]
+fn with_no_holder_and_a_complete_scan_only_a_reset_frees_it() {
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .scanned()
+        .account();
+    assert_eq!(account.remedy, Remedy::ResetGpu);
+}
+
+#[test]
+fn an_incomplete_scan_without_a_culprit_cannot_tell() {
+    let mut host = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .scanned();
+    host.scan_cut_short = true;
+    assert_eq!(
+        host.account().remedy,
+        Remedy::CannotTell {
+            reason: Blindness::ScanCutShort
+        }
+    );
+    host.scan_cut_short = false;
+    host.scan_denied = 3;
+    assert_eq!(
+        host.account().remedy,
+        Remedy::CannotTell {
+            reason: Blindness::ScanDenied { processes: 3 }
+        }
+    );
+    host.holders = None;
+    assert_eq!(
+        host.account().remedy,
+        Remedy::CannotTell {
+            reason: Blindness::NoScan
+        }
+    );
+}
+
+#[test]
+fn culprits_found_by_an_incomplete_scan_are_named_with_a_warning() {
+    let mut host = fork_orphan();
+    host.scan_denied = 2;
+    let account = host.account();
+    assert!(matches!(account.remedy, Remedy::Kill { .. }));
+    assert!(account.notes.contains(&Note::MoreHoldersPossible {
+        reason: Blindness::ScanDenied { processes: 2 }
+    }));
+}
+
+#[test]
+fn a_culprit_not_visible_here_is_named_but_not_suggested_for_kill() {
+    let mut culprit = cuda(524_000, &[0]);
+    culprit.local_pid = None;
+    let mut host = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(3, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(culprit);
+    host.procfs_view = ProcfsView::Foreign;
+    let account = host.account();
+    assert_eq!(pids(&account.culprits), vec![524_000]);
+    assert!(!account.culprits[0].process.visible_here);
+    assert_eq!(
+        account.remedy,
+        Remedy::CannotTell {
+            reason: Blindness::CulpritsNotVisible
+        }
+    );
+}
+
+#[test]
+fn kinship_is_not_claimed_across_pid_namespaces() {
+    // In a foreign procfs, parents are the host's PIDs and owners ours: 503 may be both.
+    let mut host = fork_orphan();
+    host.procfs_view = ProcfsView::Foreign;
+    assert_eq!(
+        host.account().culprits[0].evidence,
+        vec![Evidence::MapsGpu, Evidence::Inherited]
+    );
+}
+
+// Containers.
 
 const CONTAINER: &str = "3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a";
 const POD: &str = "1d9e2c4a-0000-4000-8000-000000000000";
 
+fn contained(mut facts: ProcessFacts, init: Option<NamespaceInit>) -> ProcessFacts {
+    facts.cgroup = CgroupAttribution {
+        cgroup: Some(format!("/kubepods/pod{POD}/{CONTAINER}")),
+        container_id: Some(CONTAINER.into()),
+        pod_uid: Some(POD.into()),
+    };
+    facts.pid_namespace_init = init;
+    facts
+}
+
 #[test]
-fn live_owner_carries_its_container_and_pod() {
+fn a_live_owner_carries_its_container_and_pod() {
+    let facts = contained(cuda(432, &[0]), Some(NamespaceInit::Running { pid: 400 }));
     let account = Host::idle()
         .used(USED_ONE_OWNER)
-        .owner(
-            432,
-            Some(CHARGED_ONE_OWNER),
-            contained(CONTAINER, POD, Some(NamespaceInit::Running { pid: 400 })),
-        )
+        .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
         .account();
-    let owner = &account.owners[0];
-    assert_eq!(owner.container_id.as_deref(), Some(CONTAINER));
-    assert_eq!(owner.pod_uid.as_deref(), Some(POD));
-    assert!(!owner.container_exited);
+    let process = account.owners[0].process.as_ref().unwrap();
+    assert_eq!(process.cgroup.container_id.as_deref(), Some(CONTAINER));
+    assert_eq!(process.cgroup.pod_uid.as_deref(), Some(POD));
     assert_eq!(account.exited_container_processes(), 0);
 }
 
 #[test]
-fn reused_pid_does_not_lend_its_container_to_the_gone_owner() {
-    let ProcessLookup::Present(mut facts) = contained(CONTAINER, POD, None) else {
-        unreachable!()
-    };
-    facts.device_files = DeviceFiles::NotHeld;
+fn a_reused_pid_does_not_lend_its_container_to_the_gone_owner() {
+    let reuser = contained(nvml_client(432, "python3", &[0]), None);
     let account = Host::idle()
         .used(USED_ONE_OWNER)
-        .owner(432, Some(CHARGED_ONE_OWNER), ProcessLookup::Present(facts))
+        .owner(432, Some(CHARGED_ONE_OWNER), present(reuser))
         .account();
-    let owner = &account.owners[0];
-    assert_eq!(owner.state, OwnerState::Gone);
-    assert_eq!(
-        (owner.container_id.as_ref(), owner.pod_uid.as_ref()),
-        (None, None)
-    );
+    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert!(account.owners[0].process.is_none());
 }
 
 #[test]
-fn owner_and_holder_outliving_their_containers_are_counted() {
+fn owners_and_culprits_outliving_their_containers_are_counted() {
     let ended = Some(NamespaceInit::Exited { pid: 400 });
-    let mut host = Host::idle()
+    let account = Host::idle()
         .used(2 * USED_ONE_OWNER)
         .owner(
             432,
             Some(CHARGED_ONE_OWNER),
-            contained(CONTAINER, POD, ended),
+            present(contained(cuda(432, &[0]).state('D'), ended)),
         )
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .holder(524, 1, "python3", &[0])
-        .holder(525, 1, "python3", &[0]);
-    host.holders.as_mut().unwrap()[0].pid_namespace_init = ended;
-    host.holders.as_mut().unwrap()[1].pid_namespace_init = Some(NamespaceInit::Unknown);
-    let account = host.account();
-    assert!(account.owners[0].container_exited);
-    // The uninterruptible owner 432 and the holder 524; not 525, whose PID 1 is unknown.
+        .holder(contained(cuda(524, &[0]), ended))
+        .holder(contained(cuda(525, &[0]), Some(NamespaceInit::Unknown)))
+        .account();
+    // The uninterruptible owner 432 and the culprit 524; not 525, whose PID 1 is unknown.
     assert_eq!(account.exited_container_processes(), 2);
-    assert_eq!(account.orphaned_owner_gone_bytes, CHARGED_ONE_OWNER);
+    assert!(account
+        .notes
+        .contains(&Note::CulpritsContainerEnded { pids: vec![524] }));
 }
+
+// Garbage from NVML.
 
 #[test]
 fn used_beyond_the_total_is_clamped_flagged_and_not_called_orphaned() {
-    let mut host = Host::idle().owner(432, Some(CHARGED_ONE_OWNER), facts('S', DeviceFiles::Held));
-    host.raw_memory = Some(MemoryReading {
+    let mut host = Host::idle().owner(432, Some(CHARGED_ONE_OWNER), present(cuda(432, &[0])));
+    *host.readings(0).0 = MemoryReading {
         total: TOTAL,
         reserved: RESERVED,
         used: 4 * TOTAL,
         free: 0,
-    });
+    };
     let account = host.account();
     assert!(account.memory_inconsistent);
     assert_eq!(account.memory.used, TOTAL - RESERVED);
     assert_eq!(account.memory.free, 0);
     assert_eq!(account.unattributed_trust, UnattributedTrust::Inconsistent);
-    assert!(account.unattributed_bytes > 0);
     assert_eq!(account.orphaned_bytes(), 0);
+    assert_eq!(account.finding, Finding::CannotTell);
 }
 
 #[test]
 fn free_and_reserved_beyond_the_total_are_clamped() {
     let mut host = Host::idle();
-    host.raw_memory = Some(MemoryReading {
+    *host.readings(0).0 = MemoryReading {
         total: TOTAL,
         reserved: u64::MAX,
         used: 0,
         free: u64::MAX,
-    });
+    };
     let account = host.account();
     assert!(account.memory_inconsistent);
     assert_eq!(
@@ -600,57 +1024,68 @@ fn free_and_reserved_beyond_the_total_are_clamped() {
 }
 
 #[test]
-fn consistent_readings_are_not_flagged() {
-    let account = Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(432, Some(CHARGED_ONE_OWNER), facts('S', DeviceFiles::Held))
-        .account();
-    assert!(!account.memory_inconsistent);
-    assert_eq!(account.memory, memory(USED_ONE_OWNER));
-}
-
-#[test]
-fn a_pid_listed_twice_counts_once() {
-    let account = Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .owner(503, None, ProcessLookup::Missing)
-        .account();
+fn a_pid_listed_twice_counts_once_with_the_larger_figure() {
+    let mut host = Host::idle().used(USED_ONE_OWNER).owner(
+        503,
+        Some(CHARGED_ONE_OWNER),
+        ProcessLookup::Missing,
+    );
+    host.readings(0).1.push(NvmlProcess {
+        pid: 503,
+        used_bytes: None,
+        mps_only: false,
+    });
+    let account = host.account();
     assert_eq!(account.owners.len(), 1);
-    assert_eq!(account.tally.processes(OwnerState::Gone), 1);
     assert_eq!(account.orphaned_owner_gone_bytes, CHARGED_ONE_OWNER);
     assert_eq!(account.usage_unavailable_owners, 0);
 }
 
 #[test]
-fn absurd_per_process_figures_never_overflow_or_exceed_the_gpu() {
+fn absurd_per_process_figures_never_exceed_the_gpu() {
     let mut host = Host::idle().used(USED_ONE_OWNER);
     for pid in 1000..1010 {
         host = host.owner(pid, Some(u64::MAX), ProcessLookup::Missing);
     }
-    host = host.owner(2000, Some(u64::MAX), facts('S', DeviceFiles::Held));
-    let account = host.account();
+    let account = host
+        .owner(2000, Some(u64::MAX), present(cuda(2000, &[0])))
+        .account();
     let capacity = TOTAL - RESERVED;
-    assert!(account
-        .owners
-        .iter()
-        .all(|owner| owner.used_bytes == Some(capacity)));
     assert!(account.memory_inconsistent);
     // Orphaned memory is part of the used memory; what owners hold, part of the GPU.
-    assert_eq!(account.orphaned_owner_gone_bytes, USED_ONE_OWNER);
     assert_eq!(account.orphaned_bytes(), USED_ONE_OWNER);
     assert_eq!(account.tally.bytes(OwnerState::Gone), capacity);
     assert_eq!(account.tally.bytes(OwnerState::Running), capacity);
 }
 
+// What `check` reports.
+
 #[test]
-fn processes_charged_more_than_is_used_are_flagged_and_bounded_by_used() {
-    let account = Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(503, Some(2 * USED_ONE_OWNER), ProcessLookup::Missing)
-        .account();
-    assert!(account.memory_inconsistent);
-    assert_eq!(account.orphaned_owner_gone_bytes, USED_ONE_OWNER);
-    assert_eq!(account.unattributed_bytes, 0);
+fn check_reports_orphaned_before_cannot_tell_before_clear() {
+    let orphaned = fork_orphan().report();
+    let mut lost = Host::idle().observation();
+    if let NvmlReading::Up { gpus, .. } = &mut lost.nvml {
+        gpus[0].state = GpuState::Failed {
+            error: GpuError::GpuLost,
+            message: "GPU is lost".into(),
+        };
+    }
+    let lost = classify(&lost, &Settings::default());
+    let clear = Host::idle().report();
+    let all = [&orphaned.gpus[0], &lost.gpus[0], &clear.gpus[0]];
+    assert_eq!(orphaned.check_status(&all), CheckStatus::Orphaned);
+    assert_eq!(orphaned.check_status(&all[1..]), CheckStatus::CannotTell);
+    assert_eq!(orphaned.check_status(&all[2..]), CheckStatus::Clear);
+    assert_eq!(lost.gpus[0].orphaned_bytes(), 0);
+}
+
+#[test]
+fn nvml_down_is_its_own_status_with_no_gpus() {
+    let mut observation = Host::idle().observation();
+    observation.nvml = NvmlReading::Down {
+        error: "libnvidia-ml.so.1: cannot open shared object file".into(),
+    };
+    let report = classify(&observation, &Settings::default());
+    assert!(report.gpus.is_empty());
+    assert_eq!(report.check_status(&[]), CheckStatus::NvmlDown);
 }

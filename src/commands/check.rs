@@ -1,32 +1,31 @@
 //! `vram-exporter check`: one look at the host for a person, or a wait until orphaned
 //! memory is gone ("did that kill actually work?").
 
-use crate::classify::{GpuVerdict, Report};
+use crate::classify::{CheckStatus, GpuVerdict, Report};
 use crate::cli::CheckConfig;
+use crate::exit_codes;
 use crate::exporter::{Exporter, HolderScanPolicy};
 use crate::render::json::check_document;
-use crate::render::text::check_text;
+use crate::render::text::{check_text, verdict};
 use crate::units::format_bytes;
 use anyhow::bail;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// Exit status when some GPU has orphaned memory.
-pub const EXIT_ORPHANED: u8 = 1;
-
 const SPINNER: [char; 4] = ['|', '/', '-', '\\'];
 /// Without a terminal, repeat an unchanged progress line only this often.
 const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
-/// Run `check` and return 0 (nothing orphaned), 1 (orphaned) or an error (exit 2).
+/// Run `check`; the exit status is the verdict's (see [`exit_codes`]), or an error (2).
 pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode> {
-    let (_, report) = exporter.try_observe_and_classify(HolderScanPolicy::Always)?;
+    let report = exporter
+        .try_observe_and_classify(HolderScanPolicy::Always)?
+        .report;
     let Some(wait) = config.wait else {
         return finish(&report, config);
     };
-    let orphaned = selected_orphaned_bytes(&report, config)?;
-    if orphaned == 0 {
+    if report.check_status(&select(&report, config)?) != CheckStatus::Orphaned {
         return finish(&report, config);
     }
     if !config.json {
@@ -36,25 +35,25 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
     let started = Instant::now();
     let mut progress = Progress::new();
     loop {
-        let (_, polled) = exporter.try_observe_and_classify(HolderScanPolicy::WhenOrphaned)?;
+        let polled = exporter
+            .try_observe_and_classify(HolderScanPolicy::WhenOrphaned)?
+            .report;
         let still = selected_orphaned_bytes(&polled, config)?;
-        if still == 0 {
-            progress.done(&format!(
-                "orphaned memory freed after {:.1}s",
-                started.elapsed().as_secs_f64()
-            ));
-            let (_, last) = exporter.try_observe_and_classify(HolderScanPolicy::Always)?;
-            return finish(&last, config);
-        }
         let waited = started.elapsed();
-        if waited >= wait {
-            progress.done(&format!(
-                "{} still orphaned after {:.1}s",
-                format_bytes(still),
-                waited.as_secs_f64()
-            ));
-            let (_, last) = exporter.try_observe_and_classify(HolderScanPolicy::Always)?;
-            return finish(&last, config);
+        if still == 0 || waited >= wait {
+            progress.done(&if still == 0 {
+                format!("orphaned memory freed after {:.1}s", waited.as_secs_f64())
+            } else {
+                format!(
+                    "{} still orphaned after {:.1}s",
+                    format_bytes(still),
+                    waited.as_secs_f64()
+                )
+            });
+            let last = exporter
+                .try_observe_and_classify(HolderScanPolicy::Always)?
+                .report;
+            return finish_after_wait(&last, config);
         }
         progress.show(&format!(
             "waiting: {} still orphaned ({:.1}s of {:.0}s)",
@@ -66,15 +65,10 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
     }
 }
 
-/// The GPUs the person asked about; an index that does not exist is an error.
+/// The GPUs the person asked about; an index that does not exist is an error. With NVML
+/// down there are none to choose from.
 fn select<'a>(report: &'a Report, config: &CheckConfig) -> anyhow::Result<Vec<&'a GpuVerdict>> {
-    if !report.nvml_up {
-        bail!(
-            "NVML is not available: {}",
-            report.nvml_error.as_deref().unwrap_or("unknown error")
-        );
-    }
-    if config.gpus.is_empty() {
+    if config.gpus.is_empty() || !report.nvml_up {
         return Ok(report.gpus.iter().collect());
     }
     for index in &config.gpus {
@@ -100,39 +94,43 @@ fn selected_orphaned_bytes(report: &Report, config: &CheckConfig) -> anyhow::Res
         .fold(0, u64::saturating_add))
 }
 
-/// Print the verdict and choose the exit status.
+/// Print the verdict and end with its exit status.
 fn finish(report: &Report, config: &CheckConfig) -> anyhow::Result<ExitCode> {
     let gpus = select(report, config)?;
+    let code = exit_codes::of(report.check_status(&gpus));
     if config.json {
+        // A script gets its document also when NVML is down, with the reason in it.
         let mut json = serde_json::to_string_pretty(&check_document(report, &gpus))?;
         json.push('\n');
         std::io::stdout().write_all(json.as_bytes())?;
+    } else if !report.nvml_up {
+        bail!(
+            "NVML is not available: {}",
+            report.nvml_error.as_deref().unwrap_or("unknown error")
+        );
     } else {
         print!("{}", check_text(report, &gpus));
+        println!("\nexit status {code}: {}", exit_codes::meaning(code));
     }
-    let unreadable: Vec<u32> = gpus
-        .iter()
-        .filter(|gpu| gpu.account().is_none())
-        .map(|gpu| gpu.index)
-        .collect();
-    if gpus.iter().any(|gpu| gpu.orphaned_bytes() > 0) {
-        Ok(ExitCode::from(EXIT_ORPHANED))
-    } else if !unreadable.is_empty() {
-        // Nothing orphaned among what we could read is not "nothing orphaned".
-        let indices: Vec<String> = unreadable.iter().map(u32::to_string).collect();
-        bail!(
-            "cannot read GPU{} {}; {} memory is unknown",
-            if unreadable.len() == 1 { "" } else { "s" },
-            indices.join(", "),
-            if unreadable.len() == 1 {
-                "its"
-            } else {
-                "their"
-            }
-        )
-    } else {
-        Ok(ExitCode::SUCCESS)
+    Ok(ExitCode::from(code))
+}
+
+/// After a wait the tables were printed already: the verdicts alone say how it ended.
+fn finish_after_wait(report: &Report, config: &CheckConfig) -> anyhow::Result<ExitCode> {
+    if config.json || !report.nvml_up {
+        return finish(report, config);
     }
+    let gpus = select(report, config)?;
+    let code = exit_codes::of(report.check_status(&gpus));
+    for gpu in &gpus {
+        let words = verdict(gpu);
+        println!("{}", words.sentence);
+        if let Some(suggestion) = &words.suggestion {
+            println!("  suggested: {suggestion}");
+        }
+    }
+    println!("\nexit status {code}: {}", exit_codes::meaning(code));
+    Ok(ExitCode::from(code))
 }
 
 /// Progress while waiting: a spinner line on a terminal, plain lines otherwise, on stderr

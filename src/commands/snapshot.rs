@@ -9,11 +9,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Observe (with the holder scan) and write the snapshot to `output` or standard output.
 pub fn run(exporter: &Exporter, output: Option<&Path>) -> anyhow::Result<ExitCode> {
-    let (observation, _) = exporter.try_observe_and_classify(HolderScanPolicy::Always)?;
+    let observation = exporter
+        .try_observe_and_classify(HolderScanPolicy::Always)?
+        .observation;
     let snapshot = Snapshot {
         format: Snapshot::FORMAT,
         exporter_version: env!("CARGO_PKG_VERSION").to_string(),
-        hostname: hostname(),
+        hostname: exporter.hostname(),
         taken_at_unix_seconds: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |since| since.as_secs()),
@@ -32,10 +34,4 @@ pub fn run(exporter: &Exporter, output: Option<&Path>) -> anyhow::Result<ExitCod
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_string())
-        .unwrap_or_default()
 }

@@ -12,13 +12,82 @@ pub struct Observation {
     pub nvml: NvmlReading,
     /// Whether we run in the initial PID namespace; `None` when `/proc/self/ns/pid` is unreadable.
     pub host_pid_namespace: Option<bool>,
-    /// The `/proc` facts of every PID that NVML lists as an owner on some GPU.
-    pub processes: BTreeMap<u32, ProcessLookup>,
-    /// The scan of `/proc/*/fd` for device-file holders, when one was made.
+    /// Whether the procfs we read shows our own PID namespace, in which NVML's PIDs live.
+    #[serde(default)]
+    pub procfs_view: ProcfsView,
+    /// When the host booted, in seconds since the Unix epoch: start times become dates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_time_unix_seconds: Option<u64>,
+    /// The kernel's clock ticks per second (`USER_HZ`), the unit of start times.
+    #[serde(default = "default_clock_ticks")]
+    pub clock_ticks_per_second: u64,
+    /// What `/proc` says about every PID that NVML lists as an owner on some GPU, by
+    /// NVML's PID (ours: the driver translates PIDs into the caller's PID namespace).
+    pub owners: BTreeMap<u32, OwnerLookup>,
+    /// The scan of every process for NVIDIA device files, when one was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder_scan: Option<HolderScan>,
     /// `/proc` entries that existed but could not be read while observing.
     pub procfs_errors: u64,
+}
+
+/// `USER_HZ`: 100 on every architecture Linux runs GPUs on.
+fn default_clock_ticks() -> u64 {
+    100
+}
+
+/// How the PIDs of the procfs we read relate to ours (and NVML's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcfsView {
+    /// The procfs shows our own PID namespace: NVML's PIDs are its PIDs.
+    #[default]
+    Own,
+    /// The procfs belongs to another PID namespace (a container without `hostPID` that
+    /// mounts the host's `/proc`): NVML's PIDs were translated through each process's
+    /// `NSpid`, and those that could not be are not judged.
+    Foreign,
+    /// `{procfs}/self` could not be read: whose PIDs the procfs shows is unknown.
+    Unknown,
+}
+
+/// One NVML-listed PID: the process first seen under it, and what is there now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OwnerLookup {
+    /// The process the exporter first saw under this PID while NVML listed it; `None`
+    /// when it has seen none (the PID was already gone).
+    pub first_seen: Option<Identity>,
+    /// What `/proc` holds under this PID now.
+    pub now: ProcessLookup,
+}
+
+/// Who a process is: a PID names a process only together with its start time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    /// Start time in clock ticks after boot.
+    pub start_time_ticks: u64,
+    /// Command name when first seen.
+    pub comm: String,
+    /// Parent PID when first seen: a child whose parent died is adopted by the nearest
+    /// subreaper, often this parent's own parent.
+    pub ppid: u32,
+    /// Process group when first seen; a forked child keeps it after the owner dies.
+    pub pgid: u32,
+    /// Session when first seen; likewise kept by children.
+    pub sid: u32,
+}
+
+impl Identity {
+    /// The identity of a process as read now.
+    pub fn of(facts: &ProcessFacts) -> Identity {
+        Identity {
+            start_time_ticks: facts.start_time_ticks,
+            comm: facts.comm.clone(),
+            ppid: facts.ppid,
+            pgid: facts.pgid,
+            sid: facts.sid,
+        }
+    }
 }
 
 /// NVML's answer: either a driver with its GPUs, or the reason it could not be asked.
@@ -96,6 +165,10 @@ pub struct NvmlProcess {
     pub pid: u32,
     /// Bytes charged, or `None` when NVML reports the value as unavailable.
     pub used_bytes: Option<u64>,
+    /// Listed only as an MPS client: its context lives in the MPS server, so its own
+    /// mappings cannot prove it (not measured on a real GPU).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mps_only: bool,
 }
 
 impl NvmlProcess {
@@ -110,6 +183,7 @@ impl NvmlProcess {
             match seen.get(&process.pid) {
                 Some(&at) => {
                     distinct[at].used_bytes = distinct[at].used_bytes.max(process.used_bytes);
+                    distinct[at].mps_only &= process.mps_only;
                 }
                 None => {
                     seen.insert(process.pid, distinct.len());
@@ -162,35 +236,125 @@ pub enum ProcessLookup {
     /// No such process in our PID namespace.
     Missing,
     /// The process exists.
-    Present(ProcessFacts),
+    Present(Box<ProcessFacts>),
     /// The entry exists but could not be read (permissions, a race); not evidence of absence.
     Unreadable {
         /// The error, in one line.
         error: String,
     },
+    /// The procfs we read belongs to another PID namespace and shows no process under
+    /// this PID of ours: it cannot be judged from here.
+    NotVisible,
 }
 
-/// The facts about a live PID that the classifier uses.
+/// Everything one reading of `/proc` says about one process: identity, state, the
+/// NVIDIA device files it holds open and maps, and where it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessFacts {
-    /// Command name (`/proc/PID/comm`).
+    /// Its PID in the procfs read (the host's, for an exporter run as documented).
+    pub pid: u32,
+    /// Its PID in the exporter's own PID namespace, the one NVML and `kill` use here;
+    /// `None` when it is not visible there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_pid: Option<u32>,
+    /// Start time in clock ticks after boot; with the PID, the process's identity.
+    pub start_time_ticks: u64,
+    /// Command name (`comm`).
     pub comm: String,
     /// The one-letter state of the main thread (`R`, `S`, `D`, `T`, `Z`, ...).
     pub state: char,
     /// Parent PID.
     pub ppid: u32,
-    /// Start time in clock ticks after boot; tells a reused PID from the original.
-    pub start_time_ticks: u64,
+    /// Process group: a child keeps its dead parent's group, so it ties a holder to an owner.
+    pub pgid: u32,
+    /// Session, which a child keeps likewise.
+    pub sid: u32,
+    /// Threads in the process.
+    pub threads: u32,
     /// Real user id, when readable.
     pub uid: Option<u32>,
-    /// Whether the process (any of its threads) holds a `/dev/nvidia*` file.
-    pub device_files: DeviceFiles,
-    /// The container and pod its cgroup names (absent in snapshots of older versions).
+    /// User name for `uid`, when the host knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Kernel function it waits in, read only when in state `D`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wchan: Option<String>,
+    /// NVIDIA device files it holds open (any thread's descriptors).
+    pub descriptors: References,
+    /// NVIDIA device files it maps shared: a CUDA context, own or inherited by fork.
+    pub mappings: References,
+    /// The container and pod its cgroup names.
     #[serde(flatten)]
     pub cgroup: CgroupAttribution,
     /// PID 1 of its PID namespace, when that is nested in ours (a container's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid_namespace_init: Option<NamespaceInit>,
+}
+
+impl ProcessFacts {
+    /// Whether it holds or maps anything of GPU `minor`'s node.
+    pub fn touches_gpu(&self, minor: u32) -> bool {
+        self.descriptors.has_gpu(minor) || self.mappings.has_gpu(minor)
+    }
+}
+
+/// What could be read of one kind of reference a process has to NVIDIA device files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum References {
+    /// Read: these nodes.
+    Read(NodeSet),
+    /// Denied: another user's descriptors and mappings need root, or CAP_DAC_READ_SEARCH
+    /// and CAP_SYS_PTRACE.
+    Unreadable,
+    /// Not looked at.
+    NotRead,
+}
+
+impl References {
+    /// Whether GPU `minor`'s node is among what was read.
+    pub fn has_gpu(&self, minor: u32) -> bool {
+        matches!(self, References::Read(nodes) if nodes.gpus.contains(&minor))
+    }
+
+    /// The nodes read, if they could be.
+    pub fn nodes(&self) -> Option<&NodeSet> {
+        match self {
+            References::Read(nodes) => Some(nodes),
+            References::Unreadable | References::NotRead => None,
+        }
+    }
+}
+
+/// A set of NVIDIA device nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSet {
+    /// Minor numbers of GPU nodes (`/dev/nvidia<minor>`), ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
+    /// `/dev/nvidiactl`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub control: bool,
+    /// `/dev/nvidia-uvm` or `/dev/nvidia-uvm-tools`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub uvm: bool,
+    /// Minor numbers of capability nodes (`/dev/nvidia-caps/nvidia-cap<minor>`), ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<u32>,
+    /// Any other `/dev/nvidia*` node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub other: bool,
+}
+
+impl NodeSet {
+    /// Whether the set names no node.
+    pub fn is_empty(&self) -> bool {
+        self.gpus.is_empty()
+            && !self.control
+            && !self.uvm
+            && self.capabilities.is_empty()
+            && !self.other
+    }
 }
 
 /// PID 1 of a nested PID namespace, as seen from ours. A container with its own PID
@@ -223,24 +387,12 @@ impl NamespaceInit {
     }
 }
 
-/// Whether a process holds an NVIDIA device file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeviceFiles {
-    /// At least one open descriptor points at `/dev/nvidia*`.
-    Held,
-    /// Its descriptor lists were read and none does.
-    NotHeld,
-    /// Its descriptor lists could not be read (needs root, or CAP_DAC_READ_SEARCH to
-    /// list them and CAP_SYS_PTRACE to read where they point).
-    Unreadable,
-}
-
-/// The result of scanning every process's descriptors for NVIDIA device files.
+/// The result of scanning every process for NVIDIA device files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HolderScan {
-    /// Every process (other than the exporter) holding an NVIDIA device file.
-    pub holders: Vec<Holder>,
+    /// Every process (other than the exporter) holding an NVIDIA device file open, with
+    /// what it maps.
+    pub holders: Vec<ProcessFacts>,
     /// Processes whose descriptors we were not allowed to read.
     pub permission_errors: u64,
     /// Whether the scan stopped at its time budget before seeing every process.
@@ -254,41 +406,6 @@ impl HolderScan {
     pub fn complete(&self) -> bool {
         !self.cut_short && self.permission_errors == 0
     }
-}
-
-/// A process holding NVIDIA device files.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Holder {
-    /// Process id.
-    pub pid: u32,
-    /// Parent process id.
-    pub ppid: u32,
-    /// Command name.
-    pub comm: String,
-    /// One-letter state of the main thread.
-    pub state: char,
-    /// Start time in clock ticks after boot.
-    pub start_time_ticks: u64,
-    /// Real user id, when readable.
-    pub uid: Option<u32>,
-    /// User name for `uid`, when the host knows it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// Kernel function it waits in, read only when in state `D`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wchan: Option<String>,
-    /// Minor numbers of the per-GPU nodes (`/dev/nvidiaN`) it holds.
-    pub gpu_minors: Vec<u32>,
-    /// Process group: a child keeps its dead parent's group, so it ties a holder to an owner.
-    pub pgid: u32,
-    /// Session, which a child keeps likewise.
-    pub sid: u32,
-    /// The container and pod its cgroup names (absent in snapshots of older versions).
-    #[serde(flatten)]
-    pub cgroup: CgroupAttribution,
-    /// PID 1 of its PID namespace, when that is nested in ours (a container's own).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid_namespace_init: Option<NamespaceInit>,
 }
 
 /// An observation saved to a file, with what a bug report needs to know about where it came from.
@@ -308,58 +425,5 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// The format this build reads and writes.
-    pub const FORMAT: u32 = 1;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn snapshots_without_container_facts_still_read() {
-        // A process and a holder as format 1 wrote them before cgroups were read.
-        let lookup: ProcessLookup = serde_json::from_value(json!({
-            "status": "present", "comm": "python3", "state": "S", "ppid": 1,
-            "start_time_ticks": 1000, "uid": 0, "device_files": "held"
-        }))
-        .unwrap();
-        let ProcessLookup::Present(facts) = lookup else {
-            panic!("{lookup:?}")
-        };
-        assert_eq!(facts.cgroup, CgroupAttribution::default());
-        assert_eq!(facts.pid_namespace_init, None);
-        let holder: Holder = serde_json::from_value(json!({
-            "pid": 564, "ppid": 1, "comm": "python3", "state": "S",
-            "start_time_ticks": 2000, "uid": 0, "gpu_minors": [2], "pgid": 543, "sid": 543
-        }))
-        .unwrap();
-        assert_eq!(holder.cgroup, CgroupAttribution::default());
-    }
-
-    #[test]
-    fn container_facts_round_trip_and_stay_out_when_absent() {
-        let mut holder: Holder = serde_json::from_value(json!({
-            "pid": 564, "ppid": 1, "comm": "python3", "state": "D",
-            "start_time_ticks": 2000, "uid": 0, "gpu_minors": [2], "pgid": 543, "sid": 543
-        }))
-        .unwrap();
-        let plain = serde_json::to_value(&holder).unwrap();
-        for key in ["cgroup", "container_id", "pod_uid", "pid_namespace_init"] {
-            assert!(plain.get(key).is_none(), "{key} in {plain}");
-        }
-        holder.cgroup = CgroupAttribution {
-            cgroup: Some("/kubepods/besteffort/pod1d9e/3f2a".into()),
-            container_id: Some("3f2a".repeat(16)),
-            pod_uid: Some("1d9e2c4a-0000-4000-8000-000000000000".into()),
-        };
-        holder.pid_namespace_init = Some(NamespaceInit::Exited { pid: 480 });
-        let text = serde_json::to_value(&holder).unwrap();
-        assert_eq!(text["container_id"], "3f2a".repeat(16));
-        assert_eq!(
-            text["pid_namespace_init"],
-            json!({"state": "exited", "pid": 480})
-        );
-        assert_eq!(serde_json::from_value::<Holder>(text).unwrap(), holder);
-    }
+    pub const FORMAT: u32 = 2;
 }

@@ -249,7 +249,10 @@ fn read_state(device: &Device) -> Result<(MemoryReading, Vec<NvmlProcess>), Nvml
         device.running_graphics_processes_v2()
     })?;
     let mps = optional(device.mps_running_compute_processes())?;
-    Ok((memory, union_by_pid([compute, graphics, mps])))
+    Ok((
+        memory,
+        union_by_pid([(compute, false), (graphics, false), (mps, true)]),
+    ))
 }
 
 /// Drivers older than the `_v3` process calls still answer the `_v2` ones.
@@ -271,16 +274,19 @@ fn optional(list: Result<Vec<ProcessInfo>, NvmlError>) -> Result<Vec<ProcessInfo
     }
 }
 
-/// One entry per PID over the three lists (see [`NvmlProcess::distinct`]), in PID order.
-fn union_by_pid<const N: usize>(lists: [Vec<ProcessInfo>; N]) -> Vec<NvmlProcess> {
-    let mut processes =
-        NvmlProcess::distinct(lists.into_iter().flatten().map(|info| NvmlProcess {
+/// One entry per PID over the lists (see [`NvmlProcess::distinct`]), in PID order; each
+/// list says whether it is the MPS clients'.
+fn union_by_pid<const N: usize>(lists: [(Vec<ProcessInfo>, bool); N]) -> Vec<NvmlProcess> {
+    let mut processes = NvmlProcess::distinct(lists.into_iter().flat_map(|(list, mps)| {
+        list.into_iter().map(move |info| NvmlProcess {
             pid: info.pid,
             used_bytes: match info.used_gpu_memory {
                 UsedGpuMemory::Used(bytes) => Some(bytes),
                 UsedGpuMemory::Unavailable => None,
             },
-        }));
+            mps_only: mps,
+        })
+    }));
     processes.sort_by_key(|process| process.pid);
     processes
 }

@@ -1,66 +1,201 @@
-//! The small `/proc` and `/etc` text formats read by hand rather than through the
-//! `procfs` crate: pure and total, so any bytes give an answer (and the fuzz targets in
-//! `fuzz/` can say so). The cgroup file has its own module, [`super::cgroup`].
+//! The `/proc` and `/etc` text formats the exporter reads, parsed by hand: pure and
+//! total, so any bytes give an answer (and the fuzz targets in `fuzz/` can say so). One
+//! parser per format, shared by every reader of it. The cgroup file has its own module,
+//! [`super::cgroup`].
 
 /// `PF_EXITING` in `/proc/PID/stat`'s flags: the thread has begun to exit.
 pub const PF_EXITING: u32 = 0x0000_0004;
 
-/// The fields of `/proc/PID/stat` (or `/proc/PID/task/TID/stat`) the exporter reads itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatFields {
+/// `CAP_SYS_PTRACE`, the capability that lets a process read where another user's
+/// descriptors point and what it maps.
+pub const CAP_SYS_PTRACE: u32 = 19;
+
+/// The character-device major number of NVIDIA's GPU and control nodes.
+pub const NVIDIA_MAJOR: u32 = 195;
+/// Minor of `/dev/nvidiactl` under [`NVIDIA_MAJOR`].
+const NVIDIA_CONTROL_MINOR: u32 = 255;
+/// Minor of `/dev/nvidia-modeset` under [`NVIDIA_MAJOR`]; minors below it are GPUs.
+const NVIDIA_MODESET_MINOR: u32 = 254;
+
+/// The fields of `/proc/PID/stat` (or `/proc/PID/task/TID/stat`) the exporter uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// Command name, as the kernel keeps it (at most 15 bytes; lossy UTF-8).
+    pub comm: String,
     /// The one-letter state (`R`, `S`, `D`, `Z`, ...).
     pub state: u8,
     /// Parent PID.
     pub ppid: u32,
+    /// Process group.
+    pub pgrp: u32,
+    /// Session.
+    pub session: u32,
     /// The kernel's `PF_*` flags of the thread.
     pub flags: u32,
+    /// Threads in the process.
+    pub threads: u32,
+    /// Start time in clock ticks after boot: with the PID, the process's identity.
+    pub start_time_ticks: u64,
 }
 
-/// Reads state, parent and flags from a stat line. The command name in parentheses may
-/// itself contain `) ` and spaces, so the fields start after the last `) `.
-pub fn stat_fields(stat: &[u8]) -> Option<StatFields> {
-    let end = stat.windows(2).rposition(|pair| pair == b") ")?;
-    let mut fields = stat[end + 2..].split(|&byte| byte == b' ');
+/// Reads a stat line. The command name in parentheses may itself contain `) ` and
+/// spaces, so the name ends at the last `) ` and the fields start after it.
+pub fn stat(line: &[u8]) -> Option<Stat> {
+    let open = line.iter().position(|&byte| byte == b'(')?;
+    let close = line.windows(2).rposition(|pair| pair == b") ")?;
+    if close < open {
+        return None;
+    }
+    let comm = String::from_utf8_lossy(&line[open + 1..close]).into_owned();
+    let mut fields = line[close + 2..].split(|&byte| byte == b' ');
     let state = *fields.next()?.first()?;
-    let ppid = number(fields.next()?)?;
-    // pgrp, session, tty_nr, tpgid, then flags.
-    let flags = number(fields.nth(4)?)?;
-    Some(StatFields {
+    let ppid = small(fields.next()?)?;
+    let pgrp = small(fields.next()?)?;
+    let session = small(fields.next()?)?;
+    // tty_nr, tpgid, then flags (field 9).
+    let flags = small(fields.nth(2)?)?;
+    // minflt .. itrealvalue lie between flags and num_threads (field 20).
+    let threads = small(fields.nth(10)?)?;
+    // itrealvalue, then starttime (field 22).
+    let start_time_ticks = number(fields.nth(1)?)?;
+    Some(Stat {
+        comm,
         state,
-        ppid: u32::try_from(ppid).ok()?,
-        flags: u32::try_from(flags).ok()?,
+        ppid,
+        pgrp,
+        session,
+        flags,
+        threads,
+        start_time_ticks,
     })
 }
 
-/// The `NSpid:` line of `/proc/PID/status`: the PID in each PID namespace from the one
-/// the procfs belongs to down to the process's own. `None` when the line is missing
-/// (kernels before 4.1) or malformed.
-pub fn nspid(status: &[u8]) -> Option<Vec<u32>> {
-    let line = status
-        .split(|&byte| byte == b'\n')
-        .find_map(|line| line.strip_prefix(b"NSpid:"))?;
-    let pids: Option<Vec<u32>> = line
-        .split(|byte| byte.is_ascii_whitespace())
-        .filter(|field| !field.is_empty())
-        .map(|field| number(field).and_then(|pid| u32::try_from(pid).ok()))
-        .collect();
-    pids.filter(|pids| !pids.is_empty())
+/// The lines of `/proc/PID/status` the exporter uses; each is `None` when missing or
+/// malformed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Status {
+    /// Real user id (`Uid:`'s first field).
+    pub uid: Option<u32>,
+    /// The PID in each PID namespace from the one the procfs belongs to down to the
+    /// process's own (`NSpid:`, kernels since 4.1); never empty when present.
+    pub nspid: Option<Vec<u32>>,
+    /// Effective capability set (`CapEff:`, hexadecimal).
+    pub effective_capabilities: Option<u64>,
 }
 
-/// `CAP_SYS_PTRACE`, the capability that lets a process read where another user's
-/// descriptors point.
-pub const CAP_SYS_PTRACE: u32 = 19;
-
-/// The effective capability set (`CapEff:`, hexadecimal) of a `/proc/PID/status`.
-pub fn effective_capabilities(status: &[u8]) -> Option<u64> {
-    let line = status
-        .split(|&byte| byte == b'\n')
-        .find_map(|line| line.strip_prefix(b"CapEff:"))?;
-    let digits = std::str::from_utf8(line).ok()?.trim();
-    if digits.is_empty() || digits.len() > 16 {
-        return None;
+/// Reads the lines of a status file the exporter uses.
+pub fn status(text: &[u8]) -> Status {
+    let mut status = Status::default();
+    for line in text.split(|&byte| byte == b'\n') {
+        if let Some(rest) = line.strip_prefix(b"Uid:") {
+            status.uid = words(rest).next().and_then(small);
+        } else if let Some(rest) = line.strip_prefix(b"NSpid:") {
+            let pids: Option<Vec<u32>> = words(rest).map(small).collect();
+            status.nspid = pids.filter(|pids| !pids.is_empty());
+        } else if let Some(rest) = line.strip_prefix(b"CapEff:") {
+            status.effective_capabilities = std::str::from_utf8(rest)
+                .ok()
+                .map(str::trim)
+                .filter(|digits| !digits.is_empty() && digits.len() <= 16)
+                .and_then(|digits| u64::from_str_radix(digits, 16).ok());
+        }
     }
-    u64::from_str_radix(digits, 16).ok()
+    status
+}
+
+/// What kind of NVIDIA device file a node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NvidiaNode {
+    /// `/dev/nvidia<minor>`: one GPU, whose contexts map it.
+    Gpu(u32),
+    /// `/dev/nvidiactl`, shared by every client of the driver.
+    Control,
+    /// `/dev/nvidia-uvm` and `/dev/nvidia-uvm-tools`.
+    Uvm,
+    /// `/dev/nvidia-caps/nvidia-cap<minor>`: a capability, such as access to a MIG instance.
+    Capability(u32),
+    /// Any other `/dev/nvidia*` node (modeset, NVSwitch, ...).
+    Other,
+}
+
+/// The node a path names, when it starts with the NVIDIA device prefix (`/dev/nvidia`
+/// outside tests). Compared as bytes: `Path::starts_with` compares whole components and
+/// would miss `/dev/nvidia0`.
+pub fn nvidia_node(path: &[u8], prefix: &[u8]) -> Option<NvidiaNode> {
+    let rest = path.strip_prefix(prefix)?;
+    Some(if let Some(minor) = small(rest) {
+        NvidiaNode::Gpu(minor)
+    } else if rest == b"ctl" {
+        NvidiaNode::Control
+    } else if rest == b"-uvm" || rest == b"-uvm-tools" {
+        NvidiaNode::Uvm
+    } else if let Some(minor) = rest.strip_prefix(b"-caps/nvidia-cap").and_then(small) {
+        NvidiaNode::Capability(minor)
+    } else {
+        NvidiaNode::Other
+    })
+}
+
+/// The node a character device's numbers name, when they are NVIDIA's GPU or control
+/// numbers; names can lie (a container may show GPU 3 as `/dev/nvidia0`), numbers cannot.
+pub fn nvidia_node_by_number(major: u32, minor: u32) -> Option<NvidiaNode> {
+    (major == NVIDIA_MAJOR).then_some(match minor {
+        NVIDIA_CONTROL_MINOR => NvidiaNode::Control,
+        NVIDIA_MODESET_MINOR => NvidiaNode::Other,
+        minor => NvidiaNode::Gpu(minor),
+    })
+}
+
+/// Major and minor number of a Linux `dev_t` (glibc's encoding).
+pub fn device_numbers(dev: u64) -> (u32, u32) {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    (major as u32, minor as u32)
+}
+
+/// One shared mapping of a file, from a line of `/proc/PID/maps`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedMapping<'a> {
+    /// Major and minor number of the device holding the file's inode.
+    pub device: (u32, u32),
+    /// The file's inode.
+    pub inode: u64,
+    /// The path as the process sees it (may end in ` (deleted)`).
+    pub path: &'a [u8],
+}
+
+/// The shared file mappings (`s` in the permissions) of a maps file: a CUDA context,
+/// own or inherited by fork, is shared mappings of the GPU's node and `/dev/nvidiactl`.
+pub fn shared_mappings(maps: &[u8]) -> impl Iterator<Item = SharedMapping<'_>> {
+    maps.split(|&byte| byte == b'\n').filter_map(|line| {
+        let mut fields = line.splitn(6, |&byte| byte == b' ');
+        let _range = fields.next()?;
+        let permissions = fields.next()?;
+        if permissions.get(3) != Some(&b's') {
+            return None;
+        }
+        let _offset = fields.next()?;
+        let (major, minor) = std::str::from_utf8(fields.next()?).ok()?.split_once(':')?;
+        let device = (
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        );
+        let inode = number(fields.next()?)?;
+        let path = trim_start(fields.next()?);
+        (inode != 0 && !path.is_empty()).then_some(SharedMapping {
+            device,
+            inode,
+            path,
+        })
+    })
+}
+
+/// The boot time (`btime`, seconds since the Unix epoch) from `/proc/stat`.
+pub fn boot_time(proc_stat: &[u8]) -> Option<u64> {
+    proc_stat
+        .split(|&byte| byte == b'\n')
+        .find_map(|line| line.strip_prefix(b"btime "))
+        .and_then(|rest| number(trim_start(rest)))
 }
 
 /// The inode of a namespace link target such as `pid:[4026532177]`.
@@ -84,79 +219,174 @@ pub fn passwd_user(passwd: &str, uid: u32) -> Option<String> {
     })
 }
 
+/// A PID as a directory name of `/proc`, or `None` for the other entries.
+pub fn pid_name(name: &[u8]) -> Option<u32> {
+    small(name).filter(|&pid| pid != 0)
+}
+
+/// The whitespace-separated words of a line.
+fn words(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    line.split(|byte| byte.is_ascii_whitespace())
+        .filter(|word| !word.is_empty())
+}
+
+fn trim_start(bytes: &[u8]) -> &[u8] {
+    let start = bytes
+        .iter()
+        .position(|&byte| byte != b' ')
+        .unwrap_or(bytes.len());
+    &bytes[start..]
+}
+
 /// A decimal number of ASCII digits only (no sign, no spaces), or `None`.
 fn number(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 20 {
+    if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
     std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// A decimal number that fits 32 bits.
+fn small(digits: &[u8]) -> Option<u32> {
+    number(digits).and_then(|value| u32::try_from(value).ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A real line of a sleeping `sleep` (kernel 6.18).
+    const SLEEP: &[u8] = b"27240 (sleep) S 27238 27234 24780 0 -1 4195340 101 0 0 0 0 0 0 0 20 0 1 0 6186 2490368 236 18446744073709551615";
+
     #[test]
     fn stat_of_a_sleeping_process() {
-        let stat = b"27240 (sleep) S 27238 27234 24780 0 -1 4195340 101 0 0 0 0 0 0 0 20 0 1 0 6186 2490368 236 18446744073709551615";
         assert_eq!(
-            stat_fields(stat),
-            Some(StatFields {
+            stat(SLEEP),
+            Some(Stat {
+                comm: "sleep".into(),
                 state: b'S',
                 ppid: 27238,
-                flags: 4_195_340
+                pgrp: 27234,
+                session: 24780,
+                flags: 4_195_340,
+                threads: 1,
+                start_time_ticks: 6186,
             })
         );
         // 4195340 = 0x40060C: this PID 1 of a namespace was in its exit path.
-        assert_ne!(stat_fields(stat).unwrap().flags & PF_EXITING, 0);
+        assert_ne!(stat(SLEEP).unwrap().flags & PF_EXITING, 0);
     }
 
     #[test]
     fn stat_with_a_command_name_that_looks_like_the_end() {
-        let stat = b"42 (a) b) Z 7 42 42 0 -1 4194564 0";
-        let fields = stat_fields(stat).unwrap();
-        assert_eq!((fields.state, fields.ppid), (b'Z', 7));
+        let line = b"42 (a) b) Z 7 42 42 0 -1 4194564 0 0 0 0 0 0 0 0 20 0 3 0 99 0";
+        let fields = stat(line).unwrap();
+        assert_eq!(fields.comm, "a) b");
+        assert_eq!((fields.state, fields.ppid, fields.threads), (b'Z', 7, 3));
+        assert_eq!(fields.start_time_ticks, 99);
         assert_eq!(fields.flags & PF_EXITING, PF_EXITING);
     }
 
     #[test]
     fn malformed_stat_lines() {
-        for stat in [
+        for line in [
             &b""[..],
             b"42 (sleep)",
             b"42 (sleep) ",
             b"42 (sleep) S",
-            b"42 (sleep) S x 1 1 0 -1 0",
-            b"42 (sleep) S 1 1 1 0 -1 -5",
-            b"42 (sleep) S 99999999999 1 1 0 -1 0",
+            b"42 (sleep) S 1 1 1 0 -1 0",
+            b"42 (sleep) S x 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 6186",
+            b"42 (sleep) S 1 1 1 0 -1 -5 0 0 0 0 0 0 0 0 20 0 1 0 6186",
+            b"42 (sleep) S 99999999999 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 6186",
+            b"42 (sleep) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 -6186",
+            b"42 ) (sleep S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 6186",
+        ] {
+            assert_eq!(stat(line), None, "{:?}", String::from_utf8_lossy(line));
+        }
+    }
+
+    #[test]
+    fn status_lines() {
+        let text = b"Name:\tsleep\nState:\tD (disk sleep)\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t27241\t2\nThreads:\t1\nCapEff:\t0000000000080004\n";
+        let parsed = status(text);
+        assert_eq!(parsed.uid, Some(1000));
+        assert_eq!(parsed.nspid, Some(vec![27241, 2]));
+        assert_ne!(
+            parsed.effective_capabilities.unwrap() & (1 << CAP_SYS_PTRACE),
+            0
+        );
+        assert_eq!(status(b"Name:\tsleep\n"), Status::default());
+        let broken = status(b"NSpid:\t12 x\nUid:\t\nCapEff:\tzz\n");
+        assert_eq!(broken, Status::default());
+        assert_eq!(status(b"NSpid:\t\n").nspid, None);
+    }
+
+    #[test]
+    fn nvidia_nodes_by_name() {
+        let prefix = b"/dev/nvidia";
+        for (path, node) in [
+            (&b"/dev/nvidia0"[..], Some(NvidiaNode::Gpu(0))),
+            (b"/dev/nvidia13", Some(NvidiaNode::Gpu(13))),
+            (b"/dev/nvidiactl", Some(NvidiaNode::Control)),
+            (b"/dev/nvidia-uvm", Some(NvidiaNode::Uvm)),
+            (b"/dev/nvidia-uvm-tools", Some(NvidiaNode::Uvm)),
+            (
+                b"/dev/nvidia-caps/nvidia-cap2",
+                Some(NvidiaNode::Capability(2)),
+            ),
+            (b"/dev/nvidia-modeset", Some(NvidiaNode::Other)),
+            (b"/dev/nvidia0 (deleted)", Some(NvidiaNode::Other)),
+            (b"/dev/null", None),
+            (b"/dev/nvidi", None),
         ] {
             assert_eq!(
-                stat_fields(stat),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(stat)
+                nvidia_node(path, prefix),
+                node,
+                "{}",
+                String::from_utf8_lossy(path)
             );
         }
     }
 
     #[test]
-    fn nspid_lines() {
-        let status = b"Name:\tsleep\nState:\tD (disk sleep)\nNSpid:\t27241\t2\nThreads:\t1\n";
-        assert_eq!(nspid(status), Some(vec![27241, 2]));
-        assert_eq!(nspid(b"NSpid:\t1\n"), Some(vec![1]));
-        assert_eq!(nspid(b"Name:\tsleep\n"), None);
-        assert_eq!(nspid(b"NSpid:\t\n"), None);
-        assert_eq!(nspid(b"NSpid:\t12 x\n"), None);
+    fn nvidia_nodes_by_number() {
+        assert_eq!(nvidia_node_by_number(195, 3), Some(NvidiaNode::Gpu(3)));
+        assert_eq!(nvidia_node_by_number(195, 255), Some(NvidiaNode::Control));
+        assert_eq!(nvidia_node_by_number(195, 254), Some(NvidiaNode::Other));
+        assert_eq!(nvidia_node_by_number(1, 3), None);
+        // /dev/nvidia3 is char 195:3; /dev/null is 1:3; a large minor splits across bits.
+        assert_eq!(device_numbers(0xc303), (195, 3));
+        assert_eq!(device_numbers(0x103), (1, 3));
+        // glibc's makedev for a major and a minor beyond 8 and 12 bits.
+        let (major, minor) = (0x1234_u64, 0x5_6789_u64);
+        let dev = ((major & 0xfff) << 8)
+            | ((major & !0xfff) << 32)
+            | (minor & 0xff)
+            | ((minor & !0xff) << 12);
+        assert_eq!(device_numbers(dev), (0x1234, 0x5_6789));
     }
 
     #[test]
-    fn capability_lines() {
-        let status = b"Name:\tx\nCapPrm:\t0000000000080004\nCapEff:\t0000000000080004\n";
-        let caps = effective_capabilities(status).unwrap();
-        assert_ne!(caps & (1 << CAP_SYS_PTRACE), 0);
-        assert_eq!(effective_capabilities(b"CapEff:\t\n"), None);
-        assert_eq!(effective_capabilities(b"CapEff:\tzz\n"), None);
-        assert_eq!(effective_capabilities(b"Name:\tx\n"), None);
+    fn shared_mappings_of_a_cuda_process() {
+        // Lines as a PyTorch process on an H200 shows them, with a private library mapping.
+        let maps = b"7f10a0000000-7f10a0200000 rw-s 00000000 00:05 1065                       /dev/nvidiactl\n\
+7f10a4000000-7f10a4001000 -w-s 00000000 00:05 1071                       /dev/nvidia0\n\
+7f10b0000000-7f10b0021000 r-xp 00000000 fe:01 393300                     /usr/lib/x86_64-linux-gnu/libc.so.6\n\
+7f10b8000000-7f10b8200000 rw-s 00000000 00:01 5                          /dev/zero (deleted)\n\
+7f10c0000000-7f10c0001000 rw-p 00000000 00:00 0 \n\
+garbage\n";
+        let shared: Vec<_> = shared_mappings(maps).collect();
+        assert_eq!(shared.len(), 3);
+        assert_eq!(shared[0].path, b"/dev/nvidiactl");
+        assert_eq!((shared[1].device, shared[1].inode), ((0, 5), 1071));
+        assert_eq!(shared[2].path, b"/dev/zero (deleted)");
+    }
+
+    #[test]
+    fn boot_time_line() {
+        let text = b"cpu  1 2 3\nintr 5\nbtime 1764754262\nprocesses 9\n";
+        assert_eq!(boot_time(text), Some(1_764_754_262));
+        assert_eq!(boot_time(b"btime x\n"), None);
     }
 
     #[test]
@@ -174,5 +404,13 @@ mod tests {
         assert_eq!(passwd_user(passwd, 65534).as_deref(), Some("nobody"));
         assert_eq!(passwd_user(passwd, 7), None);
         assert_eq!(passwd_user(passwd, 1000), None);
+    }
+
+    #[test]
+    fn pid_directory_names() {
+        assert_eq!(pid_name(b"4242"), Some(4242));
+        assert_eq!(pid_name(b"self"), None);
+        assert_eq!(pid_name(b"0"), None);
+        assert_eq!(pid_name(b"-1"), None);
     }
 }

@@ -6,13 +6,11 @@
 //! live process in it (`rmdir` fails with `EBUSY`, on v1 and v2 alike), so the directory
 //! of a leftover process's cgroup always exists.
 
-use super::parse::{self, PF_EXITING};
+use super::parse::PF_EXITING;
 use super::procfs::ProcRoot;
 use super::NamespaceInit;
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::time::Instant;
 
 /// Most ancestors to climb looking for a namespace's PID 1 before searching every process.
@@ -44,15 +42,14 @@ impl<'a> NamespaceInits<'a> {
     /// its status cannot be read (it exited).
     pub(super) fn of(&mut self, pid: u32) -> Option<NamespaceInit> {
         let dir = self.root.pid_dir(pid);
-        let status = fs::read(dir.join("status")).ok()?;
-        let levels = parse::nspid(&status)?;
+        let levels = self.root.status(&dir).ok()?.nspid?;
         if levels.len() < 2 {
             return None;
         }
         let init = if levels.last() == Some(&1) {
             Some(pid)
         } else {
-            let Some(namespace) = namespace_of(&dir) else {
+            let Some(namespace) = self.root.pid_namespace(&dir) else {
                 // Reading another user's namespace link needs CAP_SYS_PTRACE.
                 return Some(NamespaceInit::Unknown);
             };
@@ -77,8 +74,8 @@ impl<'a> NamespaceInits<'a> {
         let mut current = self.parent_of(pid)?;
         for _ in 0..MAX_ANCESTORS {
             let dir = self.root.pid_dir(current);
-            let levels = parse::nspid(&fs::read(dir.join("status")).ok()?)?;
-            if levels.len() != depth || namespace_of(&dir)? != namespace {
+            let levels = self.root.status(&dir).ok()?.nspid?;
+            if levels.len() != depth || self.root.pid_namespace(&dir)? != namespace {
                 return None;
             }
             if levels.last() == Some(&1) {
@@ -95,29 +92,16 @@ impl<'a> NamespaceInits<'a> {
         let deadline = self.deadline;
         let index = self.index.get_or_insert_with(|| {
             let mut index = HashMap::new();
-            let Ok(entries) = fs::read_dir(&root.root) else {
-                return index;
-            };
-            for entry in entries.flatten() {
+            for pid in root.pids().unwrap_or_default() {
                 if Instant::now() > deadline {
                     break;
                 }
-                let Some(pid) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|name| name.parse::<u32>().ok())
-                else {
-                    continue;
-                };
                 let dir = root.pid_dir(pid);
-                let Some(levels) = fs::read(dir.join("status"))
-                    .ok()
-                    .and_then(|status| parse::nspid(&status))
-                else {
+                let Some(levels) = root.status(&dir).ok().and_then(|status| status.nspid) else {
                     continue;
                 };
                 if levels.len() >= 2 && levels.last() == Some(&1) {
-                    if let Some(namespace) = namespace_of(&dir) {
+                    if let Some(namespace) = root.pid_namespace(&dir) {
                         index.insert(namespace, pid);
                     }
                 }
@@ -134,10 +118,7 @@ impl<'a> NamespaceInits<'a> {
         };
         let mut threads = 0;
         for task in tasks.flatten() {
-            let Some(fields) = fs::read(task.path().join("stat"))
-                .ok()
-                .and_then(|stat| parse::stat_fields(&stat))
-            else {
+            let Ok(fields) = self.root.stat(&task.path()) else {
                 continue;
             };
             if fields.flags & PF_EXITING == 0 {
@@ -153,15 +134,9 @@ impl<'a> NamespaceInits<'a> {
     }
 
     fn parent_of(&self, pid: u32) -> Option<u32> {
-        let stat = fs::read(self.root.pid_dir(pid).join("stat")).ok()?;
-        Some(parse::stat_fields(&stat)?.ppid).filter(|&ppid| ppid != 0)
+        let stat = self.root.stat(&self.root.pid_dir(pid)).ok()?;
+        Some(stat.ppid).filter(|&ppid| ppid != 0)
     }
-}
-
-/// The inode of the PID namespace of the process whose `/proc` directory is `dir`.
-fn namespace_of(dir: &Path) -> Option<u64> {
-    let link = fs::read_link(dir.join("ns/pid")).ok()?;
-    parse::namespace_inode(link.as_os_str().as_bytes())
 }
 
 #[cfg(test)]
@@ -188,7 +163,11 @@ mod tests {
                 format!("Name:\tx\nNSpid:\t{}\n", levels.join("\t")),
             )
             .unwrap();
-            let stat = |flags: u32| format!("{pid} (x) S {ppid} {pid} {pid} 0 -1 {flags} 0 0");
+            let stat = |flags: u32| {
+                format!(
+                    "{pid} (x) S {ppid} {pid} {pid} 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 500 0"
+                )
+            };
             fs::write(dir.join("stat"), stat(threads[0])).unwrap();
             std::os::unix::fs::symlink(format!("pid:[{namespace}]"), dir.join("ns/pid")).unwrap();
             for (index, flags) in threads.iter().enumerate() {

@@ -1,14 +1,20 @@
-//! Render a [`Report`] as JSON for scripts (`check --json`).
+//! Render a [`Report`] as JSON for scripts (`check --json`): the classifier's verdict as
+//! data, with the same words `check` prints.
 
 use super::text::{verdict, Verdict};
-use crate::classify::{GpuOutcome, GpuVerdict, Owner, OwnerState, Report, ScanSummary};
-use crate::observe::{GpuError, Holder, MemoryReading};
+use crate::classify::{
+    CheckStatus, Finding, GpuOutcome, GpuVerdict, Note, Owner, OwnerState, Remedy, Report,
+    ScanSummary, Suspect,
+};
+use crate::observe::{GpuError, MemoryReading, ProcfsView};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// The whole document.
 #[derive(Debug, Serialize)]
 pub struct CheckDocument<'a> {
+    /// What `check` reports for the GPUs shown, as its exit status says it.
+    pub status: CheckStatus,
     /// Whether NVML answered.
     pub nvml_up: bool,
     /// Why it did not.
@@ -17,6 +23,8 @@ pub struct CheckDocument<'a> {
     pub driver_version: Option<&'a str>,
     /// Whether we run in the host PID namespace (`null`: could not tell).
     pub host_pid_namespace: Option<bool>,
+    /// Whether the procfs read shows our own PID namespace (`own`) or another (`foreign`).
+    pub procfs_view: ProcfsView,
     /// The holder scan, when one ran.
     pub holder_scan: Option<ScanSummary>,
     /// Orphaned bytes over the GPUs shown.
@@ -38,6 +46,8 @@ pub struct GpuDocument<'a> {
     pub pci_bus_id: &'a str,
     /// Minor number of the device node.
     pub minor: Option<u32>,
+    /// What `check` reports for this GPU.
+    pub status: CheckStatus,
     /// The failure, when the GPU did not answer.
     pub error: Option<GpuError>,
     /// Memory figures, when it did (clamped to the total; see `memory_inconsistent`).
@@ -45,6 +55,8 @@ pub struct GpuDocument<'a> {
     /// NVML's memory figures contradicted each other and were clamped (only when true).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub memory_inconsistent: bool,
+    /// What the verdict amounts to, when the GPU answered.
+    pub finding: Option<Finding>,
     /// Owners with their verdicts.
     pub owners: &'a [Owner],
     /// Processes and bytes per owner state.
@@ -57,9 +69,17 @@ pub struct GpuDocument<'a> {
     pub unattributed_bytes: u64,
     /// All orphaned bytes.
     pub orphaned_bytes: u64,
-    /// Live holders NVML does not list.
-    pub unlisted_holders: &'a [Holder],
-    /// Live owners and unlisted holders whose container has ended (only when some have).
+    /// Processes with a context on the GPU that keep its orphaned memory, with evidence.
+    pub culprits: &'a [Suspect],
+    /// Processes holding its device file without a context here, with why not blamed.
+    pub bystanders: &'a [Suspect],
+    /// Processes holding its device file whose mappings could not be read.
+    pub undetermined: &'a [Suspect],
+    /// What would give orphaned memory back.
+    pub remedy: Option<&'a Remedy>,
+    /// Facts worth a line each, as data.
+    pub notes: &'a [Note],
+    /// Live owners and culprits whose container has ended (only when some have).
     #[serde(skip_serializing_if = "is_zero")]
     pub exited_container_processes: u64,
     /// The verdict in words.
@@ -78,20 +98,22 @@ pub struct StateDocument {
 /// Build the document for the GPUs chosen.
 pub fn check_document<'a>(report: &'a Report, gpus: &[&'a GpuVerdict]) -> CheckDocument<'a> {
     CheckDocument {
+        status: report.check_status(gpus),
         nvml_up: report.nvml_up,
         nvml_error: report.nvml_error.as_deref(),
         driver_version: report.driver_version.as_deref(),
         host_pid_namespace: report.host_pid_namespace,
+        procfs_view: report.procfs_view,
         holder_scan: report.holder_scan,
         orphaned_bytes: gpus
             .iter()
             .map(|gpu| gpu.orphaned_bytes())
             .fold(0, u64::saturating_add),
-        gpus: gpus.iter().map(|gpu| gpu_document(gpu, report)).collect(),
+        gpus: gpus.iter().map(|gpu| gpu_document(gpu)).collect(),
     }
 }
 
-fn gpu_document<'a>(gpu: &'a GpuVerdict, report: &Report) -> GpuDocument<'a> {
+fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
     let (error, account) = match &gpu.outcome {
         GpuOutcome::Measured(account) => (None, Some(account)),
         GpuOutcome::Failed { error, .. } => (Some(*error), None),
@@ -102,9 +124,11 @@ fn gpu_document<'a>(gpu: &'a GpuVerdict, report: &Report) -> GpuDocument<'a> {
         name: &gpu.name,
         pci_bus_id: &gpu.pci_bus_id,
         minor: gpu.minor,
+        status: gpu.status(),
         error,
         memory: account.map(|account| account.memory),
         memory_inconsistent: account.is_some_and(|account| account.memory_inconsistent),
+        finding: account.map(|account| account.finding),
         owners: account.map_or(&[], |account| account.owners.as_slice()),
         owners_by_state: account
             .map(|account| {
@@ -127,10 +151,14 @@ fn gpu_document<'a>(gpu: &'a GpuVerdict, report: &Report) -> GpuDocument<'a> {
             .map_or(0, |account| account.orphaned_unattributed_bytes()),
         unattributed_bytes: account.map_or(0, |account| account.unattributed_bytes),
         orphaned_bytes: gpu.orphaned_bytes(),
-        unlisted_holders: account.map_or(&[], |account| account.unlisted_holders.as_slice()),
+        culprits: account.map_or(&[], |account| account.culprits.as_slice()),
+        bystanders: account.map_or(&[], |account| account.bystanders.as_slice()),
+        undetermined: account.map_or(&[], |account| account.undetermined.as_slice()),
+        remedy: account.map(|account| &account.remedy),
+        notes: account.map_or(&[], |account| account.notes.as_slice()),
         exited_container_processes: account
             .map_or(0, |account| account.exited_container_processes()),
-        verdict: verdict(gpu, report),
+        verdict: verdict(gpu),
     }
 }
 

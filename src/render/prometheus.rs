@@ -1,7 +1,8 @@
-//! Render a [`Report`] as Prometheus metrics through prometheus-client's encoders.
+//! Render a [`Report`] as Prometheus metrics through prometheus-client's encoders, one
+//! function per group of metric families.
 
-use crate::classify::{GpuOutcome, GpuVerdict, OwnerState, Report};
-use crate::observe::{GpuError, MemoryReading};
+use crate::classify::{GoneReason, GpuAccount, GpuOutcome, GpuVerdict, OwnerState, Report, Role};
+use crate::observe::{GpuError, MemoryReading, ProcfsView};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
@@ -74,20 +75,56 @@ fn flag(value: bool) -> i64 {
     i64::from(value)
 }
 
-/// Encode every series for one report; `scrape_seconds` is the time observation took.
+/// The GPUs that answered, with their accounts.
+type Measured<'a> = [(&'a GpuVerdict, &'a GpuAccount)];
+
+/// What one scrape spent its time on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScrapeTiming {
+    /// Seconds spent reading NVML and /proc and classifying.
+    pub total_seconds: f64,
+    /// Seconds of that spent on the holder scan; `None` when this scrape made none (a
+    /// replayed snapshot's scan was not made now).
+    pub scan_seconds: Option<f64>,
+}
+
+/// Encode every series for one report.
 pub fn encode_report(
     encoder: &mut DescriptorEncoder,
     report: &Report,
     build: &BuildInfo,
     options: &RenderOptions,
-    scrape_seconds: f64,
+    timing: ScrapeTiming,
 ) -> fmt::Result {
-    let gpus = &report.gpus;
-    let measured: Vec<_> = gpus
+    let measured: Vec<_> = report
+        .gpus
         .iter()
         .filter_map(|gpu| gpu.account().map(|account| (gpu, account)))
         .collect();
+    exporter_health(encoder, report, build)?;
+    gpu_identity(encoder, &report.gpus)?;
+    memory(encoder, &measured)?;
+    owners(encoder, &measured)?;
+    orphans(encoder, &measured)?;
+    holders(encoder, &measured)?;
+    holder_scan(encoder, report, timing.scan_seconds)?;
+    if let Some(limit) = options.per_process_limit {
+        per_process(encoder, &measured, limit)?;
+    }
+    gauge(
+        encoder,
+        "vram_scrape_duration_seconds",
+        "Seconds this scrape spent reading NVML and /proc and classifying.",
+        [(Labels::new(), timing.total_seconds)],
+    )
+}
 
+/// Build info, NVML, and what the exporter can see of processes.
+fn exporter_health(
+    encoder: &mut DescriptorEncoder,
+    report: &Report,
+    build: &BuildInfo,
+) -> fmt::Result {
     gauge(
         encoder,
         "vram_build_info",
@@ -118,10 +155,19 @@ pub fn encode_report(
     )?;
     gauge(
         encoder,
+        "vram_procfs_own_pid_namespace",
+        "1 when --path.procfs shows the exporter's own PID namespace, in which NVML names processes; 0 when it shows another, so owners are looked up through NSpid and those not found there are unknown.",
+        [(Labels::new(), flag(report.procfs_view == ProcfsView::Own))],
+    )?;
+    gauge(
+        encoder,
         "vram_procfs_errors",
         "Entries under /proc that existed but could not be read during this scrape.",
         [(Labels::new(), report.procfs_errors)],
-    )?;
+    )
+}
+
+fn gpu_identity(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Result {
     gauge(
         encoder,
         "vram_gpu_info",
@@ -157,8 +203,10 @@ pub fn encode_report(
                 )
             })
         }),
-    )?;
+    )
+}
 
+fn memory(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
     let memory_series: [MemorySeries; 4] = [
         ("vram_total_bytes", "Installed GPU memory in bytes.", |m| m.total),
         (
@@ -183,11 +231,21 @@ pub fn encode_report(
                 .map(|(gpu, account)| (gpu_labels(gpu), value(&account.memory))),
         )?;
     }
+    gauge(
+        encoder,
+        "vram_memory_inconsistent",
+        "1 when NVML's memory figures for this GPU contradict each other (reserved, used or free beyond the total): the figures are clamped to the total and unattributed memory is not called orphaned.",
+        measured
+            .iter()
+            .map(|(gpu, account)| (gpu_labels(gpu), flag(account.memory_inconsistent))),
+    )
+}
 
+fn owners(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
     gauge(
         encoder,
         "vram_owner_processes",
-        "Processes NVML charges memory to on this GPU, by state; gone means no live process holds the memory's device any more.",
+        "Processes NVML charges memory to on this GPU, by state; gone means no live process holds the context any more (it exited, or its PID names another process now).",
         measured.iter().flat_map(|(gpu, account)| {
             OwnerState::ALL.into_iter().map(move |state| {
                 (
@@ -212,6 +270,38 @@ pub fn encode_report(
     )?;
     gauge(
         encoder,
+        "vram_gone_owner_processes",
+        "Gone owners by why: exited, or reused (the PID names another process now, one without a context on this GPU or with another start time).",
+        measured.iter().flat_map(|(gpu, account)| {
+            GoneReason::ALL.into_iter().map(move |reason| {
+                (
+                    with(gpu_labels(gpu), "reason", reason.as_str()),
+                    account.gone(reason),
+                )
+            })
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_owner_processes_usage_unavailable",
+        "Owners whose memory usage NVML reports as unavailable; while a live one exists, unattributed memory is not called orphaned.",
+        measured
+            .iter()
+            .map(|(gpu, account)| (gpu_labels(gpu), account.usage_unavailable_owners)),
+    )?;
+    gauge(
+        encoder,
+        "vram_exited_container_processes",
+        "Live owners and culprits of this GPU whose container has ended (PID 1 of their PID namespace exited): they survived the SIGKILL that ends a container, typically stuck in the driver.",
+        measured.iter().map(|(gpu, account)| {
+            (gpu_labels(gpu), account.exited_container_processes())
+        }),
+    )
+}
+
+fn orphans(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
+    gauge(
+        encoder,
         "vram_orphaned_bytes",
         "GPU memory held without a live owner: charged to gone owners (owner_gone) or charged to nobody above the noise floor (unattributed).",
         measured.iter().flat_map(|(gpu, account)| {
@@ -234,62 +324,58 @@ pub fn encode_report(
         measured
             .iter()
             .map(|(gpu, account)| (gpu_labels(gpu), account.unattributed_bytes)),
-    )?;
+    )
+}
+
+fn holders(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
     gauge(
         encoder,
-        "vram_owner_processes_usage_unavailable",
-        "Owners whose memory usage NVML reports as unavailable; while a live one exists, unattributed memory is not called orphaned.",
-        measured
-            .iter()
-            .map(|(gpu, account)| (gpu_labels(gpu), account.usage_unavailable_owners)),
-    )?;
-    gauge(
-        encoder,
-        "vram_unlisted_holders",
-        "Live processes holding this GPU's device file that NVML does not list as owners; they keep orphaned memory alive. Looked for only while memory is orphaned.",
-        measured
-            .iter()
-            .map(|(gpu, account)| (gpu_labels(gpu), account.unlisted_holders.len() as u64)),
+        "vram_holder_processes",
+        "Processes holding this GPU's device file while it has orphaned memory, by role: culprit (holds a context here: its end frees the memory), bystander (no context here: an NVML client or another GPU's job, never blamed), undetermined (mappings unreadable). 0 while nothing is orphaned.",
+        measured.iter().flat_map(|(gpu, account)| {
+            Role::ALL.into_iter().map(move |role| {
+                (
+                    with(gpu_labels(gpu), "role", role.as_str()),
+                    account.holders(role).len() as u64,
+                )
+            })
+        }),
     )?;
     gauge(
         encoder,
         "vram_holder_info",
-        "One series per unlisted holder of a GPU's device file; always 1.",
+        "One series per culprit: a process with a context on this GPU that keeps its orphaned memory alive, named by PID and start time; always 1.",
         measured.iter().flat_map(|(gpu, account)| {
             account
-                .unlisted_holders
+                .culprits
                 .iter()
                 .take(MAX_HOLDER_SERIES_PER_GPU)
-                .map(move |holder| {
-                    let labels = with(gpu_labels(gpu), "pid", holder.pid.to_string());
-                    let labels = with(labels, "comm", holder.comm.clone());
-                    let state = OwnerState::from_proc_letter(holder.state);
-                    let labels = with(labels, "state", state.as_str());
+                .map(move |culprit| {
+                    let process = &culprit.process;
+                    let labels = with(gpu_labels(gpu), "pid", process.pid.to_string());
+                    let started = process
+                        .started_unix_seconds
+                        .map(|seconds| seconds.to_string())
+                        .unwrap_or_default();
+                    let labels = with(labels, "start_time", started);
+                    let labels = with(labels, "comm", process.comm.clone());
+                    let labels = with(labels, "state", process.state.owner_state().as_str());
                     let labels = container_labels(
                         labels,
-                        holder.cgroup.container_id.as_deref(),
-                        holder.cgroup.pod_uid.as_deref(),
+                        process.cgroup.container_id.as_deref(),
+                        process.cgroup.pod_uid.as_deref(),
                     );
                     (labels, 1i64)
                 })
         }),
-    )?;
-    gauge(
-        encoder,
-        "vram_exited_container_processes",
-        "Live owners and unlisted holders of this GPU whose container has ended (PID 1 of their PID namespace exited): they survived the SIGKILL that ends a container, typically stuck in the driver.",
-        measured.iter().map(|(gpu, account)| {
-            (gpu_labels(gpu), account.exited_container_processes())
-        }),
-    )?;
-    gauge(
-        encoder,
-        "vram_memory_inconsistent",
-        "1 when NVML's memory figures for this GPU contradict each other (reserved, used or free beyond the total): the figures are clamped to the total and unattributed memory is not called orphaned.",
-        measured
-            .iter()
-            .map(|(gpu, account)| (gpu_labels(gpu), flag(account.memory_inconsistent))),
-    )?;
+    )
+}
+
+fn holder_scan(
+    encoder: &mut DescriptorEncoder,
+    report: &Report,
+    scan_seconds: Option<f64>,
+) -> fmt::Result {
     let scan = report.holder_scan;
     gauge(
         encoder,
@@ -301,37 +387,35 @@ pub fn encode_report(
         encoder,
         "vram_holder_scan_duration_seconds",
         "Seconds this scrape's scan for device-file holders took; 0 when no GPU had orphaned memory.",
-        [(Labels::new(), scan.map_or(0.0, |scan| scan.duration_seconds))],
-    )?;
+        [(Labels::new(), scan_seconds.unwrap_or(0.0))],
+    )
+}
 
-    if let Some(limit) = options.per_process_limit {
-        gauge(
-            encoder,
-            "vram_process_used_bytes",
-            "Bytes NVML charges each process on each GPU (opt-in, capped).",
-            measured
-                .iter()
-                .flat_map(|(gpu, account)| {
-                    account.owners.iter().map(move |owner| {
-                        let labels = with(gpu_labels(gpu), "pid", owner.pid.to_string());
-                        let labels = with(labels, "comm", owner.comm.clone().unwrap_or_default());
-                        let labels = with(labels, "state", owner.state.as_str());
-                        let labels = container_labels(
-                            labels,
-                            owner.container_id.as_deref(),
-                            owner.pod_uid.as_deref(),
-                        );
-                        (labels, owner.used_bytes.unwrap_or(0))
-                    })
-                })
-                .take(limit),
-        )?;
-    }
-
+fn per_process(
+    encoder: &mut DescriptorEncoder,
+    measured: &Measured<'_>,
+    limit: usize,
+) -> fmt::Result {
     gauge(
         encoder,
-        "vram_scrape_duration_seconds",
-        "Seconds this scrape spent reading NVML and /proc and classifying.",
-        [(Labels::new(), scrape_seconds)],
+        "vram_process_used_bytes",
+        "Bytes NVML charges each process on each GPU (opt-in, capped).",
+        measured
+            .iter()
+            .flat_map(|(gpu, account)| {
+                account.owners.iter().map(move |owner| {
+                    let labels = with(gpu_labels(gpu), "pid", owner.pid.to_string());
+                    let labels = with(labels, "comm", owner.comm().unwrap_or_default().to_string());
+                    let labels = with(labels, "state", owner.state.as_str());
+                    let cgroup = owner.process.as_ref().map(|process| &process.cgroup);
+                    let labels = container_labels(
+                        labels,
+                        cgroup.and_then(|cgroup| cgroup.container_id.as_deref()),
+                        cgroup.and_then(|cgroup| cgroup.pod_uid.as_deref()),
+                    );
+                    (labels, owner.used_bytes.unwrap_or(0))
+                })
+            })
+            .take(limit),
     )
 }

@@ -1,106 +1,136 @@
-//! Render a [`Report`] for a person: an nvidia-smi-like table per GPU and one verdict
-//! sentence per GPU that says what would free orphaned memory.
+//! Render a [`Report`] for a person: an nvidia-smi-like table per GPU and, per GPU, the
+//! verdict in one sentence, its notes and the command that would help. Every decision
+//! (who is to blame, what would free the memory) was made by the classifier; this only
+//! puts it into words.
 
 use crate::classify::{
-    kinship, GpuAccount, GpuOutcome, GpuVerdict, Kinship, Owner, OwnerState, Report,
-    UnattributedTrust,
+    Blindness, Evidence, Finding, GpuAccount, GpuOutcome, GpuVerdict, Note, Owner, OwnerDetail,
+    OwnerState, Process, Remedy, Report, Suspect, UnattributedTrust,
 };
 use crate::observe::cgroup::short_container_id;
-use crate::observe::{Holder, NamespaceInit};
 use crate::units::format_bytes;
 use serde::Serialize;
 use std::fmt::Write;
 
 /// Most PIDs a sentence names before it says how many more there are.
 const MAX_PIDS_NAMED: usize = 8;
-/// Most processes a table lists, or notes one kind of note names; `check --json` has all.
+/// Most processes a table lists; `check --json` has all.
 const MAX_ROWS: usize = 32;
-
-/// What a GPU's verdict amounts to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Finding {
-    /// Every byte has a live owner (or nothing is used).
-    Healthy,
-    /// Memory is orphaned and live processes hold the device: killing them should free it.
-    OrphanedHeld,
-    /// Memory is orphaned and nothing holds the device: only a reset frees it.
-    OrphanedUnheld,
-    /// Memory is orphaned and only the GPU's live owners hold the device: stopping them
-    /// may free it.
-    OrphanedHeldByOwners,
-    /// Memory is orphaned and the holder scan could not see every process.
-    OrphanedHoldersUnknown,
-    /// The GPU did not answer.
-    Unreadable,
-}
 
 /// The verdict on one GPU in words, with the command that would help, if any.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Verdict {
-    /// The kind of finding.
-    pub finding: Finding,
     /// One sentence for a person.
     pub sentence: String,
-    /// Further facts worth a line each (stopped owners, blindness, unavailable usage).
+    /// Further facts worth a line each.
     pub notes: Vec<String>,
     /// A command the person may run; the exporter never runs it.
     pub suggestion: Option<String>,
 }
 
-/// The state of a process in plain words.
-fn state_words(letter: char) -> &'static str {
-    match letter {
-        'R' => "running",
-        'S' | 'I' => "sleeping",
-        'T' => "stopped",
-        't' => "stopped by a tracer",
-        'D' => "in uninterruptible sleep",
-        'Z' => "zombie",
-        _ => "running",
+/// A size as people compare it: `74.3 GiB (76,107 MiB)`, MiB being what nvidia-smi prints.
+pub fn size_words(bytes: u64) -> String {
+    if bytes < 1 << 30 {
+        return format_bytes(bytes);
+    }
+    format!("{} ({} MiB)", format_bytes(bytes), thousands(bytes >> 20))
+}
+
+/// `76107` as `76,107`.
+fn thousands(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// A moment in seconds since the Unix epoch as `2026-12-03 09:31:02 UTC`.
+pub fn utc_words(seconds: u64) -> String {
+    let days = seconds / 86_400;
+    let rest = seconds % 86_400;
+    // Days to a civil date (Howard Hinnant's algorithm), for dates after 1970.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// `python3, started 2026-12-03 09:31:02 UTC` or, without a boot time, the start in ticks.
+fn identity_words(process: &Process) -> String {
+    match process.started_unix_seconds {
+        Some(seconds) => format!("{}, started {}", process.comm, utc_words(seconds)),
+        None => format!(
+            "{}, start time {} ticks after boot",
+            process.comm, process.start_time_ticks
+        ),
     }
 }
 
-fn describe_holder_tied(holder: &Holder, gone: &[u32]) -> String {
-    let mut words = describe_holder(holder);
-    if let Some(kin) = kinship(holder, gone) {
-        words.pop();
-        let tie = match kin {
-            Kinship::ChildOf(pid) => format!("child of exited PID {pid}"),
-            Kinship::ProcessGroupOf(pid) => format!("in the process group of exited PID {pid}"),
-            Kinship::SessionOf(pid) => format!("in the session of exited PID {pid}"),
-        };
-        let _ = write!(words, ", {tie})");
-    }
-    words
-}
-
-fn describe_holder(holder: &Holder) -> String {
-    let mut words = format!(
-        "PID {} ({}, {}",
-        holder.pid,
-        holder.comm,
-        state_words(holder.state)
-    );
-    if let Some(wchan) = &holder.wchan {
+/// `PID 564 (python3, sleeping, started ..., user root, parent 1, container ...)`.
+fn process_words(process: &Process, extra: &[String]) -> String {
+    let mut words = format!("PID {} ({}", process.pid, process.comm);
+    let _ = write!(words, ", {}", process.state.words());
+    if let Some(wchan) = &process.wchan {
         let _ = write!(words, " in {wchan}");
     }
-    if let Some(user) = &holder.user {
+    match process.started_unix_seconds {
+        Some(seconds) => {
+            let _ = write!(words, ", started {}", utc_words(seconds));
+        }
+        None => {
+            let _ = write!(
+                words,
+                ", start time {} ticks after boot",
+                process.start_time_ticks
+            );
+        }
+    }
+    if let Some(user) = &process.user {
         let _ = write!(words, ", user {user}");
     }
-    let _ = write!(words, ", parent {}", holder.ppid);
+    let _ = write!(words, ", parent {}", process.ppid);
+    if let Some(procfs_pid) = process.procfs_pid {
+        let _ = write!(words, ", PID {procfs_pid} in the procfs read");
+    }
+    if !process.visible_here {
+        words.push_str(", not visible in this PID namespace");
+    }
     words.push_str(&container_words(
-        holder.cgroup.container_id.as_deref(),
-        holder.cgroup.pod_uid.as_deref(),
-        NamespaceInit::exited(holder.pid_namespace_init),
+        process.cgroup.container_id.as_deref(),
+        process.cgroup.pod_uid.as_deref(),
+        process.container_ended,
     ));
+    for part in extra {
+        let _ = write!(words, ", {part}");
+    }
     words.push(')');
     words
 }
 
 /// `, container 3f2a9c0b1d2e, pod 1d9e...` for a process in a container, with `, whose
 /// container has ended` when it outlived it; empty for a process on the host.
-fn container_words(container_id: Option<&str>, pod_uid: Option<&str>, exited: bool) -> String {
+fn container_words(container_id: Option<&str>, pod_uid: Option<&str>, ended: bool) -> String {
     let mut words = String::new();
     if let Some(id) = container_id {
         let _ = write!(words, ", container {}", short_container_id(id));
@@ -108,7 +138,7 @@ fn container_words(container_id: Option<&str>, pod_uid: Option<&str>, exited: bo
     if let Some(uid) = pod_uid {
         let _ = write!(words, ", pod {uid}");
     }
-    if exited {
+    if ended {
         words.push_str(if container_id.is_some() {
             ", whose container has ended"
         } else {
@@ -118,28 +148,104 @@ fn container_words(container_id: Option<&str>, pod_uid: Option<&str>, exited: bo
     words
 }
 
+/// The evidence against a culprit, or for a bystander, in words.
+fn evidence_words(suspect: &Suspect, gpu: u32) -> Vec<String> {
+    let evidence = &suspect.evidence;
+    let also_session = |pid: u32| evidence.contains(&Evidence::SessionOf { pid });
+    let also_group = |pid: u32| evidence.contains(&Evidence::ProcessGroupOf { pid });
+    evidence
+        .iter()
+        .filter_map(|evidence| {
+            Some(match evidence {
+                Evidence::MapsGpu => format!("holds a context on GPU {gpu}: maps its device file"),
+                Evidence::Inherited => "inherited: NVML lists it on no GPU".into(),
+                Evidence::ChildOf { pid } => format!("child of exited PID {pid}"),
+                Evidence::ProcessGroupOf { pid } if also_session(*pid) => {
+                    format!("in the process group and session of exited PID {pid}")
+                }
+                Evidence::ProcessGroupOf { pid } => {
+                    format!("in the process group of exited PID {pid}")
+                }
+                // Said with the process group above.
+                Evidence::SessionOf { pid } if also_group(*pid) => return None,
+                Evidence::SessionOf { pid } => format!("in the session of exited PID {pid}"),
+                Evidence::AdoptedByOwnersParent { pid, parent } => {
+                    format!("adopted by PID {parent}, the parent of exited PID {pid}")
+                }
+                Evidence::NoContext => format!(
+                    "holds the device file but maps nothing of GPU {gpu}: an NVML client such as a monitoring agent"
+                ),
+                Evidence::OwnerOfOtherGpus { gpus } => format!(
+                    "a live job of GPU {} without a context on GPU {gpu}",
+                    list(gpus.iter().map(u32::to_string))
+                ),
+                Evidence::KnownAgent => "a known NVML client".into(),
+                Evidence::MappingsUnreadable => "its mappings could not be read".into(),
+            })
+        })
+        .collect()
+}
+
+/// `1, 2 and 3`.
+fn list(items: impl IntoIterator<Item = String>) -> String {
+    let items: Vec<String> = items.into_iter().collect();
+    match items.as_slice() {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
 /// `1, 2, 3` or `1, 2, ..., 8 and 9,992 more`.
-fn pid_list(owners: &[&Owner]) -> String {
-    let mut pids: Vec<String> = owners
+fn pid_list(pids: &[u32]) -> String {
+    let mut named: Vec<String> = pids
         .iter()
         .take(MAX_PIDS_NAMED)
-        .map(|owner| owner.pid.to_string())
+        .map(u32::to_string)
         .collect();
-    if owners.len() > MAX_PIDS_NAMED {
-        pids.push(format!("and {} more", owners.len() - MAX_PIDS_NAMED));
+    if pids.len() > MAX_PIDS_NAMED {
+        named.push(format!("and {} more", pids.len() - MAX_PIDS_NAMED));
     }
-    pids.join(", ")
+    named.join(", ")
+}
+
+/// Why a holder cannot be named, in words.
+fn blindness_words(reason: Blindness) -> String {
+    match reason {
+        Blindness::MappingsUnreadable { processes } => format!(
+            "{processes} process{} hold{} the device file, but {} mappings could not be read (run as root, or with CAP_SYS_PTRACE)",
+            plural(processes, "es"),
+            if processes == 1 { "s" } else { "" },
+            if processes == 1 { "its" } else { "their" }
+        ),
+        Blindness::CulpritsNotVisible => "the processes that hold it live in another PID namespace than this one, where kill cannot reach them: run check on the host".into(),
+        Blindness::ScanCutShort => {
+            "the scan for holders ran out of time before it saw every process".into()
+        }
+        Blindness::ScanDenied { processes } => format!(
+            "the descriptors of {processes} process{} could not be read (run as root, or with CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE)",
+            plural(processes, "es")
+        ),
+        Blindness::NoScan => "no scan for holders was made".into(),
+    }
+}
+
+fn plural(count: u64, suffix: &str) -> &str {
+    if count == 1 {
+        ""
+    } else {
+        suffix
+    }
 }
 
 /// The verdict for one GPU.
-pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
+pub fn verdict(gpu: &GpuVerdict) -> Verdict {
     let account = match &gpu.outcome {
         GpuOutcome::Measured(account) => account,
         GpuOutcome::Failed { error, message } => {
             return Verdict {
-                finding: Finding::Unreadable,
                 sentence: format!(
-                    "GPU {}: NVML cannot read it ({}: {message}); its memory is unknown.",
+                    "GPU {}: cannot tell: NVML cannot read it ({}: {message}); its memory is unknown.",
                     gpu.index,
                     error.as_str()
                 ),
@@ -150,268 +256,301 @@ pub fn verdict(gpu: &GpuVerdict, report: &Report) -> Verdict {
             };
         }
     };
-    let mut notes = owner_notes(account);
-    if account.memory_inconsistent {
-        notes.insert(
-            0,
-            "NVML's memory figures for this GPU contradict each other (reserved, used or free beyond the total): they are clamped to the total, and memory charged to no process is not called orphaned.".into(),
-        );
-    }
-    if account.unattributed_bytes > 0 {
-        match account.unattributed_trust {
-            UnattributedTrust::Blind => notes.push(format!(
-                "{} is charged to no visible process, but this process is not in the host PID namespace, where NVML hides other namespaces' processes: not called orphaned.",
-                format_bytes(account.unattributed_bytes)
-            )),
-            UnattributedTrust::UsageUnavailable => notes.push(format!(
-                "{} is charged to no process, but NVML cannot report a live owner's usage, so it may be that owner's: not called orphaned.",
-                format_bytes(account.unattributed_bytes)
-            )),
-            UnattributedTrust::Inconsistent | UnattributedTrust::Counted => {}
-        }
-    }
-
-    if !account.other_holders.is_empty() {
-        let named: Vec<String> = account.other_holders.iter().map(describe_holder).collect();
-        notes.push(format!(
-            "Also holding the device file, as NVML clients that own no memory (monitoring agents): {}.",
-            named.join(", ")
-        ));
-    }
-    let orphaned = account.orphaned_bytes();
-    if orphaned == 0 {
-        let live: Vec<&Owner> = account
-            .owners
-            .iter()
-            .filter(|owner| owner.state != OwnerState::Gone)
-            .collect();
-        let sentence = if live.is_empty() && account.memory.used == 0 {
-            format!("GPU {}: idle; nothing orphaned.", gpu.index)
-        } else if live.is_empty() {
-            // Used memory without a visible owner that is still not orphaned (a blind
-            // exporter, or a remnant under the noise floor): "0 B owned by 0 live
-            // processes" would hide the memory, and "nothing orphaned" would claim too much.
-            format!(
-                "GPU {}: {} used by no visible process; not called orphaned.",
-                gpu.index,
-                format_bytes(account.memory.used)
-            )
-        } else {
-            let owned = live
-                .iter()
-                .filter_map(|owner| owner.used_bytes)
-                .fold(0, u64::saturating_add);
-            format!(
-                "GPU {}: {} owned by {} live process{}; nothing orphaned.",
-                gpu.index,
-                format_bytes(owned),
-                live.len(),
-                if live.len() == 1 { "" } else { "es" }
-            )
-        };
-        return Verdict {
-            finding: Finding::Healthy,
-            sentence,
-            notes,
-            suggestion: None,
-        };
-    }
-
-    let gone: Vec<&Owner> = account.gone_owners().collect();
-    let mut sentence = format!("GPU {}: {} held", gpu.index, format_bytes(orphaned));
-    match gone.len() {
-        0 => sentence.push_str(" but charged to no process"),
-        1 => {
-            let _ = write!(sentence, " for exited PID {}", gone[0].pid);
-        }
-        _ => {
-            let _ = write!(sentence, " for exited PIDs {}", pid_list(&gone));
-        }
-    }
-    let holders: Vec<&Holder> = account.unlisted_holders.iter().collect();
-    let scan = report.holder_scan;
-    let scan_complete = scan.is_some_and(|scan| scan.complete);
-    let why_incomplete = match scan {
-        None => "no scan for holders was made".to_string(),
-        Some(scan) if scan.cut_short => {
-            "the scan for holders ran out of time before it saw every process".to_string()
-        }
-        Some(scan) => format!(
-            "the descriptors of {} process{} could not be read (run as root, or with CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE)",
-            scan.permission_errors,
-            if scan.permission_errors == 1 { "" } else { "es" }
-        ),
-    };
-    if !holders.is_empty() {
-        if !scan_complete {
-            notes.push(format!("Other holders may be missing: {why_incomplete}."));
-        }
-        let gone_pids: Vec<u32> = gone.iter().map(|owner| owner.pid).collect();
-        let mut named: Vec<String> = holders
-            .iter()
-            .take(MAX_PIDS_NAMED)
-            .map(|holder| describe_holder_tied(holder, &gone_pids))
-            .collect();
-        if holders.len() > MAX_PIDS_NAMED {
-            named.push(format!("{} more", holders.len() - MAX_PIDS_NAMED));
-        }
-        let pids: Vec<String> = holders
-            .iter()
-            .map(|holder| holder.pid.to_string())
-            .collect();
-        let _ = write!(
-            sentence,
-            "; still held open by {} - killing {} should free it.",
-            named.join(", "),
-            if holders.len() == 1 {
-                pids[0].clone()
-            } else {
-                "them".to_string()
-            }
-        );
-        let ended: Vec<String> = holders
-            .iter()
-            .filter(|holder| NamespaceInit::exited(holder.pid_namespace_init))
-            .map(|holder| holder.pid.to_string())
-            .collect();
-        if !ended.is_empty() {
-            notes.push(format!(
-                "The container of PID {} has ended, and the kernel SIGKILLs every process of a container that ends: {} survived it, so {} stuck (usually in the driver, in state D) and killing again may not free the memory; if it stays, only a reboot or GPU reset will.",
-                ended.join(", "),
-                if ended.len() == 1 { "it" } else { "they" },
-                if ended.len() == 1 { "it is" } else { "they are" }
-            ));
-        }
-        if holders.iter().any(|holder| holder.state == 'D') {
-            notes.push("A holder in uninterruptible sleep dies only when it leaves the driver call it waits in; if it never does, only a reboot or GPU reset frees the memory.".into());
-        }
-        if holders
-            .iter()
-            .any(|holder| matches!(holder.state, 'T' | 't'))
-        {
-            notes.push(
-                "A stopped holder still dies on SIGKILL; SIGTERM waits until it is continued."
-                    .into(),
-            );
-        }
-        return Verdict {
-            finding: Finding::OrphanedHeld,
-            sentence,
-            notes,
-            suggestion: Some(format!(
-                "kill {}   # then: vram-exporter check --gpu {} --wait 30s",
-                pids.join(" "),
-                gpu.index
-            )),
-        };
-    }
-    if !scan_complete {
-        let _ = write!(
-            sentence,
-            "; no holder of its device file was found, but {why_incomplete}: a holder may be missing."
-        );
-        return Verdict {
-            finding: Finding::OrphanedHoldersUnknown,
-            sentence,
-            notes,
-            suggestion: Some(format!("sudo vram-exporter check --gpu {}", gpu.index)),
-        };
-    }
-    let live: Vec<&Owner> = account
-        .owners
+    let notes: Vec<String> = account
+        .notes
         .iter()
-        .filter(|owner| owner.state != OwnerState::Gone)
+        .map(|note| note_words(note, gpu.index))
+        .chain(bystander_note(account, gpu.index))
         .collect();
-    if !live.is_empty() {
-        // A live owner holds the node too, and may hold the exited owner's descriptor
-        // besides its own (a child that became a CUDA user itself).
-        let _ = write!(
-            sentence,
-            "; no other process holds GPU {}'s device file, but its live owner{} (PID {}) may hold the exited owner's descriptor too: stopping {} may free it; otherwise only a GPU reset can.",
-            gpu.index,
-            if live.len() == 1 { "" } else { "s" },
-            pid_list(&live),
-            if live.len() == 1 { "it" } else { "them" }
-        );
-        return Verdict {
-            finding: Finding::OrphanedHeldByOwners,
-            sentence,
-            notes,
-            suggestion: Some(format!(
-                "vram-exporter check --gpu {} --wait 60s   # after stopping PID {}",
-                gpu.index,
-                pid_list(&live)
-            )),
-        };
-    }
-    let _ = write!(
-        sentence,
-        "; no process holds GPU {}'s device file: only a GPU reset can free it.",
-        gpu.index
-    );
+    let (sentence, suggestion) = match account.finding {
+        Finding::Idle => (format!("GPU {}: idle; nothing orphaned.", gpu.index), None),
+        Finding::Owned => (owned_sentence(gpu.index, account), None),
+        Finding::CannotTell => (cannot_tell_sentence(gpu.index, account), None),
+        Finding::Orphaned => orphaned_sentence(gpu.index, account),
+    };
     Verdict {
-        finding: Finding::OrphanedUnheld,
         sentence,
         notes,
-        suggestion: Some(format!(
-            "nvidia-smi --gpu-reset -i {}   # only once nothing uses this GPU",
-            gpu.index
-        )),
+        suggestion,
     }
 }
 
-fn owner_notes(account: &GpuAccount) -> Vec<String> {
-    let mut notes = Vec::new();
-    let mut left_out = 0usize;
-    for owner in &account.owners {
-        let comm = owner.comm.as_deref().unwrap_or("?");
-        let mut about = Vec::new();
-        match owner.state {
-            OwnerState::Stopped => about.push(format!(
-                "PID {} ({comm}) is stopped: its memory stays allocated until it is continued (kill -CONT {}) or killed.",
-                owner.pid, owner.pid
-            )),
-            OwnerState::Uninterruptible => about.push(format!(
-                "PID {} ({comm}) is in uninterruptible sleep, usually inside the driver; it cannot die until that call returns.",
-                owner.pid
-            )),
-            OwnerState::Zombie => about.push(format!(
-                "PID {} ({comm}) has a zombie main thread but live threads still hold the GPU.",
-                owner.pid
-            )),
-            OwnerState::Unknown => about.push(format!(
-                "PID {} could not be read in /proc; it is counted as unknown, not as gone.",
-                owner.pid
-            )),
-            OwnerState::Running | OwnerState::Gone => {}
-        }
-        if owner.used_bytes.is_none() {
-            about.push(format!(
-                "NVML cannot report the memory of PID {} ({comm}).",
-                owner.pid
-            ));
-        }
-        if owner.container_exited && owner.state != OwnerState::Gone {
-            about.push(format!(
-                "PID {} ({comm}{}) still owns its memory although its container has ended: it survived the SIGKILL that ends a container's processes, so it is stuck (usually in the driver); if it stays, only a reboot or GPU reset frees the memory.",
-                owner.pid,
-                container_words(owner.container_id.as_deref(), owner.pod_uid.as_deref(), false)
-            ));
-        }
-        for note in about {
-            if notes.len() < MAX_ROWS {
-                notes.push(note);
-            } else {
-                left_out += 1;
-            }
-        }
+fn owned_sentence(index: u32, account: &GpuAccount) -> String {
+    let live: Vec<&Owner> = account.live_owners().collect();
+    if live.is_empty() {
+        // Used memory under the noise floor with no owner: "0 B owned by 0 processes"
+        // would hide the memory.
+        return format!(
+            "GPU {index}: {} used, within the driver's overhead; nothing orphaned.",
+            size_words(account.memory.used)
+        );
     }
-    if left_out > 0 {
-        notes.push(format!(
-            "{left_out} more such notes about owners left out; vram-exporter check --json lists every owner."
+    let owned = live
+        .iter()
+        .filter_map(|owner| owner.used_bytes)
+        .fold(0, u64::saturating_add);
+    format!(
+        "GPU {index}: {} owned by {} live process{}; nothing orphaned.",
+        size_words(owned),
+        live.len(),
+        plural(live.len() as u64, "es")
+    )
+}
+
+fn cannot_tell_sentence(index: u32, account: &GpuAccount) -> String {
+    let unknown: Vec<u32> = account
+        .owners
+        .iter()
+        .filter(|owner| owner.state == OwnerState::Unknown)
+        .map(|owner| owner.pid)
+        .collect();
+    let mut reasons = Vec::new();
+    if !unknown.is_empty() {
+        reasons.push(format!(
+            "owner{} {} cannot be judged",
+            plural(unknown.len() as u64, "s"),
+            pid_list(&unknown)
         ));
     }
-    notes
+    if account.unattributed_bytes > 0 {
+        reasons.push(format!(
+            "{} is charged to no visible process{}",
+            size_words(account.unattributed_bytes),
+            match account.unattributed_trust {
+                UnattributedTrust::Blind =>
+                    ", and this process cannot see other PID namespaces' processes",
+                UnattributedTrust::OwnersUncertain =>
+                    ", and it may belong to an owner that cannot be judged",
+                UnattributedTrust::Inconsistent => ", and NVML's figures contradict each other",
+                UnattributedTrust::Counted => "",
+            }
+        ));
+    }
+    format!(
+        "GPU {index}: cannot tell: {}; nothing is called orphaned.",
+        reasons.join("; ")
+    )
+}
+
+fn orphaned_sentence(index: u32, account: &GpuAccount) -> (String, Option<String>) {
+    let gone: Vec<&Owner> = account.gone_owners().collect();
+    let gone_pids: Vec<u32> = gone.iter().map(|owner| owner.pid).collect();
+    let mut sentence = format!("GPU {index}: {} held", size_words(account.orphaned_bytes()));
+    match gone.len() {
+        0 => sentence.push_str(" but charged to no process"),
+        1 => {
+            let _ = write!(
+                sentence,
+                " for {} PID {}",
+                gone_adjective(gone[0]),
+                gone[0].pid
+            );
+        }
+        _ => {
+            let exited = gone
+                .iter()
+                .all(|owner| owner.detail == Some(OwnerDetail::Exited));
+            let _ = write!(
+                sentence,
+                " for {} PIDs {}",
+                if exited { "exited" } else { "gone" },
+                pid_list(&gone_pids)
+            );
+        }
+    }
+    let suggestion = match &account.remedy {
+        Remedy::Kill { targets } => {
+            let named: Vec<String> = account
+                .culprits
+                .iter()
+                .take(MAX_PIDS_NAMED)
+                .map(|culprit| process_words(&culprit.process, &evidence_words(culprit, index)))
+                .collect();
+            let more = account.culprits.len().saturating_sub(MAX_PIDS_NAMED);
+            let _ = write!(
+                sentence,
+                "; still held by {}{} - killing {} should free it.",
+                named.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                },
+                if targets.len() == 1 {
+                    targets[0].pid.to_string()
+                } else {
+                    "them".to_string()
+                }
+            );
+            let pids: Vec<String> = targets
+                .iter()
+                .map(|target| target.pid.to_string())
+                .collect();
+            let who: Vec<String> = targets
+                .iter()
+                .take(MAX_PIDS_NAMED)
+                .map(|target| {
+                    let process = account
+                        .culprits
+                        .iter()
+                        .find(|culprit| culprit.process.pid == target.pid)
+                        .map(|culprit| identity_words(&culprit.process))
+                        .unwrap_or_else(|| target.comm.clone());
+                    format!("{} is {process}", target.pid)
+                })
+                .collect();
+            Some(format!(
+                "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
+                pids.join(" "),
+                who.join("; ")
+            ))
+        }
+        Remedy::Wait => {
+            sentence.push_str("; its owner is exiting and the driver is freeing the memory (0.13-0.18 s after a SIGKILL on an H200): wait.");
+            Some(format!("vram-exporter check --gpu {index} --wait 5s"))
+        }
+        Remedy::StopOwners { pids } => {
+            let _ = write!(
+                sentence,
+                "; no other process holds GPU {index}'s device file, but its live owner{} (PID {}) may hold the exited owner's context too: stopping {} may free it; otherwise only a GPU reset can.",
+                plural(pids.len() as u64, "s"),
+                pid_list(pids),
+                if pids.len() == 1 { "it" } else { "them" }
+            );
+            Some(format!(
+                "vram-exporter check --gpu {index} --wait 60s   # after stopping PID {}",
+                pid_list(pids)
+            ))
+        }
+        Remedy::ResetGpu => {
+            let _ = write!(
+                sentence,
+                "; no process holds GPU {index}'s device file: only a GPU reset can free it."
+            );
+            Some(format!(
+                "nvidia-smi --gpu-reset -i {index}   # only once nothing uses this GPU"
+            ))
+        }
+        Remedy::CannotTell { reason } => {
+            let _ = write!(
+                sentence,
+                "; cannot tell which process holds it: {}.",
+                blindness_words(*reason)
+            );
+            match reason {
+                Blindness::MappingsUnreadable { .. } | Blindness::ScanDenied { .. } => {
+                    Some(format!("sudo vram-exporter check --gpu {index}"))
+                }
+                Blindness::ScanCutShort | Blindness::NoScan => {
+                    Some(format!("vram-exporter check --gpu {index}"))
+                }
+                Blindness::CulpritsNotVisible => None,
+            }
+        }
+        Remedy::None => None,
+    };
+    (sentence, suggestion)
+}
+
+/// `exited`, `reused` or `exiting` before a gone owner's PID.
+fn gone_adjective(owner: &Owner) -> &'static str {
+    match owner.detail {
+        Some(OwnerDetail::Reused { .. }) => "gone",
+        Some(OwnerDetail::Exiting) => "exiting",
+        _ => "exited",
+    }
+}
+
+/// The processes set apart as bystanders, when there are any.
+fn bystander_note(account: &GpuAccount, gpu: u32) -> Option<String> {
+    if account.bystanders.is_empty() {
+        return None;
+    }
+    let named: Vec<String> = account
+        .bystanders
+        .iter()
+        .take(MAX_PIDS_NAMED)
+        .map(|bystander| process_words(&bystander.process, &evidence_words(bystander, gpu)))
+        .collect();
+    let more = account.bystanders.len().saturating_sub(MAX_PIDS_NAMED);
+    Some(format!(
+        "Not blamed, holding the device file without a context on GPU {gpu}: {}{}.",
+        named.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    ))
+}
+
+fn note_words(note: &Note, gpu: u32) -> String {
+    match note {
+        Note::MemoryInconsistent => "NVML's memory figures for this GPU contradict each other (reserved, used or free beyond the total): they are clamped to the total, and memory charged to no process is not called orphaned.".into(),
+        Note::UnattributedNotCounted { bytes, trust } => match trust {
+            UnattributedTrust::Blind => format!(
+                "{} is charged to no visible process, but this process is not in the host PID namespace, where NVML hides other namespaces' processes: not called orphaned.",
+                size_words(*bytes)
+            ),
+            _ => format!(
+                "{} is charged to no process, but an owner's usage or state cannot be told, so it may be that owner's: not called orphaned.",
+                size_words(*bytes)
+            ),
+        },
+        Note::OwnerStopped { pid, comm } => format!(
+            "PID {pid} ({comm}) is stopped: its memory stays allocated until it is continued (kill -CONT {pid}) or killed."
+        ),
+        Note::OwnerInUninterruptibleSleep { pid, comm } => format!(
+            "PID {pid} ({comm}) is in uninterruptible sleep, usually inside the driver; it cannot die until that call returns."
+        ),
+        Note::OwnerZombieLeader { pid, comm } => format!(
+            "PID {pid} ({comm}) has a zombie main thread but live threads still hold the GPU."
+        ),
+        Note::OwnerUnknown { pid, detail } => format!(
+            "PID {pid} cannot be judged: {}; it is counted as unknown, not as gone.",
+            match detail {
+                OwnerDetail::Unreadable { error } => format!("its /proc entry cannot be read ({error})"),
+                OwnerDetail::NotVisible => "the procfs read shows another PID namespace, without this PID (mount this namespace's /proc, or run with the host's PID namespace)".into(),
+                OwnerDetail::ContextUnreadable => "its mappings cannot be read, so whether it holds a context on this GPU cannot be told (run as root, or with CAP_SYS_PTRACE)".into(),
+                OwnerDetail::NoDeviceNode => "NVML did not say which device node this GPU is".into(),
+                OwnerDetail::Exited | OwnerDetail::Exiting | OwnerDetail::Reused { .. } => "it is gone".into(),
+            }
+        ),
+        Note::OwnerPidReused { pid, was, now } => format!(
+            "PID {pid}{} is gone: the PID now names {}, which holds no context on GPU {gpu}.",
+            was.as_ref().map(|comm| format!(" ({comm})")).unwrap_or_default(),
+            process_words(now, &[])
+        ),
+        Note::OwnerUsageUnavailable { pid, comm } => format!(
+            "NVML cannot report the memory of PID {pid} ({}).",
+            comm.as_deref().unwrap_or("?")
+        ),
+        Note::OwnerContainerEnded { pid, comm, cgroup } => format!(
+            "PID {pid} ({comm}{}) still owns its memory although its container has ended: it survived the SIGKILL that ends a container's processes, so it is stuck (usually in the driver); if it stays, only a reboot or GPU reset frees the memory.",
+            container_words(cgroup.container_id.as_deref(), cgroup.pod_uid.as_deref(), false)
+        ),
+        Note::MoreOwnerNotes { count } => format!(
+            "{count} more such notes about owners left out; vram-exporter check --json lists every owner."
+        ),
+        Note::MoreHoldersPossible { reason } => {
+            format!("Other holders may be missing: {}.", blindness_words(*reason))
+        }
+        Note::CulpritsContainerEnded { pids } => format!(
+            "The container of PID {} has ended, and the kernel SIGKILLs every process of a container that ends: {} survived it, so {} stuck (usually in the driver, in state D) and killing again may not free the memory; if it stays, only a reboot or GPU reset will.",
+            pid_list(pids),
+            if pids.len() == 1 { "it" } else { "they" },
+            if pids.len() == 1 { "it is" } else { "they are" }
+        ),
+        Note::CulpritInUninterruptibleSleep => "A holder in uninterruptible sleep dies only when it leaves the driver call it waits in; if it never does, only a reboot or GPU reset frees the memory.".into(),
+        Note::CulpritStopped => "A stopped holder still dies on SIGKILL; SIGTERM waits until it is continued.".into(),
+        Note::UndeterminedHolders { pids } => format!(
+            "PID {} also hold{} the device file, but {} mappings could not be read: whether {} a context cannot be told.",
+            pid_list(pids),
+            if pids.len() == 1 { "s" } else { "" },
+            if pids.len() == 1 { "its" } else { "their" },
+            if pids.len() == 1 { "it holds" } else { "they hold" }
+        ),
+    }
 }
 
 /// The table for one GPU, nvidia-smi style, without the verdict.
@@ -433,92 +572,140 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
     let _ = writeln!(
         out,
         "  used {}   reserved {}   free {}   total {}",
-        format_bytes(memory.used),
-        format_bytes(memory.reserved),
-        format_bytes(memory.free),
-        format_bytes(memory.total)
+        size_words(memory.used),
+        size_words(memory.reserved),
+        size_words(memory.free),
+        size_words(memory.total)
     );
     if account.owners.is_empty() {
         let _ = writeln!(out, "  no processes listed by NVML");
     } else {
-        let containers = account
-            .owners
-            .iter()
-            .any(|owner| owner.container_id.is_some());
-        let _ = writeln!(
-            out,
-            "{}",
-            row(
-                ["PID", "COMMAND", "STATE", "MEMORY"],
-                containers.then_some("CONTAINER")
-            )
+        let rows: Vec<Row> = account.owners.iter().map(owner_row).collect();
+        table(
+            &mut out,
+            ["PID", "COMMAND", "STATE", "MEMORY"],
+            &rows,
+            "owners",
         );
-        for owner in account.owners.iter().take(MAX_ROWS) {
-            let pid = owner.pid.to_string();
-            let memory = owner
-                .used_bytes
-                .map_or_else(|| "n/a".to_string(), format_bytes);
-            let container = containers
-                .then(|| container_cell(owner.container_id.as_deref(), owner.container_exited));
-            let cells = [
-                pid.as_str(),
-                owner.comm.as_deref().unwrap_or("-"),
-                owner.state.as_str(),
-                memory.as_str(),
-            ];
-            let _ = writeln!(out, "{}", row(cells, container.as_deref()));
-        }
-        more_rows(&mut out, account.owners.len(), "owners");
     }
-    if !account.unlisted_holders.is_empty() {
-        let _ = writeln!(
-            out,
-            "  holding the device file without being listed by NVML:"
-        );
-        let containers = account
-            .unlisted_holders
-            .iter()
-            .any(|holder| holder.cgroup.container_id.is_some());
-        let _ = writeln!(
-            out,
-            "{}",
-            row(
-                ["PID", "COMMAND", "STATE", "PARENT"],
-                containers.then_some("CONTAINER")
-            )
-        );
-        for holder in account.unlisted_holders.iter().take(MAX_ROWS) {
-            let pid = holder.pid.to_string();
-            let parent = holder.ppid.to_string();
-            let container = containers.then(|| {
-                container_cell(
-                    holder.cgroup.container_id.as_deref(),
-                    NamespaceInit::exited(holder.pid_namespace_init),
-                )
-            });
-            let cells = [
-                pid.as_str(),
-                holder.comm.as_str(),
-                state_words(holder.state),
-                parent.as_str(),
-            ];
-            let _ = writeln!(out, "{}", row(cells, container.as_deref()));
+    for (title, suspects) in [
+        (
+            "holding it with a context (the culprits):",
+            &account.culprits,
+        ),
+        (
+            "holding the device file without a context here (not blamed):",
+            &account.bystanders,
+        ),
+        (
+            "holding the device file, mappings unreadable:",
+            &account.undetermined,
+        ),
+    ] {
+        if suspects.is_empty() {
+            continue;
         }
-        more_rows(&mut out, account.unlisted_holders.len(), "holders");
+        let _ = writeln!(out, "  {title}");
+        let rows: Vec<Row> = suspects.iter().map(suspect_row).collect();
+        table(
+            &mut out,
+            ["PID", "COMMAND", "STATE", "PARENT"],
+            &rows,
+            "holders",
+        );
     }
     out
 }
 
-/// One table row: PID, command, state and a figure, then the container when any row has one.
-fn row(cells: [&str; 4], container: Option<&str>) -> String {
-    let mut line = format!(
-        "  {:>8}  {:<16}  {:<16}  {:>10}",
-        cells[0], cells[1], cells[2], cells[3]
-    );
-    if let Some(container) = container {
-        let _ = write!(line, "  {container}");
+/// One row of a process table: PID, command, state, a figure, and the container.
+struct Row {
+    cells: [String; 4],
+    container: Option<String>,
+}
+
+fn owner_row(owner: &Owner) -> Row {
+    let state = match &owner.process {
+        // The series' word first, then ps's where they differ: `running (sleeping)`.
+        Some(process) if process.state.words() != owner.state.as_str() => {
+            format!("{} ({})", owner.state.as_str(), process.state.words())
+        }
+        _ => match &owner.detail {
+            Some(OwnerDetail::Reused { .. }) => "gone (reused)".into(),
+            Some(OwnerDetail::Exiting) => "gone (exiting)".into(),
+            _ => owner.state.as_str().into(),
+        },
+    };
+    Row {
+        cells: [
+            owner.pid.to_string(),
+            owner.comm().unwrap_or("-").to_string(),
+            state,
+            owner.used_bytes.map_or_else(
+                || "n/a".to_string(),
+                |bytes| format!("{} MiB", thousands(bytes >> 20)),
+            ),
+        ],
+        container: owner.process.as_ref().map(|process| {
+            container_cell(
+                process.cgroup.container_id.as_deref(),
+                owner.container_exited,
+            )
+        }),
     }
-    line
+}
+
+fn suspect_row(suspect: &Suspect) -> Row {
+    let process = &suspect.process;
+    Row {
+        cells: [
+            process.pid.to_string(),
+            process.comm.clone(),
+            process.state.words().to_string(),
+            process.ppid.to_string(),
+        ],
+        container: Some(container_cell(
+            process.cgroup.container_id.as_deref(),
+            process.container_ended,
+        )),
+    }
+}
+
+/// Header and rows, with a CONTAINER column when any row has a container.
+fn table(out: &mut String, header: [&str; 4], rows: &[Row], what: &str) {
+    let containers = rows
+        .iter()
+        .any(|row| row.container.as_deref().is_some_and(|cell| cell != "-"));
+    let line = |cells: [&str; 4], container: Option<&str>| {
+        let mut line = format!(
+            "  {:>8}  {:<16}  {:<28}  {:>12}",
+            cells[0], cells[1], cells[2], cells[3]
+        );
+        if let (true, Some(container)) = (containers, container) {
+            let _ = write!(line, "  {container}");
+        }
+        line
+    };
+    let _ = writeln!(out, "{}", line(header, Some("CONTAINER")));
+    for row in rows.iter().take(MAX_ROWS) {
+        let cells = [
+            row.cells[0].as_str(),
+            row.cells[1].as_str(),
+            row.cells[2].as_str(),
+            row.cells[3].as_str(),
+        ];
+        let _ = writeln!(
+            out,
+            "{}",
+            line(cells, Some(row.container.as_deref().unwrap_or("-")))
+        );
+    }
+    if rows.len() > MAX_ROWS {
+        let _ = writeln!(
+            out,
+            "  ... and {} more {what}; vram-exporter check --json lists them all",
+            rows.len() - MAX_ROWS
+        );
+    }
 }
 
 fn container_cell(container_id: Option<&str>, exited: bool) -> String {
@@ -526,16 +713,6 @@ fn container_cell(container_id: Option<&str>, exited: bool) -> String {
         (Some(id), true) => format!("{} (ended)", short_container_id(id)),
         (Some(id), false) => short_container_id(id).to_string(),
         (None, _) => "-".to_string(),
-    }
-}
-
-fn more_rows(out: &mut String, rows: usize, what: &str) {
-    if rows > MAX_ROWS {
-        let _ = writeln!(
-            out,
-            "  ... and {} more {what}; vram-exporter check --json lists them all",
-            rows - MAX_ROWS
-        );
     }
 }
 
@@ -570,7 +747,7 @@ pub fn check_text(report: &Report, gpus: &[&GpuVerdict]) -> String {
         out.push('\n');
     }
     for gpu in gpus {
-        let verdict = verdict(gpu, report);
+        let verdict = verdict(gpu);
         let _ = writeln!(out, "{}", verdict.sentence);
         for note in &verdict.notes {
             let _ = writeln!(out, "  note: {note}");
@@ -580,4 +757,27 @@ pub fn check_text(report: &Report, gpus: &[&GpuVerdict]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_show_mib_as_nvidia_smi_prints_them() {
+        assert_eq!(size_words(76_107 << 20), "74.3 GiB (76,107 MiB)");
+        assert_eq!(size_words(512), "512 B");
+        assert_eq!(size_words(615 << 20), "615.0 MiB");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(thousands(999), "999");
+    }
+
+    #[test]
+    fn dates_in_utc() {
+        assert_eq!(utc_words(0), "1970-01-01 00:00:00 UTC");
+        // 2026-12-03 09:31:02 UTC, worked out by `date -u -d @1796290262`.
+        assert_eq!(utc_words(1_796_290_262), "2026-12-03 09:31:02 UTC");
+        // A leap day.
+        assert_eq!(utc_words(951_782_400), "2000-02-29 00:00:00 UTC");
+    }
 }

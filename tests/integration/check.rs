@@ -8,15 +8,30 @@ use std::time::Duration;
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
-/// How `check` describes a holder that this test process spawned or adopted.
-fn described_holder(pid: u32, state_words: &str) -> String {
+/// Whether `sentence` describes the model fork-orphan child `pid` (named `dataloader`,
+/// adopted by this test process) as the culprit of `dead_owner`'s memory, with its start
+/// date and the evidence against it.
+fn describes_culprit(sentence: &str, pid: u32, dead_owner: u32) -> bool {
     let user = user_name(effective_uid())
         .map(|name| format!(", user {name}"))
         .unwrap_or_default();
-    format!(
-        "PID {pid} (sleep, {state_words}{user}, parent {})",
+    let start = format!("still held by PID {pid} (dataloader, sleeping, started ");
+    let evidence = format!(
+        " UTC{user}, parent {}, holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, in the process group and session of exited PID {dead_owner}) - killing {pid} should free it.",
         std::process::id()
-    )
+    );
+    sentence.contains(&start) && sentence.ends_with(&evidence)
+}
+
+/// The last line `check` prints: its exit status in words.
+fn exit_line(code: u8) -> String {
+    let meaning = match code {
+        0 => "nothing orphaned",
+        1 => "orphaned memory found",
+        3 => "cannot tell: some memory cannot be judged",
+        _ => "error",
+    };
+    format!("\nexit status {code}: {meaning}\n")
 }
 
 /// The table lines of one GPU: from its `GPU N  ` header up to the blank line.
@@ -50,9 +65,6 @@ fn table_lists_each_owner_with_pid_command_state_and_memory() {
     let running = Holder::spawn(&rig.device(0));
     let stopped = Holder::spawn(&rig.device(0));
     let unmeasured = Holder::spawn(&rig.device(0));
-    for owner in [&running, &stopped, &unmeasured] {
-        wait_until_sleeping(owner);
-    }
     stopped.stop();
     let gone = nonexistent_pid();
     rig.write_scenario(
@@ -80,26 +92,33 @@ fn table_lists_each_owner_with_pid_command_state_and_memory() {
             Gpu::uuid(0).as_str()
         ]
     );
+    // Sizes of a GiB and more also in MiB, as nvidia-smi prints them.
     assert_eq!(
         columns(gpu0[1]),
         [
-            "used 12.6 GiB",
+            "used 12.6 GiB (12,925 MiB)",
             "reserved 615.1 MiB",
-            "free 127.2 GiB",
-            "total 140.4 GiB"
+            "free 127.2 GiB (130,230 MiB)",
+            "total 140.4 GiB (143,771 MiB)"
         ]
     );
-    // Rows come in PID order, whatever order NVML lists them in.
+    // Rows come in PID order, whatever order NVML lists them in; the state is the
+    // series' word, then the one ps users know where it differs.
     let mut expected = vec![
-        (running.pid, "running", "8.6 GiB"),
-        (stopped.pid, "stopped", "4.0 GiB"),
-        (unmeasured.pid, "running", "n/a"),
+        (running.pid, "running (sleeping)", "8,802 MiB"),
+        (stopped.pid, "stopped", "4,096 MiB"),
+        (unmeasured.pid, "running (sleeping)", "n/a"),
     ];
     expected.sort();
     let expected: Vec<Vec<String>> = expected
         .into_iter()
         .map(|(pid, state, memory)| {
-            vec![pid.to_string(), "sleep".into(), state.into(), memory.into()]
+            vec![
+                pid.to_string(),
+                "cuda-job".into(),
+                state.into(),
+                memory.into(),
+            ]
         })
         .collect();
     assert_eq!(
@@ -108,28 +127,26 @@ fn table_lists_each_owner_with_pid_command_state_and_memory() {
         "{}",
         outcome.stdout
     );
-    // Live owners hold the node, but they are listed: no unlisted-holder section.
-    assert!(!gpu0
-        .iter()
-        .any(|line| line.contains("without being listed")));
+    // Live owners hold the node, but they are its owners: no holder section.
+    assert!(!gpu0.iter().any(|line| line.contains("holding")));
 
     let gpu1 = table_of(&outcome.stdout, 1);
     assert_eq!(
         rows_after(&gpu1, &OWNER_COLUMNS),
-        [[gone.to_string().as_str(), "-", "gone", "8.6 GiB"]]
+        [[gone.to_string().as_str(), "-", "gone", "8,802 MiB"]]
     );
 
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
-        "GPU 0: 12.6 GiB owned by 3 live processes; nothing orphaned."
+        "GPU 0: 12.6 GiB (12,898 MiB) owned by 3 live processes; nothing orphaned."
     );
     for note in [
         format!(
-            "  note: PID {0} (sleep) is stopped: its memory stays allocated until it is continued (kill -CONT {0}) or killed.",
+            "  note: PID {0} (cuda-job) is stopped: its memory stays allocated until it is continued (kill -CONT {0}) or killed.",
             stopped.pid
         ),
         format!(
-            "  note: NVML cannot report the memory of PID {} (sleep).",
+            "  note: NVML cannot report the memory of PID {} (cuda-job).",
             unmeasured.pid
         ),
     ] {
@@ -166,15 +183,20 @@ fn live_owner_verdict_names_its_memory_and_exit_status_0() {
     assert_eq!(outcome.status, Some(0), "{outcome:?}");
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
-        "GPU 0: 8.6 GiB owned by 1 live process; nothing orphaned."
+        "GPU 0: 8.6 GiB (8,802 MiB) owned by 1 live process; nothing orphaned."
     );
     assert!(!outcome.stdout.contains("suggested:"), "{}", outcome.stdout);
+    assert!(
+        outcome.stdout.ends_with(&exit_line(0)),
+        "{}",
+        outcome.stdout
+    );
 }
 
 #[test]
 fn fork_inherited_orphan_verdict_says_which_pid_to_kill() {
     let rig = Rig::new();
-    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
     rig.charge_gpu0(dead_owner, Some(CHARGED));
     let outcome = rig.run(&["check"]);
     assert_eq!(outcome.status, Some(1), "{outcome:?}");
@@ -182,32 +204,41 @@ fn fork_inherited_orphan_verdict_says_which_pid_to_kill() {
     let table = table_of(&outcome.stdout, 0);
     assert_eq!(
         rows_after(&table, &OWNER_COLUMNS),
-        [[dead_owner.to_string().as_str(), "-", "gone", "8.6 GiB"]]
+        [[dead_owner.to_string().as_str(), "-", "gone", "8,802 MiB"]]
     );
-    assert!(table.contains(&"  holding the device file without being listed by NVML:"));
+    assert!(table.contains(&"  holding it with a context (the culprits):"));
     assert_eq!(
         rows_after(&table, &HOLDER_COLUMNS),
         [[
             child.pid.to_string().as_str(),
-            "sleep",
+            "dataloader",
             "sleeping",
             std::process::id().to_string().as_str()
         ]]
     );
 
-    assert_eq!(
-        verdict_line(&outcome.stdout, 0),
-        format!(
-            "GPU 0: 8.6 GiB held for exited PID {dead_owner}; still held open by {} - killing {} should free it.",
-            described_holder(child.pid, "sleeping"),
-            child.pid
-        )
+    let sentence = verdict_line(&outcome.stdout, 0);
+    assert!(
+        sentence.starts_with(&format!(
+            "GPU 0: 8.6 GiB (8,802 MiB) held for exited PID {dead_owner}; "
+        )) && describes_culprit(sentence, child.pid, dead_owner),
+        "{sentence}"
+    );
+    // The kill line names the process with its start, as a PID alone may name another.
+    let suggestion = format!(
+        "\n  suggested: kill {0}   # {0} is dataloader, started ",
+        child.pid
+    );
+    assert!(outcome.stdout.contains(&suggestion), "{}", outcome.stdout);
+    assert!(
+        outcome
+            .stdout
+            .contains(" UTC; then: vram-exporter check --gpu 0 --wait 30s\n"),
+        "{}",
+        outcome.stdout
     );
     assert!(
-        outcome.stdout.contains(&format!(
-            "\n  suggested: kill {}   # then: vram-exporter check --gpu 0 --wait 30s\n",
-            child.pid
-        )),
+        outcome.stdout.ends_with(&exit_line(1)),
         "{}",
         outcome.stdout
     );
@@ -230,11 +261,11 @@ fn orphan_that_no_process_holds_can_only_be_freed_by_a_gpu_reset() {
     assert_eq!(outcome.status, Some(1), "{outcome:?}");
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
-        format!("GPU 0: 8.6 GiB held for exited PID {dead_owner}; no process holds GPU 0's device file: only a GPU reset can free it.")
+        format!("GPU 0: 8.6 GiB (8,802 MiB) held for exited PID {dead_owner}; no process holds GPU 0's device file: only a GPU reset can free it.")
     );
     assert_eq!(
         verdict_line(&outcome.stdout, 1),
-        "GPU 1: 74.3 GiB held but charged to no process; no process holds GPU 1's device file: only a GPU reset can free it."
+        "GPU 1: 74.3 GiB (76,107 MiB) held but charged to no process; no process holds GPU 1's device file: only a GPU reset can free it."
     );
     for gpu in 0..2 {
         assert!(
@@ -249,8 +280,8 @@ fn orphan_that_no_process_holds_can_only_be_freed_by_a_gpu_reset() {
 
 #[test]
 fn orphan_held_only_by_a_live_owner_says_stopping_it_may_free_it() {
-    // The dead owner's child became a CUDA user itself: NVML lists it, so it is no
-    // unlisted holder, yet it may hold the dead owner's descriptor too.
+    // The dead owner's child became a CUDA user itself: NVML lists it, so it is an owner
+    // and no candidate, yet it may hold the dead owner's context too.
     let rig = Rig::new();
     let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
     rig.write_scenario(
@@ -268,7 +299,7 @@ fn orphan_held_only_by_a_live_owner_says_stopping_it_may_free_it() {
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
         format!(
-            "GPU 0: 8.6 GiB held for exited PID {dead_owner}; no other process holds GPU 0's device file, but its live owner (PID {}) may hold the exited owner's descriptor too: stopping it may free it; otherwise only a GPU reset can.",
+            "GPU 0: 8.6 GiB (8,802 MiB) held for exited PID {dead_owner}; no other process holds GPU 0's device file, but its live owner (PID {}) may hold the exited owner's context too: stopping it may free it; otherwise only a GPU reset can.",
             child.pid
         )
     );
@@ -286,7 +317,8 @@ fn blind_exporter_warns_and_calls_no_memory_orphaned() {
     let used = 4 * GIB + 9 * MIB;
     rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0).used(used)).into_json());
     let outcome = rig.run(&["check", "--path.procfs", procfs.to_str().unwrap()]);
-    assert_eq!(outcome.status, Some(0), "{outcome:?}");
+    // Memory it cannot attribute is neither "orphaned" nor "fine": exit status 3.
+    assert_eq!(outcome.status, Some(3), "{outcome:?}");
     assert!(
         outcome.stdout.starts_with("warning: not in the host PID namespace: NVML hides other namespaces' processes, so memory without a visible owner is not called orphaned.\n\n"),
         "{}",
@@ -294,10 +326,15 @@ fn blind_exporter_warns_and_calls_no_memory_orphaned() {
     );
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
-        "GPU 0: 4.0 GiB used by no visible process; not called orphaned."
+        "GPU 0: cannot tell: 4.0 GiB (4,105 MiB) is charged to no visible process, and this process cannot see other PID namespaces' processes; nothing is called orphaned."
+    );
+    assert!(
+        outcome.stdout.ends_with(&exit_line(3)),
+        "{}",
+        outcome.stdout
     );
     assert!(outcome.stdout.contains(
-        "\n  note: 4.0 GiB is charged to no visible process, but this process is not in the host PID namespace, where NVML hides other namespaces' processes: not called orphaned.\n"
+        "\n  note: 4.0 GiB (4,105 MiB) is charged to no visible process, but this process is not in the host PID namespace, where NVML hides other namespaces' processes: not called orphaned.\n"
     ), "{}", outcome.stdout);
 
     let document = rig
@@ -307,7 +344,8 @@ fn blind_exporter_warns_and_calls_no_memory_orphaned() {
     assert_eq!(document["gpus"][0]["unattributed_bytes"], used);
     assert_eq!(document["gpus"][0]["orphaned_unattributed_bytes"], 0);
     assert_eq!(document["orphaned_bytes"], 0);
-    assert_eq!(document["gpus"][0]["verdict"]["finding"], "healthy");
+    assert_eq!(document["gpus"][0]["finding"], "cannot_tell");
+    assert_eq!(document["status"], "cannot_tell");
 }
 
 #[test]
@@ -320,16 +358,18 @@ fn lost_gpu_verdict_says_its_memory_is_unknown() {
             .into_json(),
     );
     let outcome = rig.run(&["check"]);
-    // Nothing orphaned among the GPUs it could read is not "nothing orphaned": an error.
-    assert_eq!(outcome.status, Some(2), "{outcome:?}");
-    assert_eq!(
-        outcome.stderr,
-        "vram-exporter: cannot read GPU 1; its memory is unknown\n"
+    // Nothing orphaned among the GPUs it could read is not "nothing orphaned": cannot tell.
+    assert_eq!(outcome.status, Some(3), "{outcome:?}");
+    assert_eq!(outcome.stderr, "");
+    assert!(
+        outcome.stdout.ends_with(&exit_line(3)),
+        "{}",
+        outcome.stdout
     );
     assert_eq!(table_of(&outcome.stdout, 1)[1], "  (no readings)");
     let verdict = verdict_line(&outcome.stdout, 1);
     assert!(
-        verdict.starts_with("GPU 1: NVML cannot read it (gpu_lost: ")
+        verdict.starts_with("GPU 1: cannot tell: NVML cannot read it (gpu_lost: ")
             && verdict.ends_with("); its memory is unknown."),
         "{verdict}"
     );
@@ -342,9 +382,10 @@ fn lost_gpu_verdict_says_its_memory_is_unknown() {
     let document = rig.run(&["check", "--json"]).json();
     assert_eq!(document["gpus"][1]["error"], "gpu_lost");
     assert_eq!(document["gpus"][1]["memory"], Value::Null);
-    assert_eq!(document["gpus"][1]["verdict"]["finding"], "unreadable");
+    assert_eq!(document["gpus"][1]["status"], "cannot_tell");
+    assert_eq!(document["status"], "cannot_tell");
 
-    // An orphan elsewhere is still the answer: exit status 1, not 2.
+    // An orphan elsewhere is still the answer: exit status 1, not 3.
     rig.write_scenario(
         &Gpus::new()
             .gpu(Gpu::idle(0).used(USED))
@@ -357,7 +398,7 @@ fn lost_gpu_verdict_says_its_memory_is_unknown() {
 #[test]
 fn json_document_of_a_fork_inherited_orphan_field_by_field() {
     let rig = Rig::new();
-    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
     rig.write_scenario(
         &Gpus::new()
             .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
@@ -370,6 +411,34 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
 
     let duration = document["holder_scan"]["duration_seconds"].take();
     assert!(duration.as_f64().unwrap() > 0.0, "{duration}");
+    // The child started moments ago; its date comes from the boot time and its ticks.
+    let culprit = &mut document["gpus"][0]["culprits"][0];
+    let started = culprit
+        .as_object_mut()
+        .unwrap()
+        .remove("started_unix_seconds")
+        .and_then(|started| started.as_u64())
+        .expect("the culprit's start date");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(now.abs_diff(started) < 120, "started {started}, now {now}");
+    let target = &mut document["gpus"][0]["remedy"]["targets"][0];
+    assert_eq!(
+        target
+            .as_object_mut()
+            .unwrap()
+            .remove("started_unix_seconds"),
+        Some(json!(started))
+    );
+    let verdict = document["gpus"][0]["verdict"].take();
+    assert!(describes_culprit(
+        verdict["sentence"].as_str().unwrap(),
+        child.pid,
+        dead_owner
+    ));
+    assert_eq!(verdict["notes"], json!([]));
     let empty_states = json!({
         "running": { "processes": 0, "bytes": 0 },
         "stopped": { "processes": 0, "bytes": 0 },
@@ -381,25 +450,41 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
     let mut gone_state = empty_states.clone();
     gone_state["gone"] = json!({ "processes": 1, "bytes": CHARGED });
     let uid = effective_uid();
-    let mut holder = json!({
+    let (pgid, sid) = process_group_and_session(child.pid);
+    let ticks = start_time_ticks(child.pid);
+    let cuda_files = json!({ "status": "read", "gpus": [0], "control": true, "uvm": true });
+    let mut culprit = json!({
         "pid": child.pid,
+        "start_time_ticks": ticks,
+        "comm": "dataloader",
+        "state": "sleeping",
+        // This test process adopted it: Holder::fork_orphan makes it a child subreaper
+        // (a real host would show 1 or a session manager).
         "ppid": std::process::id(),
-        "comm": "sleep",
-        "state": "S",
-        "start_time_ticks": start_time_ticks(child.pid),
+        "pgid": pgid,
+        "sid": sid,
+        "threads": 1,
         "uid": uid,
-        "gpu_minors": [0],
-        "pgid": process_group_and_session(child.pid).0,
-        "sid": process_group_and_session(child.pid).1,
+        "descriptors": cuda_files,
+        "mappings": { "status": "read", "gpus": [0], "control": true },
+        "role": "culprit",
+        "evidence": [
+            { "kind": "maps_gpu" },
+            { "kind": "inherited" },
+            { "kind": "process_group_of", "pid": dead_owner },
+            { "kind": "session_of", "pid": dead_owner },
+        ],
     });
     if let Some(user) = user_name(uid) {
-        holder["user"] = json!(user);
+        culprit["user"] = json!(user);
     }
     let expected = json!({
+        "status": "orphaned",
         "nvml_up": true,
         "nvml_error": null,
         "driver_version": "580.159.04",
         "host_pid_namespace": true,
+        "procfs_view": "own",
         "holder_scan": {
             "complete": true,
             "cut_short": false,
@@ -414,6 +499,7 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
                 "name": "NVIDIA H200",
                 "pci_bus_id": "00000000:19:00.0",
                 "minor": 0,
+                "status": "orphaned",
                 "error": null,
                 "memory": {
                     "total": TOTAL,
@@ -421,25 +507,31 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
                     "used": USED,
                     "free": TOTAL - RESERVED - USED,
                 },
+                "finding": "orphaned",
                 "owners": [
-                    { "pid": dead_owner, "comm": null, "ppid": null, "state": "gone", "used_bytes": CHARGED },
+                    {
+                        "pid": dead_owner,
+                        "state": "gone",
+                        "detail": { "reason": "exited" },
+                        "used_bytes": CHARGED,
+                    },
                 ],
                 "owners_by_state": gone_state,
                 "orphaned_owner_gone_bytes": CHARGED,
                 "orphaned_unattributed_bytes": 0,
                 "unattributed_bytes": 0,
                 "orphaned_bytes": CHARGED,
-                "unlisted_holders": [holder],
-                "verdict": {
-                    "finding": "orphaned_held",
-                    "sentence": format!(
-                        "GPU 0: 8.6 GiB held for exited PID {dead_owner}; still held open by {} - killing {} should free it.",
-                        described_holder(child.pid, "sleeping"),
-                        child.pid
-                    ),
-                    "notes": [],
-                    "suggestion": format!("kill {}   # then: vram-exporter check --gpu 0 --wait 30s", child.pid),
+                "culprits": [culprit],
+                "bystanders": [],
+                "undetermined": [],
+                "remedy": {
+                    "action": "kill",
+                    "targets": [
+                        { "pid": child.pid, "start_time_ticks": ticks, "comm": "dataloader" },
+                    ],
                 },
+                "notes": [],
+                "verdict": null,
             },
             {
                 "index": 1,
@@ -447,6 +539,7 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
                 "name": "NVIDIA H200",
                 "pci_bus_id": "00000000:1a:00.0",
                 "minor": 1,
+                "status": "clear",
                 "error": null,
                 "memory": {
                     "total": TOTAL,
@@ -454,15 +547,19 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
                     "used": 0,
                     "free": TOTAL - RESERVED,
                 },
+                "finding": "idle",
                 "owners": [],
                 "owners_by_state": empty_states,
                 "orphaned_owner_gone_bytes": 0,
                 "orphaned_unattributed_bytes": 0,
                 "unattributed_bytes": 0,
                 "orphaned_bytes": 0,
-                "unlisted_holders": [],
+                "culprits": [],
+                "bystanders": [],
+                "undetermined": [],
+                "remedy": { "action": "none" },
+                "notes": [],
                 "verdict": {
-                    "finding": "healthy",
                     "sentence": "GPU 1: idle; nothing orphaned.",
                     "notes": [],
                     "suggestion": null,
@@ -486,6 +583,22 @@ fn exit_status_2_when_nvml_is_missing() {
         "{}",
         outcome.stderr
     );
+    // A script still gets its document, with the reason in it.
+    let outcome = rig.run(&[
+        "check",
+        "--json",
+        "--nvml.library",
+        missing.to_str().unwrap(),
+    ]);
+    assert_eq!(outcome.status, Some(2), "{outcome:?}");
+    let document = outcome.json();
+    assert_eq!(document["status"], "nvml_down");
+    assert_eq!(document["nvml_up"], false);
+    assert!(document["nvml_error"]
+        .as_str()
+        .unwrap()
+        .starts_with("cannot load NVML from "));
+    assert_eq!(document["gpus"], json!([]));
 }
 
 #[test]
@@ -590,7 +703,7 @@ fn gpu_flag_narrows_the_tables_the_verdicts_and_the_exit_status() {
 #[test]
 fn wait_returns_0_once_the_holder_dies_and_the_driver_frees_the_memory() {
     let rig = Rig::new();
-    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
     rig.charge_gpu0(dead_owner, Some(CHARGED));
     let check = rig.spawn(&["check", "--wait", "30s", "--wait.interval", "50ms"]);
     wait_until(
@@ -624,13 +737,19 @@ fn wait_returns_0_once_the_holder_dies_and_the_driver_frees_the_memory() {
         .rfind("GPU 0: idle; nothing orphaned.")
         .unwrap_or_else(|| panic!("no final verdict:\n{}", outcome.stdout));
     assert!(first < last);
-    assert!(outcome.stdout.ends_with("GPU 0: idle; nothing orphaned.\n"));
+    assert!(
+        outcome
+            .stdout
+            .ends_with(&format!("GPU 0: idle; nothing orphaned.\n{}", exit_line(0))),
+        "{}",
+        outcome.stdout
+    );
 }
 
 #[test]
 fn wait_returns_1_when_the_time_runs_out_with_the_holder_alive() {
     let rig = Rig::new();
-    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
     rig.charge_gpu0(dead_owner, Some(CHARGED));
     let outcome = rig.run(&["check", "--wait", "1s"]);
     assert_eq!(outcome.status, Some(1), "{outcome:?}");
@@ -645,10 +764,16 @@ fn wait_returns_1_when_the_time_runs_out_with_the_holder_alive() {
         .parse()
         .unwrap();
     assert!(seconds >= 1.0, "{still}");
+    let tail = format!(
+        " UTC; then: vram-exporter check --gpu 0 --wait 30s\n{}",
+        exit_line(1)
+    );
+    assert!(outcome.stdout.ends_with(&tail), "{}", outcome.stdout);
     assert!(
-        outcome
-            .stdout
-            .ends_with(&format!("- killing {} should free it.\n  suggested: kill {}   # then: vram-exporter check --gpu 0 --wait 30s\n", child.pid, child.pid)),
+        outcome.stdout.contains(&format!(
+            "- killing {} should free it.\n  suggested: kill {} ",
+            child.pid, child.pid
+        )),
         "{}",
         outcome.stdout
     );

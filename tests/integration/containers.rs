@@ -106,7 +106,7 @@ fn check_json(rig: &Rig, expected: i32) -> Value {
 }
 
 fn holder_of(gpu: &Value, pid: u32) -> &Value {
-    gpu["unlisted_holders"]
+    gpu["culprits"]
         .as_array()
         .unwrap()
         .iter()
@@ -117,8 +117,8 @@ fn holder_of(gpu: &Value, pid: u32) -> &Value {
 #[test]
 fn holder_in_a_pod_container_is_named_with_its_container_and_pod() {
     let rig = Rig::new();
-    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
-    let (other_dead_owner, host_child) = settled_fork_orphan(&rig.device(1));
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
+    let (other_dead_owner, host_child) = Holder::fork_orphan(&rig.device(1));
     // The cgroupfs driver's layout: /kubepods/<qos>/pod<uid>/<container id>.
     let cgroup = Cgroup::create(&format!("kubepods/burstable/pod{POD}/{CONTAINER}"));
     cgroup.add(child.pid);
@@ -154,15 +154,11 @@ fn holder_in_a_pod_container_is_named_with_its_container_and_pod() {
     let text = rig.run(&["check", "--gpu", "0"]);
     let sentence = verdict_line(&text.stdout, 0);
     assert!(
-        sentence.contains(&format!(
-            "PID {} (sleep, sleeping, user root, parent {}, container {SHORT}, pod {POD}, in the process group of exited PID {dead_owner})",
-            child.pid,
-            std::process::id()
-        )) || sentence.contains(&format!(
-            "PID {} (sleep, sleeping, user root, parent {}, container {SHORT}, pod {POD})",
-            child.pid,
-            std::process::id()
-        )),
+        sentence.contains(&format!("PID {} (dataloader, sleeping, started ", child.pid))
+            && sentence.contains(&format!(
+                " UTC, user root, parent {}, container {SHORT}, pod {POD}, holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, in the process group and session of exited PID {dead_owner})",
+                std::process::id()
+            )),
         "{}",
         text.stdout
     );
@@ -243,10 +239,12 @@ fn live_owner_in_a_docker_container_is_labelled_on_its_per_process_series() {
     );
 
     let document = check_json(&rig, 0);
-    let listed = &document["gpus"][0]["owners"][0];
+    let listed = &document["gpus"][0]["owners"][0]["process"];
     assert_eq!(listed["container_id"], CONTAINER, "{listed:#}");
     assert!(listed.get("pod_uid").is_none());
-    assert!(listed.get("container_exited").is_none());
+    assert!(document["gpus"][0]["owners"][0]
+        .get("container_exited")
+        .is_none());
     let text = rig.run(&["check"]);
     let row = text
         .stdout
@@ -257,8 +255,9 @@ fn live_owner_in_a_docker_container_is_labelled_on_its_per_process_series() {
     drop(cgroup);
 }
 
-/// A PID namespace made by `unshare --pid --fork`, whose PID 1 (a `sleep`) and a second
-/// `sleep` both hold a device; the second is frozen in a cgroup v1 freezer, which is
+/// A PID namespace made by `unshare --pid --fork`, whose PID 1 (a model CUDA process
+/// named `holder` with a context on GPUs 0 and 1) and its child both hold the context;
+/// the child is frozen in a cgroup v1 freezer, which is
 /// the one way a test can make a process that SIGKILL cannot end (as a process stuck in
 /// the driver is). Dropping it thaws the holder, which then dies of the kill the kernel
 /// sent it, and reaps everything.
@@ -274,12 +273,10 @@ impl EndingNamespace {
         let freezer_mount = cgroup_mount("cgroup", Some("freezer")).expect(
             "this test needs the cgroup v1 freezer (mount -t cgroup -o freezer freezer DIR): a frozen process is the only one a test can make that SIGKILL does not end",
         );
+        let model = Model::cuda("holder", device).also_mapping(&device.with_file_name("nvidia1"));
         let unshare = Command::new(require_tool("unshare", "util-linux"))
-            .args(["--pid", "--fork", "sh", "-c"])
-            .arg("exec 3<\"$1\" 4<\"$2\"; sleep 1000 & exec sleep 1001")
-            .arg("sh")
-            .arg(device)
-            .arg(device.with_file_name("nvidia-uvm"))
+            .args(["--pid", "--fork", "python3", "-c", model_program()])
+            .arg(model.spec_forking_and_staying(1))
             .stdin(Stdio::null())
             .spawn()
             .expect("unshare --pid --fork");
@@ -298,7 +295,7 @@ impl EndingNamespace {
                 };
                 holder = child;
                 [init, holder].iter().all(|&pid| {
-                    proc_comm(pid).as_deref() == Some("sleep")
+                    proc_comm(pid).as_deref() == Some("holder")
                         && holds(pid, device)
                         && proc_state(pid) == Some('S')
                 })
@@ -387,7 +384,7 @@ fn holder_that_outlived_its_container_is_called_out() {
     let gpu = &document["gpus"][0];
     let holder = holder_of(gpu, namespace.holder);
     assert_eq!(
-        holder["state"], "D",
+        holder["state"], "disk_sleep",
         "a frozen process sleeps uninterruptibly"
     );
     assert_eq!(holder["container_id"], CONTAINER);
@@ -398,7 +395,7 @@ fn holder_that_outlived_its_container_is_called_out() {
     assert_eq!(gpu["exited_container_processes"], 1);
     let sentence = gpu["verdict"]["sentence"].as_str().unwrap();
     assert!(
-        sentence.contains(&format!("container {SHORT}, whose container has ended)")),
+        sentence.contains(&format!("container {SHORT}, whose container has ended, ")),
         "{sentence}"
     );
     let notes: Vec<&str> = gpu["verdict"]["notes"]

@@ -159,7 +159,7 @@ fn fork_orphan_alert_reaches_alertmanager_resolves_and_the_dashboard_has_data() 
 
     // The fork-inherited orphan: the owner dies while the child it forked keeps the device
     // file, and NVML keeps charging the dead PID. It appears when the scenario says so.
-    let (dead_owner, holder) = settled_fork_orphan(&rig.device(0));
+    let (dead_owner, holder) = Holder::fork_orphan(&rig.device(0));
     rig.charge_gpu0(dead_owner, Some(CHARGED));
     let orphan_appeared = Instant::now();
     let orphan_appeared_wall = unix_now();
@@ -190,7 +190,7 @@ fn fork_orphan_alert_reaches_alertmanager_resolves_and_the_dashboard_has_data() 
     let (arrived, alerts) = arrived.unwrap();
     let (notified, notification) = notified.unwrap();
 
-    let holder_text = format!("pid {} (sleep, running)", holder.pid);
+    let holder_text = format!("pid {} (dataloader, running)", holder.pid);
     assert_eq!(
         alerts.len(),
         1,
@@ -238,7 +238,7 @@ fn fork_orphan_alert_reaches_alertmanager_resolves_and_the_dashboard_has_data() 
         holder.pid.to_string().as_str(),
         "{unlisted:#}"
     );
-    assert_eq!(labels["comm"], "sleep", "{unlisted:#}");
+    assert_eq!(labels["comm"], "dataloader", "{unlisted:#}");
     assert_eq!(labels["gpu"], "0", "{unlisted:#}");
     assert_eq!(labels["uuid"], Gpu::uuid(0).as_str(), "{unlisted:#}");
     assert_eq!(labels["instance"], instance_a.as_str(), "{unlisted:#}");

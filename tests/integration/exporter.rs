@@ -10,6 +10,14 @@ fn state(metrics: &Metrics, name: &str, state: &str) -> f64 {
     metrics.value(name, &[("gpu", "0"), ("state", state)])
 }
 
+/// Culprits of GPU 0's orphaned memory the metrics count.
+fn culprits(metrics: &Metrics) -> f64 {
+    metrics.value(
+        "vram_holder_processes",
+        &[("gpu", "0"), ("role", "culprit")],
+    )
+}
+
 fn orphaned(metrics: &Metrics, reason: &str) -> f64 {
     metrics.value("vram_orphaned_bytes", &[("gpu", "0"), ("reason", reason)])
 }
@@ -119,11 +127,11 @@ fn fork_inherited_orphan_is_owner_gone_until_the_child_dies() {
     assert_eq!(state(&metrics, "vram_owned_bytes", "gone"), CHARGED as f64);
     assert_eq!(orphaned(&metrics, "owner_gone"), CHARGED as f64);
     assert_eq!(orphaned(&metrics, "unattributed"), 0.0);
-    assert_eq!(metrics.value("vram_unlisted_holders", &GPU0), 1.0);
+    assert_eq!(culprits(&metrics), 1.0);
     let holder_pid = child.pid.to_string();
     let holder = metrics.find("vram_holder_info", &[("gpu", "0"), ("pid", &holder_pid)]);
     assert_eq!(holder.len(), 1, "{}", metrics.text);
-    assert_eq!(holder[0].1["comm"], "sleep");
+    assert_eq!(holder[0].1["comm"], "dataloader");
     assert_eq!(holder[0].1["state"], "running");
     assert_eq!(holder[0].1["uuid"], Gpu::uuid(0));
     assert_eq!(metrics.value("vram_holder_scan_complete", &[]), 1.0);
@@ -135,7 +143,7 @@ fn fork_inherited_orphan_is_owner_gone_until_the_child_dies() {
     let metrics = exporter.scrape();
     only_state(&metrics, "gone", 0.0);
     assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
-    assert_eq!(metrics.value("vram_unlisted_holders", &GPU0), 0.0);
+    assert_eq!(culprits(&metrics), 0.0);
     assert!(metrics.find("vram_holder_info", &[]).is_empty());
     assert_eq!(metrics.value("vram_holder_scan_duration_seconds", &[]), 0.0);
 }
@@ -155,7 +163,14 @@ fn owner_pid_that_no_longer_exists_is_gone() {
     let metrics = rig.start(&[]).scrape();
     only_state(&metrics, "gone", 1.0);
     assert_eq!(orphaned(&metrics, "owner_gone"), CHARGED as f64);
-    assert_eq!(metrics.value("vram_unlisted_holders", &GPU0), 0.0);
+    assert_eq!(culprits(&metrics), 0.0);
+    assert_eq!(
+        metrics.value(
+            "vram_gone_owner_processes",
+            &[("gpu", "0"), ("reason", "exited")]
+        ),
+        1.0
+    );
 }
 
 #[test]
@@ -167,6 +182,13 @@ fn reused_pid_without_the_device_is_gone() {
     let metrics = rig.start(&[]).scrape();
     only_state(&metrics, "gone", 1.0);
     assert_eq!(orphaned(&metrics, "owner_gone"), CHARGED as f64);
+    assert_eq!(
+        metrics.value(
+            "vram_gone_owner_processes",
+            &[("gpu", "0"), ("reason", "reused")]
+        ),
+        1.0
+    );
 }
 
 #[test]
@@ -318,7 +340,7 @@ fn per_process_series_are_opt_in_and_capped() {
     let pid = owners[0].pid.to_string();
     let series = metrics.find("vram_process_used_bytes", &[("pid", &pid)]);
     assert_eq!(series.len(), 1);
-    assert_eq!(series[0].1["comm"], "sleep");
+    assert_eq!(series[0].1["comm"], "cuda-job");
     assert_eq!(series[0].1["state"], "running");
     assert_eq!(series[0].2, CHARGED as f64);
     let capped = rig

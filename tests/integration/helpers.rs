@@ -82,7 +82,8 @@ impl Rig {
             "nvidiactl",
             "nvidia-uvm",
         ] {
-            fs::write(devices.join(node), b"").unwrap();
+            // A page, so that model CUDA processes can map it as they map the real node.
+            fs::write(devices.join(node), [0u8; 4096]).unwrap();
         }
         let rig = Rig {
             scenario: dir.path().join("scenario.json"),
@@ -584,101 +585,308 @@ pub fn holds(pid: u32, path: &Path) -> bool {
         .any(|entry| fs::read_link(entry.path()).is_ok_and(|target| target == path))
 }
 
-/// A real process holding a device file, killed and reaped when dropped.
-pub struct Holder {
-    pub pid: u32,
-    child: Option<Child>,
+/// The model processes: a Python program that names itself, opens and maps the files it
+/// is told to, then holds them, forks children that inherit them, or lets its main
+/// thread exit. A CUDA process opens *and* maps its GPU's node and the control node (a
+/// context is shared mappings of both, measured on an H200); an NVML client such as a
+/// monitoring agent opens the same nodes and maps nothing.
+const MODEL: &str = r#"
+import ctypes, json, mmap, os, signal, sys, threading, time
+spec = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None)
+def rename(name):
+    libc.prctl(15, ctypes.c_char_p(name.encode()), 0, 0, 0)
+def park():
+    while True:
+        time.sleep(1000)
+if spec["session_leader"]:
+    os.setsid()
+rename(spec["name"])
+kept = []
+for path in spec["open"]:
+    kept.append(os.open(path, os.O_RDWR))
+for path in spec["map"]:
+    fd = os.open(path, os.O_RDWR)
+    kept.append(fd)
+    kept.append(mmap.mmap(fd, 4096, mmap.MAP_SHARED))
+mode = spec["mode"]
+if mode == "fork-and-stay":
+    # A container's PID 1 and its child, both holding the context.
+    for _ in range(spec["children"]):
+        if os.fork() == 0:
+            park()
+    park()
+if mode == "hold-then-fork":
+    # A live owner first; on SIGUSR1 it becomes the fork-inherited orphan.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    print("READY", os.getpid(), flush=True)
+    signal.sigwait([signal.SIGUSR1])
+    mode = "fork"
+if mode == "fork":
+    children = []
+    for _ in range(spec["children"]):
+        child = os.fork()
+        if child == 0:
+            rename(spec["child_name"])
+            if spec["child_zombie_leader"]:
+                threading.Thread(target=park).start()
+                libc.pthread_exit(None)
+            park()
+        children.append(child)
+    for child in children:
+        print("CHILD", child, flush=True)
+    os._exit(0)
+print("READY", os.getpid(), flush=True)
+if mode == "zombie-leader":
+    threading.Thread(target=park).start()
+    libc.pthread_exit(None)
+park()
+"#;
+
+/// The model program, for `python3 -c`.
+pub fn model_program() -> &'static str {
+    MODEL
 }
 
-impl Holder {
-    /// A `sleep` process with `device` open as fd 3 and the UVM node beside it as fd 4,
-    /// as a CUDA process has them.
-    pub fn spawn(device: &Path) -> Holder {
-        Holder::spawn_with("exec 3<\"$1\" 4<\"$2\"; exec sleep 1000", device)
+/// A model process to start (see [`MODEL`]).
+#[derive(Clone)]
+pub struct Model {
+    name: String,
+    open: Vec<PathBuf>,
+    map: Vec<PathBuf>,
+    session_leader: bool,
+}
+
+impl Model {
+    /// A CUDA process with a context on `device`'s GPU: it opens the GPU node, the
+    /// control node and the UVM node, and maps the GPU node and the control node.
+    pub fn cuda(name: &str, device: &Path) -> Model {
+        Model {
+            name: name.into(),
+            open: vec![uvm_node(device)],
+            map: vec![device.to_path_buf(), control_node(device)],
+            session_leader: true,
+        }
     }
 
-    /// A `sleep` process with just `file` open: a process that never touched a GPU when
-    /// `file` is not a device node.
-    pub fn opening(file: &Path) -> Holder {
-        Holder::spawn_with("exec 3<\"$1\"; exec sleep 1000", file)
+    /// An NVML client (a monitoring agent, a device plugin): it opens the GPU node, the
+    /// control node and the UVM node, and maps nothing.
+    pub fn agent(name: &str, device: &Path) -> Model {
+        Model {
+            name: name.into(),
+            open: vec![device.to_path_buf(), control_node(device), uvm_node(device)],
+            map: Vec::new(),
+            session_leader: true,
+        }
     }
 
-    fn spawn_with(script: &str, device: &Path) -> Holder {
-        let child = Command::new("sh")
+    /// Run in the session and process group of this test, as a process started by a
+    /// launcher is, rather than leading its own as a job started from a shell does. The
+    /// kernel keeps a PID from reuse while it names a live session or group, so only a
+    /// dead owner that led neither can see its PID come round again.
+    pub fn in_launchers_session(mut self) -> Model {
+        self.session_leader = false;
+        self
+    }
+
+    /// Also open `file` (another GPU's node, as the CUDA runtime opens every visible GPU's).
+    pub fn also_opening(mut self, file: &Path) -> Model {
+        self.open.push(file.to_path_buf());
+        self
+    }
+
+    fn spec(&self, mode: &str) -> Value {
+        json!({
+            "name": self.name,
+            "open": self.open,
+            "map": self.map,
+            "mode": mode,
+            "children": 1,
+            "child_name": self.name,
+            "child_zombie_leader": false,
+            "session_leader": self.session_leader,
+        })
+    }
+
+    /// Its description for the model program, to start it some other way.
+    pub fn spec_json(&self) -> String {
+        self.spec("hold").to_string()
+    }
+
+    /// Its description for a model that forks `children` and then holds its files beside
+    /// them (a container's PID 1 and a child), to start it some other way.
+    pub fn spec_forking_and_staying(&self, children: usize) -> String {
+        let mut spec = self.spec("fork-and-stay");
+        spec["children"] = json!(children);
+        spec.to_string()
+    }
+
+    /// Also map `device` (a context on a second GPU).
+    pub fn also_mapping(mut self, device: &Path) -> Model {
+        self.map.push(device.to_path_buf());
+        self
+    }
+
+    fn command(spec: &Value) -> Command {
+        let mut command = Command::new("python3");
+        command
             .arg("-c")
-            .arg(script)
-            .arg("sh")
-            .arg(device)
-            .arg(uvm_node(device))
+            .arg(MODEL)
+            .arg(spec.to_string())
             .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        command
+    }
+
+    /// Start it, holding its files, and return once it holds them.
+    pub fn spawn(&self) -> Holder {
+        self.spawn_with(Self::command(&self.spec("hold")))
+    }
+
+    fn spawn_with(&self, mut command: Command) -> Holder {
+        let mut child = command
             .spawn()
-            .expect("spawn holder");
+            .expect("spawn python3 (install it with: apt-get install -y python3)");
         let pid = child.id();
-        wait_until(
-            "the holder has opened its device",
-            Duration::from_secs(10),
-            || holds(pid, device) && proc_state(pid) == Some('S'),
+        let line = first_line(&mut child);
+        assert_eq!(
+            line.trim(),
+            format!("READY {pid}"),
+            "the model did not start"
         );
+        wait_until("the model is asleep", Duration::from_secs(10), || {
+            proc_state(pid) == Some('S')
+        });
         Holder {
             pid,
             child: Some(child),
         }
     }
 
-    /// The fork-inherited orphan: a shell opens `device`, forks a child that inherits the
-    /// descriptor, and exits. Returns the dead (and reaped) owner's PID and the live
-    /// child, whose parent becomes this test process (a child subreaper).
-    pub fn fork_orphan(device: &Path) -> (u32, Holder) {
+    /// Start it as a live owner that forks `children` named `child_name` and exits when
+    /// told ([`ForkingOwner::orphan_now`]).
+    pub fn spawn_forking_later(&self, children: usize, child_name: &str) -> ForkingOwner {
+        let mut spec = self.spec("hold-then-fork");
+        spec["children"] = json!(children);
+        spec["child_name"] = json!(child_name);
+        // Children must reach this process when the owner exits.
         become_subreaper();
-        let mut owner = Command::new("sh")
-            .arg("-c")
-            .arg("exec 3<\"$1\" 4<\"$2\"; sleep 1000 & echo $!")
-            .arg("sh")
-            .arg(device)
-            .arg(uvm_node(device))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn owner");
-        let owner_pid = owner.id();
-        let mut line = String::new();
-        BufReader::new(owner.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let child_pid: u32 = line.trim().parse().expect("child pid");
-        owner.wait().expect("reap the owner");
-        wait_until(
-            "the child holds the device",
-            Duration::from_secs(10),
-            || holds(child_pid, device),
-        );
-        (
-            owner_pid,
-            Holder {
-                pid: child_pid,
-                child: None,
-            },
-        )
+        ForkingOwner {
+            owner: self.spawn_with(Self::command(&spec)),
+            children,
+            child_name: child_name.into(),
+        }
     }
 
-    /// An owner whose main thread called pthread_exit while another thread lives on with
-    /// `device` open: state Z, an empty `/proc/PID/fd`, the file only in a thread's list.
-    pub fn zombie_main_thread(device: &Path) -> Holder {
-        let child = Command::new("python3")
-            .arg("-c")
-            .arg(
-                "import ctypes, os, sys, threading, time\n\
-                 os.open(sys.argv[1], os.O_RDONLY)\n\
-                 os.open(sys.argv[2], os.O_RDONLY)\n\
-                 threading.Thread(target=time.sleep, args=(1000,)).start()\n\
-                 ctypes.CDLL(None).pthread_exit(None)\n",
-            )
-            .arg(device)
-            .arg(uvm_node(device))
-            .stdin(Stdio::null())
+    /// Start it at exactly `pid` (free, as a reaped process's PID is), through
+    /// `/proc/sys/kernel/ns_last_pid`: how a dead owner's PID comes round again. Needs
+    /// root; other tests forking meanwhile can take the number, so it retries.
+    pub fn spawn_at(&self, pid: u32) -> Holder {
+        static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+        let _one = ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        assert_eq!(
+            effective_uid(),
+            0,
+            "starting a process at a chosen PID (ns_last_pid) needs the tests to run as root"
+        );
+        for _ in 0..200 {
+            fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+                .expect("write /proc/sys/kernel/ns_last_pid");
+            let mut child = Self::command(&self.spec("hold"))
+                .spawn()
+                .expect("spawn python3");
+            if child.id() == pid {
+                let line = first_line(&mut child);
+                assert_eq!(
+                    line.trim(),
+                    format!("READY {pid}"),
+                    "the model did not start"
+                );
+                wait_until("the model is asleep", Duration::from_secs(10), || {
+                    proc_state(pid) == Some('S')
+                });
+                return Holder {
+                    pid,
+                    child: Some(child),
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("could not start a process at PID {pid}: other processes kept taking it");
+    }
+
+    /// The fork-inherited orphan: it forks `children` named `child_name` that inherit its
+    /// descriptors and mappings, and exits. Returns the dead (and reaped) owner's PID and
+    /// the live children, whose parent becomes this test process (a child subreaper).
+    pub fn fork_orphan(&self, children: usize, child_name: &str) -> (u32, Vec<Holder>) {
+        self.fork(children, child_name, false)
+    }
+
+    /// Like [`Model::fork_orphan`] with one child whose main thread then calls
+    /// pthread_exit while another thread lives on: state Z, empty `/proc/PID/fd` and
+    /// `/proc/PID/maps`, the files and mappings only in the live thread's lists.
+    pub fn fork_orphan_with_zombie_leader(&self, child_name: &str) -> (u32, Holder) {
+        let (owner, mut children) = self.fork(1, child_name, true);
+        let child = children.remove(0);
+        wait_until(
+            "the child's main thread is a zombie",
+            Duration::from_secs(10),
+            || proc_state(child.pid) == Some('Z'),
+        );
+        (owner, child)
+    }
+
+    fn fork(&self, children: usize, child_name: &str, zombie_leader: bool) -> (u32, Vec<Holder>) {
+        become_subreaper();
+        let mut spec = self.spec("fork");
+        spec["children"] = json!(children);
+        spec["child_name"] = json!(child_name);
+        spec["child_zombie_leader"] = json!(zombie_leader);
+        let mut owner = Self::command(&spec).spawn().expect("spawn python3");
+        let owner_pid = owner.id();
+        let mut lines = BufReader::new(owner.stdout.take().unwrap()).lines();
+        let pids: Vec<u32> = (0..children)
+            .map(|_| {
+                let line = lines.next().expect("a CHILD line").expect("read");
+                line.strip_prefix("CHILD ")
+                    .and_then(|pid| pid.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("not a CHILD line: {line}"))
+            })
+            .collect();
+        owner.wait().expect("reap the owner");
+        let holders = pids
+            .into_iter()
+            .map(|pid| {
+                wait_until(
+                    "the child is named and asleep",
+                    Duration::from_secs(10),
+                    || {
+                        proc_comm(pid).as_deref() == Some(child_name)
+                            && matches!(proc_state(pid), Some('S' | 'Z'))
+                    },
+                );
+                Holder { pid, child: None }
+            })
+            .collect();
+        (owner_pid, holders)
+    }
+
+    /// Start it and let its main thread exit while another thread lives on with the
+    /// files: state Z, an empty `/proc/PID/fd`, the files only in a thread's list.
+    pub fn zombie_leader(&self) -> Holder {
+        let mut child = Self::command(&self.spec("zombie-leader"))
             .spawn()
-            .expect("spawn python3 (install it with: apt-get install -y python3)");
+            .expect("spawn python3");
         let pid = child.id();
+        let line = first_line(&mut child);
+        assert_eq!(
+            line.trim(),
+            format!("READY {pid}"),
+            "the model did not start"
+        );
         wait_until(
             "the main thread is a zombie",
             Duration::from_secs(10),
@@ -688,6 +896,114 @@ impl Holder {
             pid,
             child: Some(child),
         }
+    }
+}
+
+/// The next line a model prints on its standard output, read byte by byte so that
+/// nothing after it is taken from the pipe.
+fn first_line(child: &mut Child) -> String {
+    let stdout = child.stdout.as_mut().expect("piped stdout");
+    let mut line = Vec::new();
+    let mut byte = [0u8];
+    while stdout.read(&mut byte).expect("read the model's output") == 1 && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    String::from_utf8_lossy(&line).into_owned()
+}
+
+/// A live model CUDA owner that becomes a fork-inherited orphan when told to.
+pub struct ForkingOwner {
+    /// The owner, alive.
+    pub owner: Holder,
+    children: usize,
+    child_name: String,
+}
+
+impl ForkingOwner {
+    /// Fork the children (they inherit the descriptors and mappings) and exit; returns
+    /// the dead (and reaped) owner's PID and the live children.
+    pub fn orphan_now(mut self) -> (u32, Vec<Holder>) {
+        become_subreaper();
+        let pid = self.owner.pid;
+        signal(pid, libc::SIGUSR1);
+        let mut child = self.owner.child.take().expect("our own child");
+        let pids: Vec<u32> = (0..self.children)
+            .map(|_| {
+                let line = first_line(&mut child);
+                line.strip_prefix("CHILD ")
+                    .and_then(|pid| pid.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("not a CHILD line: {line}"))
+            })
+            .collect();
+        child.wait().expect("reap the owner");
+        let children = pids
+            .into_iter()
+            .map(|child_pid| {
+                wait_until(
+                    "the child is named and asleep",
+                    Duration::from_secs(10),
+                    || {
+                        proc_comm(child_pid).as_deref() == Some(self.child_name.as_str())
+                            && proc_state(child_pid) == Some('S')
+                    },
+                );
+                Holder {
+                    pid: child_pid,
+                    child: None,
+                }
+            })
+            .collect();
+        (pid, children)
+    }
+}
+
+/// A real process holding a device file, killed and reaped when dropped.
+pub struct Holder {
+    pub pid: u32,
+    child: Option<Child>,
+}
+
+impl Holder {
+    /// A model CUDA process named `cuda-job` with a context on `device`'s GPU.
+    pub fn spawn(device: &Path) -> Holder {
+        Model::cuda("cuda-job", device).spawn()
+    }
+
+    /// A `sleep` process with just `file` open: a process that never touched a GPU when
+    /// `file` is not a device node.
+    pub fn opening(file: &Path) -> Holder {
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg("exec 3<\"$1\"; exec sleep 1000")
+            .arg("sh")
+            .arg(file)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn holder");
+        let pid = child.id();
+        wait_until(
+            "the process has opened its file",
+            Duration::from_secs(10),
+            || holds(pid, file) && proc_state(pid) == Some('S'),
+        );
+        Holder {
+            pid,
+            child: Some(child),
+        }
+    }
+
+    /// The fork-inherited orphan: a model CUDA process `cuda-job` forks one child,
+    /// `dataloader`, that inherits its descriptors and mappings, and exits. Returns the
+    /// dead (and reaped) owner's PID and the live child.
+    pub fn fork_orphan(device: &Path) -> (u32, Holder) {
+        let (owner, mut children) = Model::cuda("cuda-job", device).fork_orphan(1, "dataloader");
+        (owner, children.remove(0))
+    }
+
+    /// A model CUDA owner `cuda-job` whose main thread called pthread_exit while another
+    /// thread lives on with its context: state Z, an empty `/proc/PID/fd`.
+    pub fn zombie_main_thread(device: &Path) -> Holder {
+        Model::cuda("cuda-job", device).zombie_leader()
     }
 
     /// Stop it with SIGSTOP and wait until the kernel says so.
@@ -729,6 +1045,11 @@ impl Drop for Holder {
 /// The UVM node beside a GPU node (`nvidia-uvm` in the same folder).
 fn uvm_node(device: &Path) -> PathBuf {
     device.with_file_name("nvidia-uvm")
+}
+
+/// The control node beside a GPU node (`nvidiactl` in the same folder).
+fn control_node(device: &Path) -> PathBuf {
+    device.with_file_name("nvidiactl")
 }
 
 /// Make this test process adopt orphaned grandchildren, so their parent PID is ours
@@ -785,23 +1106,6 @@ pub fn user_name(uid: u32) -> Option<String> {
         let fields: Vec<&str> = line.split(':').collect();
         (fields.get(2)?.parse::<u32>().ok()? == uid).then(|| fields[0].to_string())
     })
-}
-
-/// Wait until `holder` is a `sleep` asleep in its syscall: right after a fork or an exec
-/// the process may still be the shell that made it, with the shell's command name.
-pub fn wait_until_sleeping(holder: &Holder) {
-    wait_until(
-        "the holder is a sleeping `sleep`",
-        Duration::from_secs(10),
-        || proc_comm(holder.pid).as_deref() == Some("sleep") && proc_state(holder.pid) == Some('S'),
-    );
-}
-
-/// [`Holder::fork_orphan`], returned once the inheriting child sleeps as `sleep`.
-pub fn settled_fork_orphan(device: &Path) -> (u32, Holder) {
-    let (dead_owner, child) = Holder::fork_orphan(device);
-    wait_until_sleeping(&child);
-    (dead_owner, child)
 }
 
 impl Outcome {

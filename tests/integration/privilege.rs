@@ -25,7 +25,7 @@ fn check_as_nobody(rig: &Rig, capabilities: &[&str]) -> Value {
 fn dac_read_search_and_sys_ptrace_are_enough_and_each_alone_is_not() {
     let rig = Rig::new();
     // Spawned by this test, which runs as root: a holder nobody may not look into.
-    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
     rig.charge_gpu0(dead_owner, Some(CHARGED));
 
     for capabilities in [&[][..], &["sys_ptrace"][..], &["dac_read_search"][..]] {
@@ -37,13 +37,13 @@ fn dac_read_search_and_sys_ptrace_are_enough_and_each_alone_is_not() {
             "{capabilities:?}: {scan}"
         );
         let gpu = &document["gpus"][0];
+        assert_eq!(gpu["culprits"], serde_json::json!([]), "{capabilities:?}");
         assert_eq!(
-            gpu["unlisted_holders"],
-            serde_json::json!([]),
-            "{capabilities:?}"
-        );
-        assert_eq!(
-            gpu["verdict"]["finding"], "orphaned_holders_unknown",
+            gpu["remedy"],
+            serde_json::json!({
+                "action": "cannot_tell",
+                "reason": { "why": "scan_denied", "processes": scan["permission_errors"] },
+            }),
             "{capabilities:?}: a holder may be missing, and the verdict must say so"
         );
     }
@@ -53,28 +53,33 @@ fn dac_read_search_and_sys_ptrace_are_enough_and_each_alone_is_not() {
     assert_eq!(scan["complete"], true, "{document:#}");
     assert_eq!(scan["permission_errors"], 0);
     let gpu = &document["gpus"][0];
-    let pids: Vec<u64> = gpu["unlisted_holders"]
+    let pids: Vec<u64> = gpu["culprits"]
         .as_array()
         .unwrap()
         .iter()
         .map(|holder| holder["pid"].as_u64().unwrap())
         .collect();
     assert_eq!(pids, [u64::from(child.pid)], "{gpu:#}");
-    assert_eq!(gpu["unlisted_holders"][0]["user"], "root");
-    assert_eq!(gpu["verdict"]["finding"], "orphaned_held");
+    assert_eq!(gpu["culprits"][0]["user"], "root");
+    // Reading the child's mappings took CAP_SYS_PTRACE too: it is named as a culprit.
     assert_eq!(
-        gpu["verdict"]["suggestion"],
-        format!(
-            "kill {}   # then: vram-exporter check --gpu 0 --wait 30s",
-            child.pid
-        )
+        gpu["culprits"][0]["mappings"]["gpus"],
+        serde_json::json!([0])
     );
+    assert_eq!(gpu["remedy"]["action"], "kill");
+    assert!(gpu["verdict"]["suggestion"]
+        .as_str()
+        .unwrap()
+        .starts_with(&format!(
+            "kill {0}   # {0} is dataloader, started ",
+            child.pid
+        )));
 }
 
 #[test]
 fn the_server_as_nobody_with_both_capabilities_scans_completely() {
     let rig = Rig::new();
-    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
     rig.charge_gpu0(dead_owner, Some(CHARGED));
     let exporter = start(rig.command_as_nobody_with(
         &["dac_read_search", "sys_ptrace"],

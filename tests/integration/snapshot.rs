@@ -24,7 +24,7 @@ fn story_example_replays_to_gpu_2_needing_a_reset() {
     assert_eq!(outcome.status, Some(1), "{outcome:?}");
     assert_eq!(
         verdict_line(&outcome.stdout, 2),
-        "GPU 2: 74.3 GiB held but charged to no process; no process holds GPU 2's device file: only a GPU reset can free it."
+        "GPU 2: 74.3 GiB (76,104 MiB) held but charged to no process; no process holds GPU 2's device file: only a GPU reset can free it."
     );
     assert!(outcome.stdout.contains(
         "\n  suggested: nvidia-smi --gpu-reset -i 2   # only once nothing uses this GPU\n"
@@ -64,21 +64,21 @@ fn fork_orphan_example_replays_to_killing_the_child() {
     let rig = Rig::new();
     let outcome = replay(&rig, &example("fork-orphan-held-by-child.json"), &[]);
     assert_eq!(outcome.status, Some(1), "{outcome:?}");
+    // Recorded without the host's boot time: the start is given in clock ticks.
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
-        "GPU 0: 8.6 GiB held for exited PID 503; still held open by PID 524 (python3, sleeping, user root, parent 1, in the process group of exited PID 503) - killing 524 should free it."
+        "GPU 0: 8.6 GiB (8,802 MiB) held for exited PID 503; still held by PID 524 (python3, sleeping, start time 48213 ticks after boot, user root, parent 1, holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, in the process group of exited PID 503) - killing 524 should free it."
     );
-    assert!(outcome
-        .stdout
-        .contains("\n  suggested: kill 524   # then: vram-exporter check --gpu 0 --wait 30s\n"));
+    assert!(outcome.stdout.contains(
+        "\n  suggested: kill 524   # 524 is python3, start time 48213 ticks after boot; then: vram-exporter check --gpu 0 --wait 30s\n"
+    ));
 }
 
 #[test]
 fn snapshot_replays_to_the_verdict_of_the_live_host() {
     let rig = Rig::new();
-    let (dead_owner, _child) = settled_fork_orphan(&rig.device(0));
+    let (dead_owner, _child) = Holder::fork_orphan(&rig.device(0));
     let live_owner = Holder::spawn(&rig.device(1));
-    wait_until_sleeping(&live_owner);
     rig.write_scenario(
         &Gpus::new()
             .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
@@ -96,7 +96,7 @@ fn snapshot_replays_to_the_verdict_of_the_live_host() {
     assert_eq!(written.stdout, "", "the snapshot goes to the file only");
 
     let snapshot: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-    assert_eq!(snapshot["format"], 1);
+    assert_eq!(snapshot["format"], 2);
     assert_eq!(snapshot["exporter_version"], env!("CARGO_PKG_VERSION"));
     assert!(snapshot["observation"]["holder_scan"].is_object());
 
@@ -113,10 +113,8 @@ fn snapshot_replays_to_the_verdict_of_the_live_host() {
     };
     let replayed_document = without_duration(&replayed);
     assert_eq!(replayed_document, without_duration(&live));
-    assert_eq!(
-        replayed_document["gpus"][0]["verdict"]["finding"],
-        "orphaned_held"
-    );
+    assert_eq!(replayed_document["gpus"][0]["finding"], "orphaned");
+    assert_eq!(replayed_document["gpus"][0]["remedy"]["action"], "kill");
 
     // The table and verdicts a person reads are the same text.
     let live_text = rig.run(&["check"]);
@@ -132,7 +130,7 @@ fn snapshot_of_another_format_is_a_clear_error() {
     let written = rig.run(&["snapshot", "--output", file.to_str().unwrap()]);
     assert_eq!(written.status, Some(0), "{written:?}");
     let mut snapshot: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-    snapshot["format"] = 2.into();
+    snapshot["format"] = 1.into();
     std::fs::write(&file, serde_json::to_vec(&snapshot).unwrap()).unwrap();
 
     let outcome = replay(&rig, &file, &[]);
@@ -140,11 +138,100 @@ fn snapshot_of_another_format_is_a_clear_error() {
     assert_eq!(outcome.stdout, "");
     assert!(
         outcome.stderr.contains(&format!(
-            "{} has snapshot format 2; this build reads format 1",
+            "{} has snapshot format 1; this build reads format 2",
             file.display()
         )),
         "{}",
         outcome.stderr
     );
     assert!(!outcome.stderr.contains("panicked"), "{}", outcome.stderr);
+}
+
+#[test]
+fn check_its_json_and_the_metrics_agree_on_one_snapshot() {
+    // One observation, three renderings: the culprits, the amounts and the verdict must
+    // be the same in each, since the classifier alone decides them.
+    let rig = Rig::new();
+    let (dead_owner, children) =
+        Model::cuda("trainer", &rig.device(0)).fork_orphan(2, "dataloader");
+    let agent = Model::agent("gpu-health", &rig.device(0)).spawn();
+    let live_owner = Holder::spawn(&rig.device(1));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(
+                Gpu::idle(1)
+                    .used(USED)
+                    .process(live_owner.pid, Some(CHARGED)),
+            )
+            .gpu(Gpu::idle(2).used(4 << 30))
+            .into_json(),
+    );
+    let file = rig.dir.path().join("one-look.json");
+    let written = rig.run(&["snapshot", "--output", file.to_str().unwrap()]);
+    assert_eq!(written.status, Some(0), "{written:?}");
+    drop((children, agent, live_owner));
+
+    let text = replay(&rig, &file, &[]);
+    let json = replay(&rig, &file, &["--json"]);
+    let metrics = rig.start(&["--replay", file.to_str().unwrap()]).scrape();
+    let document = json.json();
+
+    // The verdict: the exit status, the document's status and the orphaned series.
+    assert_eq!(text.status, Some(1));
+    assert_eq!(json.status, text.status);
+    assert_eq!(document["status"], "orphaned");
+    for gpu in 0..3u32 {
+        let label = gpu.to_string();
+        let in_json = &document["gpus"][gpu as usize];
+        let orphaned: f64 = metrics
+            .find("vram_orphaned_bytes", &[("gpu", &label)])
+            .iter()
+            .map(|(_, _, value)| value)
+            .sum();
+        assert_eq!(
+            orphaned,
+            in_json["orphaned_bytes"].as_f64().unwrap(),
+            "GPU {gpu}"
+        );
+        // The culprits: the document's, the holder series' and the kill line's.
+        let culprits: Vec<String> = in_json["culprits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|culprit| culprit["pid"].to_string())
+            .collect();
+        let mut series: Vec<String> = metrics
+            .find("vram_holder_info", &[("gpu", &label)])
+            .iter()
+            .map(|(_, labels, _)| labels["pid"].clone())
+            .collect();
+        series.sort();
+        assert_eq!(series, culprits, "GPU {gpu}");
+        let bystanders = in_json["bystanders"].as_array().unwrap().len() as f64;
+        assert_eq!(
+            metrics.value(
+                "vram_holder_processes",
+                &[("gpu", &label), ("role", "bystander")]
+            ),
+            bystanders
+        );
+        let sentence = verdict_line(&text.stdout, gpu);
+        assert_eq!(sentence, in_json["verdict"]["sentence"]);
+        let kill = format!("  suggested: kill {}", culprits.join(" "));
+        assert_eq!(
+            text.stdout.contains(&format!("{kill}   #")),
+            !culprits.is_empty(),
+            "GPU {gpu}: {}",
+            text.stdout
+        );
+    }
+    // GPU 0: the two children, never the agent; GPU 1: a live owner; GPU 2: no holder.
+    assert_eq!(document["gpus"][0]["culprits"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        document["gpus"][0]["bystanders"].as_array().unwrap().len(),
+        1
+    );
+    assert_eq!(document["gpus"][1]["finding"], "owned");
+    assert_eq!(document["gpus"][2]["remedy"]["action"], "reset_gpu");
 }

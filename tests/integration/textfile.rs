@@ -12,9 +12,8 @@ const LAST_FAMILY: &str = "vram_scrape_duration_seconds";
 #[test]
 fn textfile_passes_promtool_and_holds_the_expected_series() {
     let rig = Rig::new();
-    let (dead_owner, child) = settled_fork_orphan(&rig.device(0));
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
     let live_owner = Holder::spawn(&rig.device(1));
-    wait_until_sleeping(&live_owner);
     rig.write_scenario(
         &Gpus::new()
             .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
@@ -57,7 +56,7 @@ fn textfile_passes_promtool_and_holds_the_expected_series() {
     assert_eq!(
         metrics.value(
             "vram_holder_info",
-            &[("gpu", "0"), ("pid", &child_pid), ("comm", "sleep")]
+            &[("gpu", "0"), ("pid", &child_pid), ("comm", "dataloader")]
         ),
         1.0
     );

@@ -1,0 +1,213 @@
+//! Who keeps orphaned memory alive: every process holding a GPU's device file is a
+//! candidate, with the evidence found for and against it. Only a candidate with a context
+//! on the GPU (shared mappings of its device file) is a culprit; the others are
+//! bystanders, and a candidate whose mappings cannot be read is undetermined.
+
+use super::{Frame, Owner, Process, Settings};
+use crate::observe::{ProcessFacts, ProcfsView, References};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// What a candidate is to one GPU's orphaned memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// It holds a context on the GPU: its end frees the memory.
+    Culprit,
+    /// It holds the device file without a context on the GPU (an NVML client, another
+    /// GPU's job): never blamed.
+    Bystander,
+    /// Its mappings cannot be read: whether it holds a context cannot be told.
+    Undetermined,
+}
+
+impl Role {
+    /// Every role, in the order metrics list them.
+    pub const ALL: [Role; 3] = [Role::Culprit, Role::Bystander, Role::Undetermined];
+
+    /// The label value used in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Culprit => "culprit",
+            Role::Bystander => "bystander",
+            Role::Undetermined => "undetermined",
+        }
+    }
+}
+
+/// One fact found for or against a candidate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Evidence {
+    /// It maps this GPU's device file shared: it holds a context here (strong).
+    MapsGpu,
+    /// NVML lists it as an owner on no GPU, so the context it maps was inherited.
+    Inherited,
+    /// Its parent is the gone owner (not yet reaped).
+    ChildOf {
+        /// The gone owner.
+        pid: u32,
+    },
+    /// It is in the process group the gone owner led.
+    ProcessGroupOf {
+        /// The gone owner.
+        pid: u32,
+    },
+    /// It is in the session the gone owner led.
+    SessionOf {
+        /// The gone owner.
+        pid: u32,
+    },
+    /// Its parent is the gone owner's parent: orphaned by the owner's death, it was
+    /// adopted by the subreaper that was the owner's parent.
+    AdoptedByOwnersParent {
+        /// The gone owner.
+        pid: u32,
+        /// The parent they share.
+        parent: u32,
+    },
+    /// It holds this GPU's device file open but maps nothing of it: an NVML client (a
+    /// monitoring agent, a device plugin) or a job that only opened the node.
+    NoContext,
+    /// It is a live owner of other GPUs, without a context on this one.
+    OwnerOfOtherGpus {
+        /// NVML indices of those GPUs.
+        gpus: Vec<u32>,
+    },
+    /// Its command name is a known NVML client's (the built-in list or
+    /// `--holders.ignore-comm`); a label only, never a reason to blame or clear.
+    KnownAgent,
+    /// Its mappings could not be read (root, or CAP_SYS_PTRACE, is needed).
+    MappingsUnreadable,
+}
+
+/// A process holding a GPU's device file, with its role and the evidence for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Suspect {
+    /// The process.
+    #[serde(flatten)]
+    pub process: Process,
+    /// What it is to the GPU's orphaned memory.
+    pub role: Role,
+    /// Why: for a culprit the evidence against it, for the others why it is not blamed.
+    pub evidence: Vec<Evidence>,
+}
+
+/// The GPU a candidate is judged for, and who owns what.
+pub(super) struct Scene<'a> {
+    /// Minor number of the GPU's device node.
+    pub minor: u32,
+    /// Its NVML index.
+    pub index: u32,
+    /// Its owners, judged.
+    pub owners: &'a [Owner],
+    /// NVML index of every GPU each PID (ours) is a live owner of.
+    pub live_owner_gpus: &'a BTreeMap<u32, Vec<u32>>,
+}
+
+/// The candidates of one GPU with orphaned memory: every scanned process holding or
+/// mapping its device file, other than its own live owners. Culprits come first.
+pub(super) fn suspects(
+    holders: &[ProcessFacts],
+    scene: &Scene<'_>,
+    settings: &Settings,
+    frame: &Frame,
+) -> Vec<Suspect> {
+    let mut found: Vec<Suspect> = holders
+        .iter()
+        .filter(|holder| holder.touches_gpu(scene.minor))
+        .filter(|holder| !is_live_owner_here(holder, scene))
+        .map(|holder| judge(holder, scene, settings, frame))
+        .collect();
+    found.sort_by_key(|suspect| (suspect.role != Role::Culprit, suspect.process.pid));
+    found
+}
+
+fn is_live_owner_here(holder: &ProcessFacts, scene: &Scene<'_>) -> bool {
+    holder.local_pid.is_some_and(|pid| {
+        scene
+            .live_owner_gpus
+            .get(&pid)
+            .is_some_and(|gpus| gpus.contains(&scene.index))
+    })
+}
+
+fn judge(holder: &ProcessFacts, scene: &Scene<'_>, settings: &Settings, frame: &Frame) -> Suspect {
+    let mut evidence = Vec::new();
+    let other_gpus: Vec<u32> = holder
+        .local_pid
+        .and_then(|pid| scene.live_owner_gpus.get(&pid))
+        .cloned()
+        .unwrap_or_default();
+    let role = match &holder.mappings {
+        References::Read(nodes) if nodes.gpus.contains(&scene.minor) => {
+            evidence.push(Evidence::MapsGpu);
+            if other_gpus.is_empty() {
+                evidence.push(Evidence::Inherited);
+            }
+            evidence.extend(kinship(holder, scene, frame));
+            Role::Culprit
+        }
+        References::Read(_) => {
+            evidence.push(if other_gpus.is_empty() {
+                Evidence::NoContext
+            } else {
+                Evidence::OwnerOfOtherGpus { gpus: other_gpus }
+            });
+            Role::Bystander
+        }
+        References::Unreadable | References::NotRead => {
+            evidence.push(Evidence::MappingsUnreadable);
+            evidence.extend(kinship(holder, scene, frame));
+            Role::Undetermined
+        }
+    };
+    if settings.is_known_agent(&holder.comm) {
+        evidence.push(Evidence::KnownAgent);
+    }
+    Suspect {
+        process: Process::new(holder, frame),
+        role,
+        evidence,
+    }
+}
+
+/// Ties between a holder and the GPU's gone owners: the signs that it inherited their
+/// context rather than opened the device itself.
+fn kinship(holder: &ProcessFacts, scene: &Scene<'_>, frame: &Frame) -> Vec<Evidence> {
+    // Parents, groups and sessions are the procfs's PIDs, owners' PIDs are ours.
+    if frame.procfs_view != ProcfsView::Own {
+        return Vec::new();
+    }
+    let gone: Vec<&Owner> = scene
+        .owners
+        .iter()
+        .filter(|owner| {
+            owner
+                .detail
+                .as_ref()
+                .and_then(|d| d.gone_reason())
+                .is_some()
+        })
+        .collect();
+    let mut ties = Vec::new();
+    for owner in gone {
+        let pid = owner.pid;
+        if holder.ppid == pid {
+            ties.push(Evidence::ChildOf { pid });
+        }
+        if holder.pgid == pid {
+            ties.push(Evidence::ProcessGroupOf { pid });
+        }
+        if holder.sid == pid {
+            ties.push(Evidence::SessionOf { pid });
+        }
+        if let Some(parent) = owner.first_seen.as_ref().map(|first| first.ppid) {
+            // Everything orphaned ends up under init: only a subreaper's adoption says more.
+            if parent > 1 && holder.ppid == parent {
+                ties.push(Evidence::AdoptedByOwnersParent { pid, parent });
+            }
+        }
+    }
+    ties
+}

@@ -1,0 +1,33 @@
+//! The exit statuses every command shares, as `check --help` and the README list them.
+
+use crate::classify::CheckStatus;
+
+/// Nothing orphaned (for `check`); done (for the other commands).
+pub const SUCCESS: u8 = 0;
+/// `check`: some GPU holds memory without a live owner.
+pub const ORPHANED: u8 = 1;
+/// Any command: bad flags, an unreadable snapshot or file, NVML not available.
+pub const ERROR: u8 = 2;
+/// `check`: nothing is proven orphaned, but some GPU's memory cannot be judged (a GPU
+/// that does not answer, owners that cannot be read, a blind exporter).
+pub const CANNOT_TELL: u8 = 3;
+
+/// The exit status `check` ends with for `status`.
+pub fn of(status: CheckStatus) -> u8 {
+    match status {
+        CheckStatus::Clear => SUCCESS,
+        CheckStatus::Orphaned => ORPHANED,
+        CheckStatus::CannotTell => CANNOT_TELL,
+        CheckStatus::NvmlDown => ERROR,
+    }
+}
+
+/// What an exit status of `check` means, in words.
+pub fn meaning(code: u8) -> &'static str {
+    match code {
+        SUCCESS => "nothing orphaned",
+        ORPHANED => "orphaned memory found",
+        CANNOT_TELL => "cannot tell: some memory cannot be judged",
+        _ => "error",
+    }
+}
