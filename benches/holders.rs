@@ -15,7 +15,7 @@ use std::hint::black_box;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use vram_exporter::observe::procfs::{ProcRoot, Reader, DEVICE_PREFIX};
+use vram_exporter::observe::procfs::{Memory, Placement, ProcRoot, Reader, DEVICE_PREFIX};
 
 /// Open files per synthetic process.
 const FILES_PER_PROCESS: usize = 50;
@@ -59,9 +59,16 @@ fn build_tree(root: &Path, processes: usize) -> usize {
             };
             symlink(target, fd_dir.join(fd.to_string())).unwrap();
         }
+        // Every process has a stat line: the scan reads it first, for the start time.
+        fs::write(
+            pid_dir.join("stat"),
+            format!(
+                "{pid} (worker) S 1 {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {pid} 0\n"
+            ),
+        )
+        .unwrap();
         if holds_gpu {
             holders += 1;
-            // Only holders are described, from their stat line.
             fs::write(
                 pid_dir.join("stat"),
                 format!(
@@ -143,10 +150,26 @@ fn bench_synthetic(c: &mut Criterion) {
                 && holder.comm == "python3"
                 && holder.state == 'S'));
         group.throughput(Throughput::Elements((processes * FILES_PER_PROCESS) as u64));
+        // The first scan of an episode: nothing remembered, every link read.
         group.bench_with_input(
-            BenchmarkId::new("processes_x50_files", processes),
+            BenchmarkId::new("first_scan_processes_x50_files", processes),
             &root,
             |b, root| b.iter(|| black_box(Reader::new(root).scan_holders(BUDGET))),
+        );
+        // The scans after it, one per scrape while memory stays orphaned: a process
+        // remembered with no NVIDIA file and as many descriptors is not listed again.
+        let placement = Placement::locate(&root);
+        let (_, learnt) = Reader::new(&root).scan_and_remember(std::time::Instant::now() + BUDGET);
+        let memory: Memory = learnt.into_iter().collect();
+        group.bench_with_input(
+            BenchmarkId::new("next_scans_processes_x50_files", processes),
+            &root,
+            |b, root| {
+                b.iter(|| {
+                    let reader = Reader::with_memory(root, placement, &memory);
+                    black_box(reader.scan_holders(BUDGET))
+                })
+            },
         );
     }
     group.finish();

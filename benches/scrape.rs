@@ -26,7 +26,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use vram_exporter::observe::procfs::{ProcRoot, Reader};
+use vram_exporter::observe::procfs::{Memory, Placement, ProcRoot, Reader};
 
 /// What each owner is charged, and the per-context overhead that no process is charged for
 /// (below the default 16 MiB floor, so it is not called orphaned).
@@ -416,10 +416,18 @@ fn breakdown(rig: &Rig, pids: &[u32], latencies: &[Latency]) {
         std::env::remove_var("FAKE_NVML_CALL_LOG");
         let nvml_calls = fs::read_to_string(&calls).unwrap().lines().count();
         let nvml_read = time_median(RUNS, || read_like_a_scrape(&nvml));
+        // As a scrape does: each owner served from what an earlier scrape read, its stat
+        // read again.
+        let placement = Placement::locate(&proc_root);
+        let first_look = Reader::new(&proc_root);
+        let memory: Memory = pids
+            .iter()
+            .filter_map(|&pid| Some((pid, first_look.read_owner(pid, &[]).remember?)))
+            .collect();
         let lookups = time_median(RUNS, || {
-            let reader = Reader::new(&proc_root);
+            let reader = Reader::with_memory(&proc_root, placement, &memory);
             for &pid in pids {
-                let _ = std::hint::black_box(reader.read(pid, None));
+                let _ = std::hint::black_box(reader.read_owner(pid, &[]));
             }
         });
         let measured = latencies

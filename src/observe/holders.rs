@@ -4,9 +4,8 @@
 //! mappings) by the one reader, [`Reader`].
 
 use super::pidns::NamespaceInits;
-use super::procfs::{gone, Reader, Unread};
+use super::procfs::{Reader, Remembered, Scanned};
 use super::{HolderScan, ProcessFacts};
-use std::io;
 use std::time::{Duration, Instant};
 
 /// How many processes to look at between two checks of the clock.
@@ -23,13 +22,19 @@ struct PartialScan {
     holders: Vec<ProcessFacts>,
     permission_errors: u64,
     cut_short: bool,
+    remembered: Vec<(u32, Remembered)>,
 }
 
 impl Reader<'_> {
     /// Scan every process but the exporter for NVIDIA device files, stopping at `budget`.
     pub fn scan_holders(&self, budget: Duration) -> HolderScan {
+        self.scan_and_remember(Instant::now() + budget).0
+    }
+
+    /// Scan every process but the exporter for NVIDIA device files, stopping at
+    /// `deadline`; with what to remember of every process seen, for the next scan.
+    pub fn scan_and_remember(&self, deadline: Instant) -> (HolderScan, Vec<(u32, Remembered)>) {
         let started = Instant::now();
-        let deadline = started + budget;
         let mut inits = NamespaceInits::new(self.root(), deadline);
         let pids: Vec<u32> = match self.root().pids() {
             Ok(pids) => pids
@@ -37,12 +42,13 @@ impl Reader<'_> {
                 .filter(|&pid| pid != self.own_pid())
                 .collect(),
             Err(_) => {
-                return HolderScan {
+                let scan = HolderScan {
                     holders: Vec::new(),
                     permission_errors: 1,
                     cut_short: false,
                     duration_seconds: started.elapsed().as_secs_f64(),
-                }
+                };
+                return (scan, Vec::new());
             }
         };
         let threads = std::thread::available_parallelism()
@@ -80,10 +86,12 @@ impl Reader<'_> {
             cut_short: false,
             duration_seconds: 0.0,
         };
+        let mut remembered = Vec::new();
         for part in parts {
             scan.holders.extend(part.holders);
             scan.permission_errors += part.permission_errors;
             scan.cut_short |= part.cut_short;
+            remembered.extend(part.remembered);
         }
         scan.holders.sort_by_key(|holder| holder.pid);
         // Few processes hold a GPU: which containers have ended is asked of them alone.
@@ -91,7 +99,7 @@ impl Reader<'_> {
             holder.pid_namespace_init = inits.of(holder.pid);
         }
         scan.duration_seconds = started.elapsed().as_secs_f64();
-        scan
+        (scan, remembered)
     }
 
     /// Scan `pids`, stopping once the scan is past its deadline.
@@ -102,29 +110,15 @@ impl Reader<'_> {
                 part.cut_short = true;
                 break;
             }
-            let dir = self.root().pid_dir(pid);
-            // The descriptors first: most processes hold no NVIDIA file, and for them
-            // nothing else is read. An empty list is looked behind only when the main
-            // thread may be a zombie, which one read of stat tells.
-            let descriptors = match self.descriptors(&dir, false) {
-                Ok(found) if found.open_files() == 0 && self.may_be_zombie_leader(&dir) => {
-                    self.descriptors(&dir, true)
+            match self.scan_one(pid) {
+                Scanned::Holder(facts, remember) => {
+                    part.holders.push(*facts);
+                    part.remembered.push((pid, remember));
                 }
-                other => other,
-            };
-            match descriptors {
-                Ok(found) if found.any() => match self.read(pid, Some(found)) {
-                    Ok((facts, _)) => part.holders.push(facts),
-                    Err(Unread::Missing) => {}
-                    Err(Unread::Unreadable(_)) => part.permission_errors += 1,
-                },
-                Ok(_) => {}
-                Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
-                    part.permission_errors += 1;
-                }
+                Scanned::Nothing(remember) => part.remembered.push((pid, remember)),
+                Scanned::Denied => part.permission_errors += 1,
                 // The process exited while we looked: it holds nothing any more.
-                Err(error) if gone(&error) => {}
-                Err(_) => {}
+                Scanned::Gone => {}
             }
         }
         part

@@ -12,8 +12,8 @@ pub mod procfs;
 pub use model::*;
 
 use self::nvml::NvmlSource;
-use self::procfs::{ProcRoot, Reader, Unread};
-use std::collections::{BTreeMap, HashMap};
+use self::procfs::{Memory, Placement, ProcRoot, Reader, Remembered, Unread};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -66,9 +66,13 @@ pub struct LiveHost {
     nvml: NvmlSource,
     proc_root: ProcRoot,
     scan_budget: Duration,
+    /// The exporter's place in the procfs, found once.
+    placement: Placement,
     /// The process first seen under each PID that NVML lists: a PID names a process only
     /// with its start time, so a later process under the same number is someone else.
     first_seen: Mutex<HashMap<u32, Identity>>,
+    /// What earlier looks found of each process, served while its start time is the same.
+    memory: Mutex<Memory>,
 }
 
 impl LiveHost {
@@ -82,9 +86,11 @@ impl LiveHost {
     ) -> Self {
         LiveHost {
             nvml: NvmlSource::new(nvml_library, long_running),
+            placement: Placement::locate(&proc_root),
             proc_root,
             scan_budget,
             first_seen: Mutex::new(HashMap::new()),
+            memory: Mutex::new(Memory::new()),
         }
     }
 
@@ -95,31 +101,40 @@ impl LiveHost {
 
     fn observe(&self) -> Observation {
         let nvml = self.nvml.read();
-        let reader = Reader::new(&self.proc_root);
+        let mut memory = lock(&self.memory);
+        let reader = Reader::with_memory(&self.proc_root, self.placement, &memory);
         let mut procfs_errors = 0;
         let mut inits =
             pidns::NamespaceInits::new(&self.proc_root, Instant::now() + self.scan_budget);
         let mut owners = BTreeMap::new();
-        for pid in listed_pids(&nvml) {
-            if owners.contains_key(&pid) {
-                continue;
-            }
+        let mut learnt = Vec::new();
+        let mut gone = Vec::new();
+        for (pid, gpus) in listed_pids(&nvml) {
             let now = match reader.procfs_pid(pid) {
                 None => ProcessLookup::NotVisible,
-                Some(procfs_pid) => match reader.read(procfs_pid, None) {
-                    Ok((mut facts, errors)) => {
-                        procfs_errors += errors;
-                        // Which owners' containers have ended: a short walk up from each
-                        // owner in a nested PID namespace, a pass over /proc at most once.
-                        facts.pid_namespace_init = inits.of(procfs_pid);
-                        ProcessLookup::Present(Box::new(facts))
+                Some(procfs_pid) => {
+                    let looked = reader.read_owner(procfs_pid, &gpus);
+                    procfs_errors += looked.errors;
+                    if let Some(remember) = looked.remember {
+                        learnt.push((procfs_pid, remember));
                     }
-                    Err(Unread::Missing) => ProcessLookup::Missing,
-                    Err(Unread::Unreadable(error)) => {
-                        procfs_errors += 1;
-                        ProcessLookup::Unreadable { error }
+                    match looked.facts {
+                        Ok(mut facts) => {
+                            // Which owners' containers have ended: a short walk up from
+                            // each owner in a nested PID namespace, a pass over /proc at
+                            // most once.
+                            if looked.nested != Some(false) {
+                                facts.pid_namespace_init = inits.of(procfs_pid);
+                            }
+                            ProcessLookup::Present(Box::new(facts))
+                        }
+                        Err(Unread::Missing) => {
+                            gone.push(procfs_pid);
+                            ProcessLookup::Missing
+                        }
+                        Err(Unread::Unreadable(error)) => ProcessLookup::Unreadable { error },
                     }
-                },
+                }
             };
             owners.insert(
                 pid,
@@ -129,6 +144,13 @@ impl LiveHost {
                 },
             );
         }
+        let procfs_view = reader.view();
+        drop(reader);
+        for pid in gone {
+            memory.remove(&pid);
+        }
+        remember(&mut memory, learnt);
+        drop(memory);
         self.remember_identities(&nvml, &mut owners);
         let host_pid_namespace = self.proc_root.host_pid_namespace();
         if host_pid_namespace.is_none() {
@@ -137,7 +159,7 @@ impl LiveHost {
         Observation {
             nvml,
             host_pid_namespace,
-            procfs_view: reader.view(),
+            procfs_view,
             boot_time_unix_seconds: self.proc_root.boot_time(),
             clock_ticks_per_second: clock_ticks_per_second(),
             owners,
@@ -146,14 +168,26 @@ impl LiveHost {
         }
     }
 
+    /// The holder scan, served from and adding to what earlier looks found.
+    fn scan(&self) -> HolderScan {
+        let mut memory = lock(&self.memory);
+        let reader = Reader::with_memory(&self.proc_root, self.placement, &memory);
+        let (scan, learnt) = reader.scan_and_remember(Instant::now() + self.scan_budget);
+        drop(reader);
+        // A complete scan saw every process: what it did not see has exited.
+        if !scan.cut_short {
+            let seen: HashSet<u32> = learnt.iter().map(|(pid, _)| *pid).collect();
+            memory.retain(|pid, _| seen.contains(pid));
+        }
+        remember(&mut memory, learnt);
+        scan
+    }
+
     /// Fill in each owner's first-seen identity, remembering new ones and forgetting the
     /// PIDs NVML no longer lists (on GPUs that answered: a GPU that failed this time may
     /// list them again).
     fn remember_identities(&self, nvml: &NvmlReading, owners: &mut BTreeMap<u32, OwnerLookup>) {
-        let mut first_seen = self
-            .first_seen
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut first_seen = lock(&self.first_seen);
         let unanswered = match nvml {
             NvmlReading::Up { gpus, .. } => gpus
                 .iter()
@@ -177,20 +211,40 @@ impl LiveHost {
     }
 }
 
-/// Every PID NVML lists on a GPU that answered.
-fn listed_pids(nvml: &NvmlReading) -> Vec<u32> {
-    match nvml {
-        NvmlReading::Up { gpus, .. } => gpus
-            .iter()
-            .filter_map(|gpu| match &gpu.state {
-                GpuState::Ok { processes, .. } => Some(processes),
-                GpuState::Failed { .. } => None,
-            })
-            .flatten()
-            .map(|process| process.pid)
-            .collect(),
-        NvmlReading::Down { .. } => Vec::new(),
+/// Every PID NVML lists on a GPU that answered, with the minor numbers of the GPUs it
+/// is listed on.
+fn listed_pids(nvml: &NvmlReading) -> BTreeMap<u32, Vec<u32>> {
+    let mut listed: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    if let NvmlReading::Up { gpus, .. } = nvml {
+        for gpu in gpus {
+            if let GpuState::Ok { processes, .. } = &gpu.state {
+                for process in processes {
+                    let minors = listed.entry(process.pid).or_default();
+                    minors.extend(gpu.minor);
+                }
+            }
+        }
     }
+    listed
+}
+
+/// Add what a look learnt to the memory, keeping a reading the look did not redo.
+fn remember(memory: &mut Memory, learnt: Vec<(u32, Remembered)>) {
+    for (pid, newer) in learnt {
+        let merged = match memory.remove(&pid) {
+            Some(older) => older.updated_by(newer),
+            None => newer,
+        };
+        memory.insert(pid, merged);
+    }
+}
+
+/// A lock that a panic elsewhere has not made useless: the data behind it is whole
+/// between two statements.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The kernel's `USER_HZ`, in which `/proc` gives start times.
@@ -215,8 +269,7 @@ impl Source {
     /// Adds the holder scan to `observation` (a replay keeps the scan it recorded).
     pub fn scan_holders(&self, observation: &mut Observation) {
         if let Source::Live(host) = self {
-            let reader = Reader::new(&host.proc_root);
-            observation.holder_scan = Some(reader.scan_holders(host.scan_budget));
+            observation.holder_scan = Some(host.scan());
         }
     }
 

@@ -127,10 +127,10 @@ enum Position {
     Lost,
 }
 
-/// Reads processes for one observation; cheap to make, shared by the scan's threads.
-#[derive(Debug)]
-pub struct Reader<'a> {
-    root: &'a ProcRoot,
+/// The exporter's own place in the procfs it reads, found once: a process does not move
+/// between PID namespaces or change its capabilities.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement {
     /// The procfs's PID for the exporter itself.
     own_pid: u32,
     position: Position,
@@ -141,15 +141,11 @@ pub struct Reader<'a> {
     /// denial comes from beyond what capabilities grant (a process of a parent user
     /// namespace, such as a sandbox's own init) and is passed over.
     count_denied_links: bool,
-    /// The host's password file, read once when a user name is first needed.
-    passwd: OnceLock<Option<String>>,
-    /// Our PIDs to the procfs's, when it shows another namespace; built on first need.
-    translation: OnceLock<HashMap<u32, u32>>,
 }
 
-impl<'a> Reader<'a> {
-    /// A reader of `root`, locating the exporter in it.
-    pub fn new(root: &'a ProcRoot) -> Reader<'a> {
+impl Placement {
+    /// Locate the exporter in `root`.
+    pub fn locate(root: &ProcRoot) -> Placement {
         let ours = std::process::id();
         let own_pid = root.self_pid().unwrap_or(ours);
         let position = if own_pid == ours {
@@ -170,11 +166,101 @@ impl<'a> Reader<'a> {
             .ok()
             .and_then(|status| parse::status(&status).effective_capabilities)
             .is_none_or(|caps| caps & (1 << parse::CAP_SYS_PTRACE) == 0);
-        Reader {
-            root,
+        Placement {
             own_pid,
             position,
             count_denied_links,
+        }
+    }
+}
+
+/// What the exporter keeps of a process from one look to the next. A PID names a
+/// process only with its start time, so an entry serves only the process it was read
+/// from: any other start time under the PID is a stranger, read afresh.
+#[derive(Debug, Clone)]
+pub struct Remembered {
+    start_time_ticks: u64,
+    /// The last full reading, when one was made (holders and owners).
+    facts: Option<ProcessFacts>,
+    /// Whether it lives in a PID namespace nested in the procfs's: only then is its
+    /// container's PID 1 looked up again (`None`: not known yet).
+    nested: Option<bool>,
+    /// Its descriptor count at the last scan; with the start time, what tells the scan
+    /// that a process without NVIDIA files still has none.
+    open_files: Option<u64>,
+    /// Whether the last scan found NVIDIA files among its descriptors.
+    held_nvidia: bool,
+}
+
+impl Remembered {
+    /// This entry brought up to date by a newer look at the same PID: the newer wins, but
+    /// a full reading it did not redo is kept while the process is the same.
+    pub fn updated_by(self, newer: Remembered) -> Remembered {
+        if self.start_time_ticks != newer.start_time_ticks {
+            return newer;
+        }
+        Remembered {
+            facts: newer.facts.or(self.facts),
+            nested: newer.nested.or(self.nested),
+            open_files: newer.open_files.or(self.open_files),
+            ..newer
+        }
+    }
+}
+
+/// Processes remembered from earlier looks, by the procfs's PID.
+pub type Memory = HashMap<u32, Remembered>;
+
+/// `PF_KTHREAD` in `/proc/PID/stat`'s flags.
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// One look at a process: what was found, how many entries could not be read, and what
+/// to remember of it.
+#[derive(Debug)]
+pub struct Looked {
+    /// The facts, or why there are none.
+    pub facts: Result<ProcessFacts, Unread>,
+    /// Entries that existed but could not be read.
+    pub errors: u64,
+    /// Whether it lives in a nested PID namespace (`None`: not known).
+    pub nested: Option<bool>,
+    /// What to remember of it for the next look.
+    pub remember: Option<Remembered>,
+}
+
+/// Reads processes for one observation; cheap to make, shared by the scan's threads.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    root: &'a ProcRoot,
+    placement: Placement,
+    /// What earlier looks found.
+    previous: &'a Memory,
+    /// The host's password file, read once when a user name is first needed.
+    passwd: OnceLock<Option<String>>,
+    /// Our PIDs to the procfs's, when it shows another namespace; built on first need.
+    translation: OnceLock<HashMap<u32, u32>>,
+}
+
+/// An empty memory, for a reader that starts from nothing.
+static NOTHING_REMEMBERED: std::sync::LazyLock<Memory> = std::sync::LazyLock::new(Memory::new);
+
+impl<'a> Reader<'a> {
+    /// A reader of `root` that remembers nothing, locating the exporter in it.
+    pub fn new(root: &'a ProcRoot) -> Reader<'a> {
+        Reader::with_memory(root, Placement::locate(root), &NOTHING_REMEMBERED)
+    }
+
+    /// A reader of `root` from `placement` that serves what `previous` remembers of a
+    /// process while its start time is the same.
+    pub fn with_memory(
+        root: &'a ProcRoot,
+        placement: Placement,
+        previous: &'a Memory,
+    ) -> Reader<'a> {
+        Reader {
+            root,
+            placement,
+            previous,
             passwd: OnceLock::new(),
             translation: OnceLock::new(),
         }
@@ -187,12 +273,12 @@ impl<'a> Reader<'a> {
 
     /// The procfs's PID for the exporter itself, which the holder scan leaves out.
     pub fn own_pid(&self) -> u32 {
-        self.own_pid
+        self.placement.own_pid
     }
 
     /// Whether the procfs shows our own PID namespace.
     pub fn view(&self) -> ProcfsView {
-        match self.position {
+        match self.placement.position {
             Position::Own => ProcfsView::Own,
             Position::Foreign { .. } | Position::Lost => ProcfsView::Foreign,
         }
@@ -201,7 +287,7 @@ impl<'a> Reader<'a> {
     /// The procfs's PID of the process that is `pid` in our namespace (NVML's PIDs are
     /// ours); `None` when the procfs shows no such process.
     pub fn procfs_pid(&self, pid: u32) -> Option<u32> {
-        match self.position {
+        match self.placement.position {
             Position::Own => Some(pid),
             Position::Lost => None,
             Position::Foreign { .. } => self
@@ -226,8 +312,8 @@ impl<'a> Reader<'a> {
 
     /// The PID that the process `pid` of the procfs has in our namespace.
     fn local_pid(&self, pid: u32, dir: &Path, status: Option<&Status>) -> Option<u32> {
-        let Position::Foreign { level, namespace } = self.position else {
-            return (self.position == Position::Own).then_some(pid);
+        let Position::Foreign { level, namespace } = self.placement.position else {
+            return (self.placement.position == Position::Own).then_some(pid);
         };
         let read;
         let status = match status {
@@ -244,21 +330,124 @@ impl<'a> Reader<'a> {
             .then(|| levels[level])
     }
 
-    /// Everything about process `pid` of the procfs, and how many of its entries could not
-    /// be read. `descriptors` are passed in when the caller already scanned them.
-    pub fn read(
+    /// What was remembered of `pid`, if it is still the same process.
+    fn remembered(&self, pid: u32, stat: &Stat) -> Option<&'a Remembered> {
+        self.previous
+            .get(&pid)
+            .filter(|known| known.start_time_ticks == stat.start_time_ticks)
+    }
+
+    /// An NVML-listed owner, `pid` of the procfs, which NVML lists on the GPUs whose nodes
+    /// have minor numbers `gpus`. What cannot change for a process is served from memory;
+    /// its stat is read each time, and its descriptors and mappings again whenever they do
+    /// not show a context on every one of those GPUs (or its main thread is a zombie), so
+    /// that a verdict against it always rests on a fresh reading.
+    pub fn read_owner(&self, pid: u32, gpus: &[u32]) -> Looked {
+        let dir = self.root.pid_dir(pid);
+        let stat = match self.root.stat(&dir) {
+            Ok(stat) => stat,
+            Err(error) => return Looked::failed(unread(error)),
+        };
+        let known = self.remembered(pid, &stat);
+        let Some(mut facts) = known.and_then(|known| known.facts.clone()) else {
+            return self.read_afresh(pid, &dir, stat, None);
+        };
+        let stale = stat.state == b'Z' || !gpus.iter().all(|&minor| facts.mappings.has_gpu(minor));
+        refresh_from_stat(&mut facts, &stat);
+        let mut errors = 0;
+        if stale {
+            match self.references(&dir, stat.state == b'Z', None) {
+                Ok((descriptors, mappings, failed)) => {
+                    facts.descriptors = descriptors;
+                    facts.mappings = mappings;
+                    errors += failed;
+                }
+                Err(unread) => return Looked::failed(unread),
+            }
+        }
+        facts.wchan = self.wchan(&dir, &stat);
+        let nested = known.and_then(|known| known.nested);
+        Looked {
+            remember: Some(Remembered {
+                facts: Some(facts.clone()),
+                ..known.cloned().expect("a remembered process")
+            }),
+            facts: Ok(facts),
+            errors,
+            nested,
+        }
+    }
+
+    /// Everything about process `pid` of the procfs, read now; `descriptors` are passed in
+    /// when the caller already scanned them.
+    fn read_afresh(
         &self,
         pid: u32,
+        dir: &Path,
+        stat: Stat,
         descriptors: Option<Descriptors>,
-    ) -> Result<(ProcessFacts, u64), Unread> {
-        let dir = self.root.pid_dir(pid);
-        let stat = self.root.stat(&dir).map_err(unread)?;
-        let zombie_leader = stat.state == b'Z';
-        let status = self.root.status(&dir).map_err(unread)?;
+    ) -> Looked {
+        let status = match self.root.status(dir) {
+            Ok(status) => status,
+            Err(error) => return Looked::failed(unread(error)),
+        };
+        let open_files = descriptors.as_ref().map(|found| found.open_files as u64);
+        let (descriptor_refs, mappings, mut errors) =
+            match self.references(dir, stat.state == b'Z', descriptors) {
+                Ok(references) => references,
+                Err(unread) => return Looked::failed(unread),
+            };
+        if status.uid.is_none() {
+            errors += 1;
+        }
+        let nested = status.nspid.as_ref().map(|levels| levels.len() >= 2);
+        let facts = ProcessFacts {
+            pid,
+            local_pid: self.local_pid(pid, dir, Some(&status)),
+            start_time_ticks: stat.start_time_ticks,
+            comm: stat.comm.clone(),
+            state: char::from(stat.state),
+            ppid: stat.ppid,
+            pgid: stat.pgrp,
+            sid: stat.session,
+            threads: stat.threads,
+            uid: status.uid,
+            user: status.uid.and_then(|uid| self.user_name(uid)),
+            wchan: self.wchan(dir, &stat),
+            descriptors: descriptor_refs,
+            mappings,
+            cgroup: self.root.cgroup(dir),
+            pid_namespace_init: None,
+        };
+        Looked {
+            remember: Some(Remembered {
+                start_time_ticks: stat.start_time_ticks,
+                held_nvidia: facts
+                    .descriptors
+                    .nodes()
+                    .is_some_and(|nodes| !nodes.is_empty()),
+                facts: Some(facts.clone()),
+                nested,
+                open_files,
+            }),
+            facts: Ok(facts),
+            errors,
+            nested,
+        }
+    }
+
+    /// A process's descriptors (unless already scanned) and mappings, and how many of the
+    /// two could not be read; a process that exits meanwhile is missing.
+    fn references(
+        &self,
+        dir: &Path,
+        zombie_leader: bool,
+        descriptors: Option<Descriptors>,
+    ) -> Result<(References, References, u64), Unread> {
         let mut errors = 0;
         let descriptors = match descriptors {
             Some(descriptors) => Ok(descriptors),
-            None => self.descriptors(&dir, zombie_leader),
+            None => self.descriptors(dir, zombie_leader),
         };
         let (descriptor_refs, files) = match descriptors {
             Ok(descriptors) => (References::Read(descriptors.nodes()), descriptors.files),
@@ -268,7 +457,7 @@ impl<'a> Reader<'a> {
                 (References::Unreadable, Vec::new())
             }
         };
-        let mappings = match self.mappings(&dir, &files, zombie_leader) {
+        let mappings = match self.mappings(dir, &files, zombie_leader) {
             Ok(nodes) => References::Read(nodes),
             Err(error) if gone(&error) => return Err(Unread::Missing),
             Err(_) => {
@@ -276,34 +465,62 @@ impl<'a> Reader<'a> {
                 References::Unreadable
             }
         };
-        if status.uid.is_none() {
-            errors += 1;
-        }
-        let wchan = (stat.state == b'D')
+        Ok((descriptor_refs, mappings, errors))
+    }
+
+    /// The kernel function a process in uninterruptible sleep waits in.
+    fn wchan(&self, dir: &Path, stat: &Stat) -> Option<String> {
+        (stat.state == b'D')
             .then(|| fs::read_to_string(dir.join("wchan")).ok())
             .flatten()
-            .filter(|name| !name.is_empty() && name != "0");
-        Ok((
-            ProcessFacts {
-                pid,
-                local_pid: self.local_pid(pid, &dir, Some(&status)),
-                start_time_ticks: stat.start_time_ticks,
-                comm: stat.comm,
-                state: char::from(stat.state),
-                ppid: stat.ppid,
-                pgid: stat.pgrp,
-                sid: stat.session,
-                threads: stat.threads,
-                uid: status.uid,
-                user: status.uid.and_then(|uid| self.user_name(uid)),
-                wchan,
-                descriptors: descriptor_refs,
-                mappings,
-                cgroup: self.root.cgroup(&dir),
-                pid_namespace_init: None,
-            },
-            errors,
-        ))
+            .filter(|name| !name.is_empty() && name != "0")
+    }
+
+    /// One process of the holder scan: `None` when it holds no NVIDIA file (or is gone),
+    /// else its facts; with what to remember of it. A process remembered with no NVIDIA
+    /// file, the same start time and as many descriptors as then is not listed again.
+    pub(super) fn scan_one(&self, pid: u32) -> Scanned {
+        let dir = self.root.pid_dir(pid);
+        let stat = match self.root.stat(&dir) {
+            Ok(stat) => stat,
+            Err(error) if gone(&error) => return Scanned::Gone,
+            Err(_) => return Scanned::Denied,
+        };
+        let known = self.remembered(pid, &stat);
+        let remember = |open_files: Option<u64>| Remembered {
+            start_time_ticks: stat.start_time_ticks,
+            facts: None,
+            nested: known.and_then(|known| known.nested),
+            open_files,
+            held_nvidia: false,
+        };
+        // A kernel thread holds no file, ever.
+        if stat.flags & PF_KTHREAD != 0 {
+            return Scanned::Nothing(remember(None));
+        }
+        // The descriptor count, from the size the kernel gives the fd directory.
+        let open_files = fs::metadata(dir.join("fd")).ok().map(|meta| meta.len());
+        if let (Some(known), Some(count)) = (known, open_files) {
+            if !known.held_nvidia && known.open_files == Some(count) && count > 0 {
+                return Scanned::Nothing(remember(open_files));
+            }
+        }
+        // An empty list is looked behind only when the main thread is a zombie.
+        let descriptors = self.descriptors(&dir, stat.state == b'Z');
+        match descriptors {
+            Ok(found) if found.any() => {
+                let looked = self.read_afresh(pid, &dir, stat, Some(found));
+                match (looked.facts, looked.remember) {
+                    (Ok(facts), Some(remember)) => Scanned::Holder(Box::new(facts), remember),
+                    (Err(Unread::Missing), _) => Scanned::Gone,
+                    _ => Scanned::Denied,
+                }
+            }
+            Ok(_) => Scanned::Nothing(remember(open_files)),
+            Err(error) if gone(&error) => Scanned::Gone,
+            Err(error) if error.kind() == io::ErrorKind::PermissionDenied => Scanned::Denied,
+            Err(_) => Scanned::Gone,
+        }
     }
 
     /// The NVIDIA device files a process holds open: the one descriptor scanner. Through
@@ -312,7 +529,11 @@ impl<'a> Reader<'a> {
     /// the files).
     pub fn descriptors(&self, dir: &Path, zombie_leader: bool) -> io::Result<Descriptors> {
         let mut found = Descriptors::default();
-        self.scan_fd_dir(&dir.join("fd"), &mut found, self.count_denied_links)?;
+        self.scan_fd_dir(
+            &dir.join("fd"),
+            &mut found,
+            self.placement.count_denied_links,
+        )?;
         if found.open_files == 0 && zombie_leader {
             if let Ok(tasks) = fs::read_dir(dir.join("task")) {
                 for task in tasks.flatten() {
@@ -324,24 +545,22 @@ impl<'a> Reader<'a> {
         Ok(found)
     }
 
-    /// Whether the main thread of the process in `dir` is a zombie (or its state cannot
-    /// be read): only then can an empty descriptor list hide live threads' files.
-    pub fn may_be_zombie_leader(&self, dir: &Path) -> bool {
-        !matches!(self.root.stat(dir), Ok(stat) if stat.state != b'Z')
-    }
-
     fn scan_fd_dir(
         &self,
         fd_dir: &Path,
         found: &mut Descriptors,
         count_denied_links: bool,
     ) -> io::Result<()> {
+        // Links are read relative to the open directory: one path component to resolve
+        // per descriptor instead of four, on the scan's hottest path.
+        let directory = fs::File::open(fd_dir)?;
+        let mut target = [0u8; LINK_PREFIX_BYTES];
         for entry in fs::read_dir(fd_dir)? {
             let Ok(entry) = entry else { continue };
             found.open_files += 1;
-            let path = entry.path();
-            let target = match fs::read_link(&path) {
-                Ok(target) => target,
+            let name = entry.file_name();
+            let length = match read_link_at(&directory, &name, &mut target) {
+                Ok(length) => length,
                 Err(error)
                     if count_denied_links && error.kind() == io::ErrorKind::PermissionDenied =>
                 {
@@ -350,15 +569,24 @@ impl<'a> Reader<'a> {
                 // Closed since the listing.
                 Err(_) => continue,
             };
-            let Some(mut node) =
-                parse::nvidia_node(target.as_os_str().as_bytes(), &self.root.device_prefix)
-            else {
+            if !target[..length].starts_with(&self.root.device_prefix) {
+                continue;
+            }
+            // A long target may have been cut: read an NVIDIA one whole.
+            let full;
+            let path = if length == target.len() {
+                full = fs::read_link(entry.path())?;
+                full.as_os_str().as_bytes()
+            } else {
+                &target[..length]
+            };
+            let Some(mut node) = parse::nvidia_node(path, &self.root.device_prefix) else {
                 continue;
             };
             // Following the descriptor's link gives the file itself: a device node's
             // numbers say which GPU it is whatever it is called in the process's /dev,
             // and its inode matches the process's mappings of it.
-            if let Ok(file) = fs::metadata(&path) {
+            if let Ok(file) = fs::metadata(entry.path()) {
                 if file.file_type().is_char_device() {
                     let (major, minor) = parse::device_numbers(file.st_rdev());
                     node = parse::nvidia_node_by_number(major, minor).unwrap_or(node);
@@ -420,6 +648,33 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Bytes of a descriptor's target read at first: enough to tell an NVIDIA node (whose
+/// paths are short) from anything else, which needs no more.
+const LINK_PREFIX_BYTES: usize = 96;
+
+/// `readlinkat(2)` of `name` in `directory` into `buffer`: how many bytes it wrote (as
+/// many as the buffer holds when the target is longer).
+fn read_link_at(
+    directory: &fs::File,
+    name: &std::ffi::OsStr,
+    buffer: &mut [u8],
+) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let name = std::ffi::CString::new(name.as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in a file name"))?;
+    // SAFETY: the directory descriptor is open for the call, the name is NUL-terminated,
+    // and the kernel writes at most `buffer.len()` bytes into the buffer we own.
+    let written = unsafe {
+        libc::readlinkat(
+            directory.as_raw_fd(),
+            name.as_ptr(),
+            buffer.as_mut_ptr().cast(),
+            buffer.len(),
+        )
+    };
+    usize::try_from(written).map_err(|_| io::Error::last_os_error())
+}
+
 /// A file a process holds open, identified as its mappings name it.
 #[derive(Debug, Clone, Copy)]
 struct OpenFile {
@@ -453,6 +708,41 @@ impl Descriptors {
     }
 }
 
+/// What the scan found of one process.
+#[derive(Debug)]
+pub(super) enum Scanned {
+    /// It holds NVIDIA files: its facts, and what to remember.
+    Holder(Box<ProcessFacts>, Remembered),
+    /// It holds none: what to remember.
+    Nothing(Remembered),
+    /// Its descriptors could not be read.
+    Denied,
+    /// It exited while it was looked at.
+    Gone,
+}
+
+impl Looked {
+    fn failed(unread: Unread) -> Looked {
+        let errors = u64::from(matches!(unread, Unread::Unreadable(_)));
+        Looked {
+            facts: Err(unread),
+            errors,
+            nested: None,
+            remember: None,
+        }
+    }
+}
+
+/// The fields of a remembered process that a new stat line brings up to date.
+fn refresh_from_stat(facts: &mut ProcessFacts, stat: &Stat) {
+    facts.comm.clone_from(&stat.comm);
+    facts.state = char::from(stat.state);
+    facts.ppid = stat.ppid;
+    facts.pgid = stat.pgrp;
+    facts.sid = stat.session;
+    facts.threads = stat.threads;
+}
+
 fn node_set(nodes: &BTreeSet<NvidiaNode>) -> NodeSet {
     let mut set = NodeSet::default();
     for node in nodes {
@@ -480,5 +770,148 @@ fn unread(error: io::Error) -> Unread {
         Unread::Missing
     } else {
         Unread::Unreadable(error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A procfs tree with the files the reader reads, for one process at a time.
+    struct FakeProc {
+        dir: tempfile::TempDir,
+        root: ProcRoot,
+    }
+
+    impl FakeProc {
+        fn new() -> FakeProc {
+            let dir = tempfile::tempdir().unwrap();
+            let root = ProcRoot {
+                root: dir.path().to_path_buf(),
+                device_prefix: b"/dev/nvidia".to_vec(),
+            };
+            FakeProc { dir, root }
+        }
+
+        /// Process `pid` started at `start` ticks, in `state`, holding and mapping the
+        /// GPU nodes `gpus` (and the control node).
+        fn process(&self, pid: u32, start: u64, state: char, gpus: &[u32]) {
+            let dir = self.dir.path().join(pid.to_string());
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(dir.join("fd")).unwrap();
+            fs::write(
+                dir.join("stat"),
+                format!("{pid} (python3) {state} 1 {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0"),
+            )
+            .unwrap();
+            fs::write(
+                dir.join("status"),
+                "Name:\tpython3\nUid:\t0\t0\t0\t0\nNSpid:\t1\n",
+            )
+            .unwrap();
+            symlink("/dev/nvidiactl", dir.join("fd/3")).unwrap();
+            let mut maps =
+                String::from("7f00a0000000-7f00a0001000 rw-s 00000000 00:05 1065 /dev/nvidiactl\n");
+            for (fd, gpu) in gpus.iter().enumerate() {
+                symlink(
+                    format!("/dev/nvidia{gpu}"),
+                    dir.join(format!("fd/{}", fd + 4)),
+                )
+                .unwrap();
+                maps.push_str(&format!(
+                    "7f00b{gpu}000000-7f00b{gpu}001000 rw-s 00000000 00:05 {} /dev/nvidia{gpu}\n",
+                    2000 + gpu
+                ));
+            }
+            fs::write(dir.join("maps"), maps).unwrap();
+        }
+
+        fn placement(&self) -> Placement {
+            Placement {
+                own_pid: u32::MAX,
+                position: Position::Own,
+                count_denied_links: true,
+            }
+        }
+
+        /// Read owner `pid` listed on `gpus` with `memory`, and remember what was read.
+        fn read_owner(&self, memory: &mut Memory, pid: u32, gpus: &[u32]) -> ProcessFacts {
+            let reader = Reader::with_memory(&self.root, self.placement(), memory);
+            let looked = reader.read_owner(pid, gpus);
+            let facts = looked.facts.expect("the process");
+            let remember = looked.remember.expect("something to remember");
+            drop(reader);
+            memory.insert(pid, remember);
+            facts
+        }
+    }
+
+    #[test]
+    fn a_remembered_process_is_served_while_its_start_time_holds() {
+        let proc = FakeProc::new();
+        proc.process(100, 500, 'S', &[0]);
+        let mut memory = Memory::new();
+        assert!(proc.read_owner(&mut memory, 100, &[0]).mappings.has_gpu(0));
+        // Same process (same start), stopped since; its maps are not read again (here
+        // they would say nothing), its stat is.
+        proc.process(100, 500, 'T', &[]);
+        let facts = proc.read_owner(&mut memory, 100, &[0]);
+        assert!(facts.mappings.has_gpu(0), "served from memory");
+        assert_eq!(facts.state, 'T', "the stat is read each time");
+    }
+
+    #[test]
+    fn another_start_time_under_the_pid_is_a_stranger_read_afresh() {
+        let proc = FakeProc::new();
+        proc.process(100, 500, 'S', &[0]);
+        let mut memory = Memory::new();
+        proc.read_owner(&mut memory, 100, &[0]);
+        // The PID came round again: a process that maps nothing.
+        proc.process(100, 900, 'S', &[]);
+        let facts = proc.read_owner(&mut memory, 100, &[0]);
+        assert_eq!(facts.start_time_ticks, 900);
+        assert!(!facts.mappings.has_gpu(0), "{:?}", facts.mappings);
+    }
+
+    #[test]
+    fn an_owner_without_a_remembered_context_on_a_gpu_is_read_again() {
+        // A verdict against an owner never rests on memory: with no remembered mapping of
+        // a GPU it is listed on, its mappings are read now.
+        let proc = FakeProc::new();
+        proc.process(100, 500, 'S', &[0]);
+        let mut memory = Memory::new();
+        proc.read_owner(&mut memory, 100, &[0]);
+        proc.process(100, 500, 'S', &[0, 1]);
+        assert!(proc
+            .read_owner(&mut memory, 100, &[0, 1])
+            .mappings
+            .has_gpu(1));
+    }
+
+    #[test]
+    fn the_scan_skips_a_process_remembered_without_nvidia_files() {
+        let proc = FakeProc::new();
+        let dir = proc.dir.path().join("200");
+        proc.process(200, 500, 'S', &[]);
+        fs::remove_file(dir.join("fd/3")).unwrap();
+        symlink("/dev/null", dir.join("fd/3")).unwrap();
+        let placement = proc.placement();
+        let empty = Memory::new();
+        let first = Reader::with_memory(&proc.root, placement, &empty);
+        let Scanned::Nothing(remember) = first.scan_one(200) else {
+            panic!("no NVIDIA file yet")
+        };
+        let memory: Memory = [(200, remember)].into();
+        // Same process, same number of descriptors: not listed again, so a target changed
+        // behind the cache's back goes unseen (a real process's count changes when it
+        // opens a device).
+        fs::remove_file(dir.join("fd/3")).unwrap();
+        symlink("/dev/nvidia0", dir.join("fd/3")).unwrap();
+        let reader = Reader::with_memory(&proc.root, placement, &memory);
+        assert!(matches!(reader.scan_one(200), Scanned::Nothing(_)));
+        // A new start time under the PID is listed afresh.
+        proc.process(200, 900, 'S', &[0]);
+        assert!(matches!(reader.scan_one(200), Scanned::Holder(..)));
     }
 }
