@@ -13,6 +13,7 @@ pub mod logging;
 pub mod observe;
 pub mod render;
 pub mod server;
+pub mod sync;
 pub mod units;
 pub mod web;
 

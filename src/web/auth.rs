@@ -7,6 +7,7 @@
 //! and the password, and a scraper that sends the same credentials every 15 s pays it once.
 //! Checks run one at a time on the blocking pool, never on the async threads.
 
+use crate::sync::lock;
 use anyhow::{anyhow, bail};
 use base64::Engine;
 use hyper::header::HeaderValue;
@@ -148,12 +149,6 @@ fn cache_key(user: &str, hash: &str, password: &str) -> [u8; 32] {
     let mut key = [0u8; 32];
     key.copy_from_slice(digest.as_ref());
     key
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod config;
 pub mod connections;
 mod tls;
 
+use crate::sync::lock;
 use hyper::header::{HeaderName, HeaderValue};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -178,10 +179,4 @@ impl WebConfig {
         }
         Arc::clone(&state.active)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
