@@ -11,7 +11,6 @@ use serde_json::json;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 const GIB: u64 = 1 << 30;
 const CAPACITY: u64 = TOTAL - RESERVED;

@@ -505,18 +505,18 @@ fn free_port() -> u16 {
 }
 
 /// A Prometheus or Alertmanager process on loopback, killed when dropped; its log is
-/// printed if the test fails.
-struct Server {
+/// printed if the test fails. The dashboard's live test starts its Prometheus with it.
+pub(crate) struct Server {
     name: &'static str,
     child: Child,
-    address: SocketAddr,
+    pub(crate) address: SocketAddr,
     log: Arc<Mutex<String>>,
 }
 
 impl Server {
     /// Start `command(address)` on a free loopback port and wait for `/-/ready`; a port
     /// taken between choosing and binding it is chosen again.
-    fn start(name: &'static str, command: impl Fn(SocketAddr) -> Command) -> Server {
+    pub(crate) fn start(name: &'static str, command: impl Fn(SocketAddr) -> Command) -> Server {
         for _attempt in 0..5 {
             let address = SocketAddr::from(([127, 0, 0, 1], free_port()));
             let mut child = command(address)
@@ -562,7 +562,7 @@ impl Server {
     }
 
     /// GET `path` from the server's API and parse the JSON.
-    fn api(&self, path: &str) -> Value {
+    pub(crate) fn api(&self, path: &str) -> Value {
         let (status, body) = get(self.address, path, API_TIMEOUT)
             .unwrap_or_else(|| panic!("{} does not answer GET {path}", self.name));
         assert_eq!(status, 200, "{} GET {path}: {body}", self.name);
@@ -571,7 +571,7 @@ impl Server {
     }
 
     /// An instant query; fails the test unless Prometheus answers `success`.
-    fn query(&self, query: &str) -> Vec<Value> {
+    pub(crate) fn query(&self, query: &str) -> Vec<Value> {
         let path = format!("/api/v1/query?query={}", percent_encode(query));
         let (status, body) = get(self.address, &path, API_TIMEOUT)
             .unwrap_or_else(|| panic!("{} does not answer the query {query}", self.name));
@@ -626,7 +626,7 @@ fn get(address: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, Strin
 }
 
 /// Percent-encode everything but RFC 3986's unreserved characters.
-fn percent_encode(text: &str) -> String {
+pub(crate) fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len() * 3);
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
