@@ -20,3 +20,4 @@ mod web;
 
 // Added with issue 14.
 mod build_info;
+mod readme;
