@@ -329,7 +329,7 @@ impl Cli {
     /// Parse `args` (the program's name first). A mistake becomes one line that names
     /// the flag and says what is wrong, as the README promises, instead of clap's usage
     /// block; so does a flag given before a subcommand that does nothing for it.
-    pub fn parse_from<I, T>(args: I) -> Result<Cli, CliError>
+    pub fn from_command_line<I, T>(args: I) -> Result<Cli, CliError>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
@@ -662,7 +662,7 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["vram-exporter"];
         argv.extend_from_slice(args);
-        match Cli::parse_from(argv) {
+        match Cli::from_command_line(argv) {
             Ok(cli) => cli.into_config(),
             Err(CliError::Usage(line)) => Err(line),
             Err(CliError::Info(info)) => panic!("help instead of a parse: {info}"),
@@ -674,7 +674,7 @@ mod tests {
         let mut argv = vec!["vram-exporter"];
         argv.extend_from_slice(args);
         argv.push("--help");
-        match Cli::parse_from(argv) {
+        match Cli::from_command_line(argv) {
             Err(CliError::Info(info)) => info.render().to_string(),
             other => panic!("--help did not give help: {other:?}"),
         }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 /// Parse flags, run the chosen mode, and turn any error into one line and an exit status.
 pub fn run() -> ExitCode {
-    let cli = match Cli::parse_from(std::env::args_os()) {
+    let cli = match Cli::from_command_line(std::env::args_os()) {
         Ok(cli) => cli,
         Err(CliError::Info(help_or_version)) => {
             let _ = help_or_version.print();
