@@ -150,10 +150,7 @@ impl LiveHost {
     /// PIDs NVML no longer lists (on GPUs that answered: a GPU that failed this time may
     /// list them again).
     fn remember_identities(&self, nvml: &NvmlReading, owners: &mut BTreeMap<u32, OwnerLookup>) {
-        let mut first_seen = self
-            .first_seen
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut first_seen = crate::sync::lock(&self.first_seen);
         let unanswered = match nvml {
             NvmlReading::Up { gpus, .. } => gpus
                 .iter()
