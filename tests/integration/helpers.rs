@@ -807,9 +807,7 @@ impl Model {
     /// root; other tests forking meanwhile can take the number, so it retries.
     pub fn spawn_at(&self, pid: u32) -> Holder {
         static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-        let _one = ONE_AT_A_TIME
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _one = vram_exporter::sync::lock(&ONE_AT_A_TIME);
         assert_eq!(
             effective_uid(),
             0,
