@@ -922,7 +922,7 @@ fn every_panel_has_data_from_a_real_prometheus_scraping_a_fork_orphan() {
     // The fork-inherited orphan on GPU 0, held by a live child; GPU 1 fails, so the
     // panels about failing GPUs have something to show.
     let rig = Rig::new();
-    let (dead_owner, holder) = settled_fork_orphan(&rig.device(0));
+    let (dead_owner, holder) = Holder::fork_orphan(&rig.device(0));
     rig.write_scenario(
         &Gpus::new()
             .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
@@ -1037,7 +1037,7 @@ fn every_panel_has_data_from_a_real_prometheus_scraping_a_fork_orphan() {
     let orphaned = first_query("Orphaned memory");
     assert_eq!(orphaned.len(), 1, "{orphaned:?}");
     assert_eq!(orphaned[0]["value"][1], CHARGED.to_string().as_str());
-    let holders = first_query("Unlisted holders (the processes to end)");
+    let holders = first_query("Culprits (the processes to end)");
     assert!(
         holders
             .iter()
