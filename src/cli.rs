@@ -20,13 +20,14 @@ Exit status:
 
 check has its own: see vram-exporter check --help.";
 
-/// Exit statuses of `check`, in its `--help`.
+/// Exit statuses of `check`, in its `--help`: each code with its meaning as
+/// [`crate::exit_codes::meaning`] says it (a test holds the two together).
 const CHECK_EXIT_STATUS: &str = "\
 Exit status:
   0  nothing orphaned
   1  orphaned memory found (with --wait: still there when the time is up)
   2  error: a bad flag, an unreadable snapshot, NVML missing
-  3  cannot tell: some GPU's memory cannot be judged (a GPU lost, owners that cannot be read, a blind exporter with unattributed memory)";
+  3  cannot tell: some memory cannot be judged (a GPU lost, owners that cannot be read, a blind exporter with unattributed memory)";
 
 /// Exit statuses of `snapshot` and `textfile`.
 const WRITE_EXIT_STATUS: &str = "\
@@ -887,14 +888,11 @@ mod tests {
 
     #[test]
     fn help_lists_the_exit_statuses() {
+        use crate::exit_codes::{meaning, CANNOT_TELL, ERROR, ORPHANED, SUCCESS};
         let check = help(&["check"]);
-        for status in [
-            "  0  nothing orphaned",
-            "  1  orphaned memory found",
-            "  2  error",
-            "  3  cannot tell",
-        ] {
-            assert!(check.contains(status), "{status:?} missing from:\n{check}");
+        for code in [SUCCESS, ORPHANED, ERROR, CANNOT_TELL] {
+            let status = format!("  {code}  {}", meaning(code));
+            assert!(check.contains(&status), "{status:?} missing from:\n{check}");
         }
         let serve = help(&[]);
         assert!(
