@@ -2,7 +2,8 @@
 
 use crate::classify::Settings;
 use crate::units::{parse_bytes, parse_duration};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,86 +12,156 @@ use std::time::Duration;
 /// allocated, and unlike other GPU exporters' ports, so both can run side by side.
 pub const DEFAULT_PORT: u16 = 9077;
 
+/// Exit statuses of the server, in its `--help`.
+const SERVE_EXIT_STATUS: &str = "\
+Exit status:
+  0  stopped by SIGTERM or Ctrl-C
+  2  error: a bad flag, a mistake in --web.config.file, a port in use, an unreadable snapshot
+
+check has its own: see vram-exporter check --help.";
+
+/// Exit statuses of `check`, in its `--help`: each code with its meaning as
+/// [`crate::exit_codes::meaning`] says it (a test holds the two together).
+const CHECK_EXIT_STATUS: &str = "\
+Exit status:
+  0  nothing orphaned
+  1  orphaned memory found (with --wait: still there when the time is up)
+  2  error: a bad flag, an unreadable snapshot, NVML missing
+  3  cannot tell: some memory cannot be judged (a GPU lost, owners that cannot be read, a blind exporter with unattributed memory)";
+
+/// Exit statuses of `snapshot` and `textfile`.
+const WRITE_EXIT_STATUS: &str = "\
+Exit status:
+  0  written
+  2  error: a bad flag, NVML missing, a file that cannot be written";
+
 /// Tells GPU memory owned by a live process from memory that no live process owns.
 ///
 /// Without a subcommand it serves Prometheus metrics. `check` explains one GPU host to a
 /// person, `snapshot` saves what it sees for a bug report, and `textfile` writes the
 /// metrics once for node_exporter's textfile collector.
 #[derive(Debug, Parser)]
-#[command(name = "vram-exporter", version, about, long_about)]
+#[command(name = "vram-exporter", version, about, long_about, after_help = SERVE_EXIT_STATUS)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 
     #[command(flatten)]
-    pub common: CommonArgs,
+    pub web: WebArgs,
 
     #[command(flatten)]
-    pub web: WebArgs,
+    pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub judgement: JudgementArgs,
+
+    #[command(flatten)]
+    pub scan: ScanArgs,
+
+    #[command(flatten)]
+    pub collector: CollectorArgs,
+
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Subcommands; serving metrics is the default.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Explain each GPU's memory: who owns it, what is orphaned, and what would free it.
-    ///
-    /// Exit status: 0 when no GPU has orphaned memory, 1 when one has, 2 on error.
+    #[command(after_help = CHECK_EXIT_STATUS)]
     Check(CheckArgs),
     /// Write what the exporter sees (NVML and /proc facts) as JSON, for a bug report.
+    #[command(after_help = WRITE_EXIT_STATUS)]
     Snapshot(SnapshotArgs),
     /// Write the metrics once to a file, atomically, for node_exporter's textfile collector.
+    #[command(after_help = WRITE_EXIT_STATUS)]
     Textfile(TextfileArgs),
 }
 
-/// Flags every mode shares.
-#[derive(Debug, Args)]
-pub struct CommonArgs {
-    /// procfs mount point (use the host's /proc, e.g. /host/proc, inside a container).
-    #[arg(
-        long = "path.procfs",
-        value_name = "PATH",
-        default_value = "/proc",
-        global = true
-    )]
-    pub procfs: PathBuf,
+// Flags shared by several modes are defined once, in the groups below, and flattened
+// into each mode that uses them, so each `--help` lists only what does something there.
+// They are also accepted before the subcommand (`vram-exporter --replay FILE check`):
+// the server's own flags sit at the top level, and a subcommand's value wins over the
+// one given before it. Values are `Option`s so that "not given" can be told apart from
+// a default; the defaults are applied in `Cli::into_config`.
+
+/// Where observations come from.
+#[derive(Debug, Default, Args)]
+#[command(next_help_heading = "Where to look")]
+pub struct SourceArgs {
+    /// procfs mount point (use the host's /proc, e.g. /host/proc, inside a container)
+    /// [default: /proc].
+    #[arg(long = "path.procfs", value_name = "PATH")]
+    pub procfs: Option<PathBuf>,
 
     /// NVML library to load [default: the system's libnvidia-ml.so.1].
-    #[arg(long = "nvml.library", value_name = "PATH", global = true)]
+    #[arg(long = "nvml.library", value_name = "PATH")]
     pub nvml_library: Option<PathBuf>,
 
     /// Read the observation from a snapshot file instead of the system.
-    #[arg(long = "replay", value_name = "FILE", global = true)]
+    #[arg(long = "replay", value_name = "FILE")]
     pub replay: Option<PathBuf>,
 
-    /// Driver memory per listed context that no process is charged for (about 9 MiB on an
-    /// H200); used memory below this floor per context is not called orphaned.
-    #[arg(long = "orphan.context-overhead", value_name = "SIZE", default_value = "16MiB", value_parser = parse_bytes, global = true)]
-    pub context_overhead: u64,
-
-    /// Time budget of one scan of /proc/*/fd for device-file holders.
-    #[arg(long = "holders.scan-timeout", value_name = "DURATION", default_value = "2s", value_parser = parse_duration, global = true)]
-    pub scan_timeout: Duration,
-
-    /// Command name of an NVML client (a monitoring agent) to never name as a holder of
-    /// orphaned memory, besides the built-in NVIDIA daemons (repeatable).
-    #[arg(long = "holders.ignore-comm", value_name = "NAME", global = true)]
-    pub ignore_comm: Vec<String>,
-
-    /// Only log messages at or above this level.
-    #[arg(long = "log.level", value_enum, default_value_t = LogLevel::Info, global = true)]
-    pub log_level: LogLevel,
-
-    /// Log line format.
-    #[arg(long = "log.format", value_enum, default_value_t = LogFormat::Logfmt, global = true)]
-    pub log_format: LogFormat,
-
     /// Byte prefix of NVIDIA device paths; tests point it at files they create.
-    #[arg(long = "test.device-prefix", hide = true, global = true)]
+    #[arg(long = "test.device-prefix", hide = true)]
     pub device_prefix: Option<PathBuf>,
 }
 
-/// Flags of the metrics server (and what `textfile` renders).
+/// How memory is judged.
+#[derive(Debug, Default, Args)]
+#[command(next_help_heading = "Judging memory")]
+pub struct JudgementArgs {
+    /// Driver memory per listed context that no process is charged for (about 9 MiB on an
+    /// H200); used memory below this floor per context is not called orphaned
+    /// [default: 16MiB].
+    #[arg(long = "orphan.context-overhead", value_name = "SIZE", value_parser = parse_bytes)]
+    pub context_overhead: Option<u64>,
+
+    /// Command name of an NVML client (a monitoring agent) to never name as a holder of
+    /// orphaned memory, besides the built-in NVIDIA daemons (repeatable).
+    #[arg(long = "holders.ignore-comm", value_name = "NAME")]
+    pub ignore_comm: Vec<String>,
+}
+
+/// The scan of `/proc/*/fd` for holders of a GPU's device file.
+#[derive(Debug, Default, Args)]
+#[command(next_help_heading = "Judging memory")]
+pub struct ScanArgs {
+    /// Time budget of one scan of /proc/*/fd for device-file holders [default: 2s].
+    #[arg(long = "holders.scan-timeout", value_name = "DURATION", value_parser = parse_duration)]
+    pub scan_timeout: Option<Duration>,
+}
+
+/// Optional metric families.
+#[derive(Debug, Default, Args)]
+#[command(next_help_heading = "Metrics")]
+pub struct CollectorArgs {
+    /// Also export vram_process_used_bytes per process (one series per PID: label churn).
+    #[arg(long = "collector.processes")]
+    pub per_process: bool,
+
+    /// At most this many vram_process_used_bytes series per scrape [default: 256].
+    #[arg(long = "collector.processes.limit", value_name = "N")]
+    pub per_process_limit: Option<usize>,
+}
+
+/// Logging.
+#[derive(Debug, Default, Args)]
+#[command(next_help_heading = "Logging")]
+pub struct LogArgs {
+    /// Only log messages at or above this level [default: info].
+    #[arg(long = "log.level", value_enum)]
+    pub log_level: Option<LogLevel>,
+
+    /// Log line format, on standard error [default: logfmt].
+    #[arg(long = "log.format", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// Flags of the metrics server.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Web server")]
 pub struct WebArgs {
     /// Address to listen on: HOST:PORT, [IPv6]:PORT, or :PORT for all IPv4 interfaces.
     #[arg(long = "web.listen-address", value_name = "ADDRESS", default_value_t = format!(":{DEFAULT_PORT}"))]
@@ -119,19 +190,6 @@ pub struct WebArgs {
     /// the collection goes on, and later scrapes wait for it rather than start another.
     #[arg(long = "web.collection-timeout", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub collection_timeout: Duration,
-
-    /// Also export vram_process_used_bytes per process (one series per PID: label churn).
-    #[arg(long = "collector.processes", global = true)]
-    pub per_process: bool,
-
-    /// At most this many vram_process_used_bytes series per scrape.
-    #[arg(
-        long = "collector.processes.limit",
-        value_name = "N",
-        default_value_t = 256,
-        global = true
-    )]
-    pub per_process_limit: usize,
 }
 
 /// Flags of `check`.
@@ -152,22 +210,196 @@ pub struct CheckArgs {
     /// Time between two looks while waiting.
     #[arg(long = "wait.interval", value_name = "DURATION", default_value = "250ms", value_parser = parse_duration)]
     pub wait_interval: Duration,
+
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub judgement: JudgementArgs,
+
+    #[command(flatten)]
+    pub scan: ScanArgs,
+
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
-/// Flags of `snapshot`.
+/// Flags of `snapshot`: what it records is facts, so nothing about judging them.
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
     /// File to write [default: standard output].
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub scan: ScanArgs,
+
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
-/// Flags of `textfile`.
+/// Flags of `textfile`: the server's metrics, without the server.
 #[derive(Debug, Args)]
 pub struct TextfileArgs {
     /// File to write, e.g. /var/lib/node_exporter/textfile/vram.prom.
     #[arg(long, short)]
     pub output: PathBuf,
+
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub judgement: JudgementArgs,
+
+    #[command(flatten)]
+    pub scan: ScanArgs,
+
+    #[command(flatten)]
+    pub collector: CollectorArgs,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+impl SourceArgs {
+    /// These flags, each taken from `before` (given before the subcommand) where unset.
+    fn or(self, before: SourceArgs) -> SourceArgs {
+        SourceArgs {
+            procfs: self.procfs.or(before.procfs),
+            nvml_library: self.nvml_library.or(before.nvml_library),
+            replay: self.replay.or(before.replay),
+            device_prefix: self.device_prefix.or(before.device_prefix),
+        }
+    }
+}
+
+impl JudgementArgs {
+    /// As [`SourceArgs::or`]; repeated names add up.
+    fn or(self, before: JudgementArgs) -> JudgementArgs {
+        let mut ignore_comm = before.ignore_comm;
+        ignore_comm.extend(self.ignore_comm);
+        JudgementArgs {
+            context_overhead: self.context_overhead.or(before.context_overhead),
+            ignore_comm,
+        }
+    }
+}
+
+impl ScanArgs {
+    /// As [`SourceArgs::or`].
+    fn or(self, before: ScanArgs) -> ScanArgs {
+        ScanArgs {
+            scan_timeout: self.scan_timeout.or(before.scan_timeout),
+        }
+    }
+}
+
+impl CollectorArgs {
+    /// As [`SourceArgs::or`].
+    fn or(self, before: CollectorArgs) -> CollectorArgs {
+        CollectorArgs {
+            per_process: self.per_process || before.per_process,
+            per_process_limit: self.per_process_limit.or(before.per_process_limit),
+        }
+    }
+}
+
+impl LogArgs {
+    /// As [`SourceArgs::or`].
+    fn or(self, before: LogArgs) -> LogArgs {
+        LogArgs {
+            log_level: self.log_level.or(before.log_level),
+            log_format: self.log_format.or(before.log_format),
+        }
+    }
+}
+
+/// Why the command line does not lead to a run.
+#[derive(Debug)]
+pub enum CliError {
+    /// `--help` or `--version`: print it on standard output and exit 0.
+    Info(clap::Error),
+    /// A mistake, said in one line (without the program's name).
+    Usage(String),
+}
+
+impl Cli {
+    /// Parse `args` (the program's name first). A mistake becomes one line that names
+    /// the flag and says what is wrong, as the README promises, instead of clap's usage
+    /// block; so does a flag given before a subcommand that does nothing for it.
+    pub fn from_command_line<I, T>(args: I) -> Result<Cli, CliError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let command = Cli::command();
+        let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        let help = match subcommand_in(&command, &args) {
+            Some(name) => format!("vram-exporter {name} --help"),
+            None => "vram-exporter --help".to_string(),
+        };
+        let matches = command
+            .clone()
+            .try_get_matches_from(&args)
+            .map_err(|error| {
+                if error.use_stderr() {
+                    CliError::Usage(format!("{}; see {help}", one_line(&error)))
+                } else {
+                    CliError::Info(error)
+                }
+            })?;
+        if let Some((name, _)) = matches.subcommand() {
+            let subcommand = command
+                .find_subcommand(name)
+                .expect("clap matched a subcommand it knows");
+            for argument in command.get_arguments() {
+                let id = argument.get_id();
+                let given = matches.value_source(id.as_str()) == Some(ValueSource::CommandLine);
+                let known = subcommand.get_arguments().any(|own| own.get_id() == id);
+                if given && !known {
+                    return Err(CliError::Usage(format!(
+                        "--{} does nothing for `{name}`; see vram-exporter {name} --help",
+                        argument.get_long().unwrap_or(id.as_str())
+                    )));
+                }
+            }
+        }
+        Cli::from_arg_matches(&matches)
+            .map_err(|error| CliError::Usage(format!("{}; see {help}", one_line(&error))))
+    }
+}
+
+/// The subcommand `args` name, found as clap finds it: the first word that is neither a
+/// top-level flag nor the value of one.
+fn subcommand_in(command: &clap::Command, args: &[std::ffi::OsString]) -> Option<String> {
+    let mut words = args.iter().skip(1).filter_map(|arg| arg.to_str());
+    while let Some(word) = words.next() {
+        if word == "--" {
+            return None;
+        }
+        if let Some(long) = word.strip_prefix("--") {
+            let takes_value = !long.contains('=')
+                && command
+                    .get_arguments()
+                    .find(|argument| argument.get_long() == Some(long))
+                    .is_some_and(|argument| argument.get_action().takes_values());
+            if takes_value {
+                words.next();
+            }
+            continue;
+        }
+        if word.starts_with('-') {
+            continue;
+        }
+        return command
+            .get_subcommands()
+            .find(|subcommand| subcommand.get_name() == word)
+            .map(|subcommand| subcommand.get_name().to_string());
+    }
+    None
 }
 
 /// Log levels.
@@ -268,7 +500,7 @@ impl Cli {
     /// Resolve flags into a [`Config`], rejecting values that cannot work.
     pub fn into_config(self) -> Result<Config, String> {
         use std::os::unix::ffi::OsStringExt;
-        let mode = match self.command {
+        let (mode, source, judgement, scan, collector, log) = match self.command {
             None => {
                 if self.web.max_connections == 0 {
                     return Err("--web.max-connections must be at least 1".into());
@@ -276,55 +508,122 @@ impl Cli {
                 if self.web.collection_timeout.is_zero() {
                     return Err("--web.collection-timeout must be longer than 0".into());
                 }
-                Mode::Serve(ServeConfig {
+                let serve = Mode::Serve(ServeConfig {
                     listen: parse_listen_address(&self.web.listen_address)?,
                     telemetry_path: parse_telemetry_path(&self.web.telemetry_path)?,
                     web_config_file: self.web.config_file,
                     max_connections: self.web.max_connections,
                     collection_timeout: self.web.collection_timeout,
-                })
+                });
+                (
+                    serve,
+                    self.source,
+                    self.judgement,
+                    self.scan,
+                    self.collector,
+                    self.log,
+                )
             }
             Some(Command::Check(args)) => {
                 if args.wait_interval.is_zero() {
                     return Err("--wait.interval must be longer than 0".into());
                 }
-                Mode::Check(CheckConfig {
+                let check = Mode::Check(CheckConfig {
                     json: args.json,
                     gpus: args.gpus,
                     wait: args.wait,
                     wait_interval: args.wait_interval,
-                })
+                });
+                (
+                    check,
+                    args.source.or(self.source),
+                    args.judgement.or(self.judgement),
+                    args.scan.or(self.scan),
+                    CollectorArgs::default(),
+                    args.log.or(self.log),
+                )
             }
-            Some(Command::Snapshot(args)) => Mode::Snapshot {
-                output: args.output,
-            },
-            Some(Command::Textfile(args)) => Mode::Textfile {
-                output: args.output,
-            },
+            Some(Command::Snapshot(args)) => (
+                Mode::Snapshot {
+                    output: args.output,
+                },
+                args.source.or(self.source),
+                JudgementArgs::default(),
+                args.scan.or(self.scan),
+                CollectorArgs::default(),
+                args.log.or(self.log),
+            ),
+            Some(Command::Textfile(args)) => (
+                Mode::Textfile {
+                    output: args.output,
+                },
+                args.source.or(self.source),
+                args.judgement.or(self.judgement),
+                args.scan.or(self.scan),
+                args.collector.or(self.collector),
+                args.log.or(self.log),
+            ),
         };
-        if self.common.scan_timeout.is_zero() {
+        let scan_timeout = scan.scan_timeout.unwrap_or(Duration::from_secs(2));
+        if scan_timeout.is_zero() {
             return Err("--holders.scan-timeout must be longer than 0".into());
         }
+        let defaults = Settings::default();
         Ok(Config {
             mode,
-            procfs: self.common.procfs,
-            nvml_library: self.common.nvml_library,
-            replay: self.common.replay,
+            procfs: source.procfs.unwrap_or_else(|| PathBuf::from("/proc")),
+            nvml_library: source.nvml_library,
+            replay: source.replay,
             settings: Settings {
-                context_overhead_bytes: self.common.context_overhead,
-                agent_comms: self.common.ignore_comm,
+                context_overhead_bytes: judgement
+                    .context_overhead
+                    .unwrap_or(defaults.context_overhead_bytes),
+                agent_comms: judgement.ignore_comm,
             },
-            scan_timeout: self.common.scan_timeout,
-            device_prefix: self
-                .common
+            scan_timeout,
+            device_prefix: source
                 .device_prefix
                 .map(|prefix| prefix.into_os_string().into_vec())
                 .unwrap_or_else(|| crate::observe::procfs::DEVICE_PREFIX.to_vec()),
-            per_process_limit: self.web.per_process.then_some(self.web.per_process_limit),
-            log_level: self.common.log_level,
-            log_format: self.common.log_format,
+            per_process_limit: collector
+                .per_process
+                .then_some(collector.per_process_limit.unwrap_or(256)),
+            log_level: log.log_level.unwrap_or(LogLevel::Info),
+            log_format: log.log_format.unwrap_or(LogFormat::Logfmt),
         })
     }
+}
+
+/// clap's error without its usage block: the message and any tip (a similar flag), on
+/// one line.
+fn one_line(error: &clap::Error) -> String {
+    let rendered = error.render().to_string();
+    let mut parts: Vec<String> = Vec::new();
+    let mut in_usage = false;
+    for line in rendered.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") {
+            in_usage = true;
+            continue;
+        }
+        if line.is_empty() {
+            in_usage = false;
+            continue;
+        }
+        if in_usage || line.starts_with("For more information") {
+            continue;
+        }
+        let line = line.strip_prefix("error: ").unwrap_or(line);
+        match parts.last_mut() {
+            // "the following required arguments were not provided:" and its list.
+            Some(last) if last.ends_with(':') => {
+                last.push(' ');
+                last.push_str(line);
+            }
+            _ => parts.push(line.to_string()),
+        }
+    }
+    parts.join("; ")
 }
 
 /// `:9077` means every IPv4 interface, as in other Prometheus exporters.
@@ -364,9 +663,38 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["vram-exporter"];
         argv.extend_from_slice(args);
-        Cli::try_parse_from(argv)
-            .map_err(|error| error.to_string())?
-            .into_config()
+        match Cli::from_command_line(argv) {
+            Ok(cli) => cli.into_config(),
+            Err(CliError::Usage(line)) => Err(line),
+            Err(CliError::Info(info)) => panic!("help instead of a parse: {info}"),
+        }
+    }
+
+    /// The text of `--help` for `args` (a subcommand, or nothing for the server).
+    fn help(args: &[&str]) -> String {
+        let mut argv = vec!["vram-exporter"];
+        argv.extend_from_slice(args);
+        argv.push("--help");
+        match Cli::from_command_line(argv) {
+            Err(CliError::Info(info)) => info.render().to_string(),
+            other => panic!("--help did not give help: {other:?}"),
+        }
+    }
+
+    /// The long flags a mode's `--help` lists.
+    fn listed_flags(args: &[&str]) -> Vec<String> {
+        let mut flags: Vec<String> = help(args)
+            .lines()
+            .filter_map(|line| {
+                let line = line.trim_start();
+                // `-h, --help` and `-o, --output <OUTPUT>` have a short form first.
+                let line = line.split_once(", ").map_or(line, |(_, long)| long);
+                line.strip_prefix("--")
+            })
+            .map(|rest| rest.split([' ', '=']).next().unwrap().to_string())
+            .collect();
+        flags.sort();
+        flags
     }
 
     #[test]
@@ -463,5 +791,142 @@ mod tests {
     fn global_flags_work_after_the_subcommand() {
         let config = parse(&["check", "--replay", "snap.json"]).unwrap();
         assert_eq!(config.replay, Some(PathBuf::from("snap.json")));
+    }
+
+    #[test]
+    fn flags_given_before_the_subcommand_apply_to_it() {
+        let config = parse(&[
+            "--replay",
+            "before.json",
+            "--holders.ignore-comm",
+            "agent-a",
+            "--log.level",
+            "debug",
+            "check",
+            "--holders.ignore-comm",
+            "agent-b",
+        ])
+        .unwrap();
+        assert!(matches!(config.mode, Mode::Check(_)));
+        assert_eq!(config.replay, Some(PathBuf::from("before.json")));
+        assert_eq!(config.log_level, LogLevel::Debug);
+        assert_eq!(
+            config.settings.agent_comms,
+            ["agent-a".to_string(), "agent-b".to_string()]
+        );
+        // The subcommand's own value wins over the one given before it.
+        let config =
+            parse(&["--replay", "before.json", "check", "--replay", "after.json"]).unwrap();
+        assert_eq!(config.replay, Some(PathBuf::from("after.json")));
+        let config = parse(&["--collector.processes", "textfile", "-o", "vram.prom"]).unwrap();
+        assert_eq!(config.per_process_limit, Some(256));
+    }
+
+    #[test]
+    fn a_flag_that_does_nothing_for_the_subcommand_is_refused() {
+        assert_eq!(
+            parse(&["--collector.processes", "check"]).unwrap_err(),
+            "--collector.processes does nothing for `check`; see vram-exporter check --help"
+        );
+        assert_eq!(
+            parse(&["--web.listen-address", ":1", "snapshot"]).unwrap_err(),
+            "--web.listen-address does nothing for `snapshot`; see vram-exporter snapshot --help"
+        );
+        assert_eq!(
+            parse(&["--orphan.context-overhead", "9MiB", "snapshot"]).unwrap_err(),
+            "--orphan.context-overhead does nothing for `snapshot`; see vram-exporter snapshot --help"
+        );
+        let error = parse(&["check", "--collector.processes"]).unwrap_err();
+        assert!(
+            error.starts_with("unexpected argument '--collector.processes' found"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn each_help_lists_only_the_flags_of_its_mode() {
+        let shared = [
+            "path.procfs",
+            "nvml.library",
+            "replay",
+            "holders.scan-timeout",
+            "log.level",
+            "log.format",
+            "help",
+        ];
+        let with = |own: &[&str], groups: &[&[&str]]| {
+            let mut flags: Vec<String> = shared
+                .iter()
+                .chain(own)
+                .chain(groups.iter().flat_map(|group| group.iter()))
+                .map(|flag| flag.to_string())
+                .collect();
+            flags.sort();
+            flags
+        };
+        let judgement: &[&str] = &["orphan.context-overhead", "holders.ignore-comm"];
+        let collector: &[&str] = &["collector.processes", "collector.processes.limit"];
+        let web: &[&str] = &[
+            "web.listen-address",
+            "web.telemetry-path",
+            "web.config.file",
+            "web.max-connections",
+            "web.collection-timeout",
+            "version",
+        ];
+        assert_eq!(listed_flags(&[]), with(&[], &[judgement, collector, web]));
+        assert_eq!(
+            listed_flags(&["check"]),
+            with(&["json", "gpu", "wait", "wait.interval"], &[judgement])
+        );
+        assert_eq!(listed_flags(&["snapshot"]), with(&["output"], &[]));
+        assert_eq!(
+            listed_flags(&["textfile"]),
+            with(&["output"], &[judgement, collector])
+        );
+    }
+
+    #[test]
+    fn help_lists_the_exit_statuses() {
+        use crate::exit_codes::{meaning, CANNOT_TELL, ERROR, ORPHANED, SUCCESS};
+        let check = help(&["check"]);
+        for code in [SUCCESS, ORPHANED, ERROR, CANNOT_TELL] {
+            let status = format!("  {code}  {}", meaning(code));
+            assert!(check.contains(&status), "{status:?} missing from:\n{check}");
+        }
+        let serve = help(&[]);
+        assert!(
+            serve.contains("Exit status:\n  0  stopped by SIGTERM"),
+            "{serve}"
+        );
+        assert!(serve.contains("vram-exporter check --help"), "{serve}");
+    }
+
+    #[test]
+    fn mistakes_are_one_line_that_names_the_flag() {
+        assert_eq!(
+            parse(&["--bogus"]).unwrap_err(),
+            "unexpected argument '--bogus' found; see vram-exporter --help"
+        );
+        assert_eq!(
+            parse(&["check", "--wait", "30"]).unwrap_err(),
+            "invalid value '30' for '--wait <DURATION>': '30' needs a unit: ms, s, m or h; see vram-exporter check --help"
+        );
+        assert_eq!(
+            parse(&["check", "--jsn"]).unwrap_err(),
+            "unexpected argument '--jsn' found; tip: a similar argument exists: '--json'; see vram-exporter check --help"
+        );
+        assert_eq!(
+            parse(&["textfile"]).unwrap_err(),
+            "the following required arguments were not provided: --output <OUTPUT>; see vram-exporter textfile --help"
+        );
+        assert_eq!(
+            parse(&["chek"]).unwrap_err(),
+            "unrecognized subcommand 'chek'; tip: a similar subcommand exists: 'check'; see vram-exporter --help"
+        );
+        for args in [&["--bogus"][..], &["check", "--gpu", "x"], &["textfile"]] {
+            let line = parse(args).unwrap_err();
+            assert!(!line.contains('\n'), "{args:?}: {line}");
+        }
     }
 }

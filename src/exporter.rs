@@ -80,10 +80,7 @@ impl Exporter {
         &self,
         policy: HolderScanPolicy,
     ) -> Result<Collected, ObserveError> {
-        let _one_at_a_time = self
-            .collecting
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _one_at_a_time = crate::sync::lock(&self.collecting);
         let mut observation = self.source.observe()?;
         let mut report = classify(&observation, &self.settings);
         let scan = match policy {

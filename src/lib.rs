@@ -13,11 +13,11 @@ pub mod logging;
 pub mod observe;
 pub mod render;
 pub mod server;
+pub mod sync;
 pub mod units;
 pub mod web;
 
-use clap::Parser;
-use cli::{Cli, Config, Mode};
+use cli::{Cli, CliError, Config, Mode};
 use exporter::Exporter;
 use observe::procfs::ProcRoot;
 use observe::{LiveHost, Source};
@@ -27,16 +27,15 @@ use std::sync::Arc;
 
 /// Parse flags, run the chosen mode, and turn any error into one line and an exit status.
 pub fn run() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::from_command_line(std::env::args_os()) {
         Ok(cli) => cli,
-        Err(error) => {
-            let status = if error.use_stderr() {
-                exit_codes::ERROR
-            } else {
-                0
-            };
-            let _ = error.print();
-            return ExitCode::from(status);
+        Err(CliError::Info(help_or_version)) => {
+            let _ = help_or_version.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(CliError::Usage(line)) => {
+            eprintln!("vram-exporter: {line}");
+            return ExitCode::from(exit_codes::ERROR);
         }
     };
     let config = match cli.into_config() {

@@ -11,6 +11,7 @@
 
 use crate::cli::ServeConfig;
 use crate::exporter::{encode, Exporter, Format};
+use crate::sync::lock;
 use crate::web::auth::Authenticator;
 use crate::web::connections::{Admission, Slot, Slots};
 use crate::web::{WebConfig, WebSettings};
@@ -500,12 +501,6 @@ impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
         lock(&self.shared.in_flight).remove(&self.format);
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn landing_page(telemetry_path: &str) -> String {

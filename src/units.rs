@@ -1,4 +1,5 @@
-//! Parsing of the human sizes and durations that flags accept (`16MiB`, `500ms`, `2m`).
+//! The one parser of sizes (`16MiB`) and the one parser of durations (`500ms`, `1m30s`)
+//! of the whole program: flags and the web configuration file read them here.
 
 use std::time::Duration;
 
@@ -39,23 +40,42 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-/// Parse a duration: a number with a unit (ms, s, m, h), as Prometheus writes them.
+/// Parse a duration as Go and Prometheus write them: one or more numbers, each with a
+/// unit (`ns`, `us` or `µs`, `ms`, `s`, `m`, `h`), such as `500ms`, `30s`, `1.5h` or
+/// `1m30s`; a bare `0` is zero. Flags and the web configuration file both read this.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let (value, unit) = split_number(text)
-        .ok_or_else(|| format!("'{text}' is not a duration such as 500ms, 30s or 2m"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        "" => return Err(format!("'{text}' needs a unit: ms, s, m or h")),
-        other => {
-            return Err(format!(
-                "unknown duration unit '{other}' in '{text}' (use ms, s, m or h)"
-            ))
-        }
-    };
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let example = || format!("'{text}' is not a duration such as 500ms, 30s or 1m30s");
+    if text.is_empty() {
+        return Err(example());
+    }
+    let mut seconds = 0.0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let (value, after) = split_number(rest).ok_or_else(example)?;
+        let unit_length = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let scale = match &after[..unit_length] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "" => return Err(format!("'{text}' needs a unit: ms, s, m or h")),
+            other => {
+                return Err(format!(
+                    "unknown duration unit '{other}' in '{text}' (use ns, us, ms, s, m or h)"
+                ))
+            }
+        };
+        seconds += value * scale;
+        rest = &after[unit_length..];
+    }
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("'{text}' is out of range"))
 }
 
@@ -98,18 +118,55 @@ mod tests {
     }
 
     #[test]
-    fn durations_parse_like_prometheus() {
+    fn sizes_take_every_listed_unit() {
+        let units = [
+            ("B", 1),
+            ("KiB", 1 << 10),
+            ("MiB", 1 << 20),
+            ("GiB", 1 << 30),
+            ("TiB", 1 << 40),
+            ("kB", 1_000),
+            ("MB", 1_000_000),
+            ("GB", 1_000_000_000),
+            ("TB", 1_000_000_000_000),
+        ];
+        for (unit, scale) in units {
+            assert_eq!(parse_bytes(&format!("2{unit}")), Ok(2 * scale), "{unit}");
+        }
+        assert_eq!(parse_bytes("1.5TiB"), Ok(1_649_267_441_664));
+        assert!(parse_bytes("99999999TB").unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn durations_parse_like_prometheus_and_go() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(
+            parse_duration("1h0m0.5s"),
+            Ok(Duration::from_millis(3_600_500))
+        );
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0.5s"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("250µs"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("7ns"), Ok(Duration::from_nanos(7)));
     }
 
     #[test]
     fn bad_durations_say_what_is_wrong() {
         assert!(parse_duration("30").unwrap_err().contains("needs a unit"));
+        assert!(parse_duration("1m30").unwrap_err().contains("needs a unit"));
         assert!(parse_duration("3 weeks").is_err());
+        assert!(parse_duration("1d")
+            .unwrap_err()
+            .contains("unknown duration unit 'd'"));
         assert!(parse_duration("s").unwrap_err().contains("not a duration"));
+        for bad in ["", "-1s", "1x", "1s-", "..s", "1e9999h"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

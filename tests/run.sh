@@ -14,6 +14,8 @@ command -v prometheus >/dev/null || packages+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || packages+=(prometheus-alertmanager)
 command -v python3 >/dev/null || packages+=(python3)
 command -v systemd-analyze >/dev/null || packages+=(systemd)
+# The build-info tests make scratch repositories (a source tarball builds without git).
+command -v git >/dev/null || packages+=(git)
 if ((${#packages[@]})); then
     # shellcheck disable=SC2207
     packages=($(printf '%s\n' "${packages[@]}" | sort -u))

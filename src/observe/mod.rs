@@ -13,6 +13,7 @@ pub use model::*;
 
 use self::nvml::NvmlSource;
 use self::procfs::{Memory, Placement, ProcRoot, Reader, Remembered, Unread};
+use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -23,20 +24,20 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ObserveError {
     /// The replay file could not be read.
-    #[error("cannot read snapshot {path}: {source}")]
+    #[error("cannot read snapshot {path}: {error}")]
     ReadSnapshot {
         /// The file.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error, said in the message and therefore not a `source` as well.
+        error: std::io::Error,
     },
     /// The replay file is not a snapshot.
-    #[error("{path} is not a vram-exporter snapshot: {source}")]
+    #[error("{path} is not a vram-exporter snapshot: {error}")]
     ParseSnapshot {
         /// The file.
         path: PathBuf,
-        /// The JSON error.
-        source: serde_json::Error,
+        /// The JSON error, said in the message and therefore not a `source` as well.
+        error: serde_json::Error,
     },
     /// The replay file is from an incompatible version.
     #[error(
@@ -239,14 +240,6 @@ fn remember(memory: &mut Memory, learnt: Vec<(u32, Remembered)>) {
     }
 }
 
-/// A lock that a panic elsewhere has not made useless: the data behind it is whole
-/// between two statements.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// The kernel's `USER_HZ`, in which `/proc` gives start times.
 fn clock_ticks_per_second() -> u64 {
     // SAFETY: sysconf has no preconditions.
@@ -284,14 +277,14 @@ impl Source {
 
 /// Reads a snapshot written by `vram-exporter snapshot`.
 pub fn read_snapshot(path: &Path) -> Result<Observation, ObserveError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ObserveError::ReadSnapshot {
+    let text = std::fs::read_to_string(path).map_err(|error| ObserveError::ReadSnapshot {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let snapshot: Snapshot =
-        serde_json::from_str(&text).map_err(|source| ObserveError::ParseSnapshot {
+        serde_json::from_str(&text).map_err(|error| ObserveError::ParseSnapshot {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
     if snapshot.format != Snapshot::FORMAT {
         return Err(ObserveError::SnapshotFormat {

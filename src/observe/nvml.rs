@@ -65,10 +65,7 @@ impl NvmlSource {
 
     /// Read every GPU; NVML's own failures become a `Down` reading, never a panic.
     pub fn read(&self) -> NvmlReading {
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut state = crate::sync::lock(&self.state);
         let State {
             library,
             identities,

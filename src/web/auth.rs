@@ -7,7 +7,8 @@
 //! and the password, and a scraper that sends the same credentials every 15 s pays it once.
 //! Checks run one at a time on the blocking pool, never on the async threads.
 
-use anyhow::{anyhow, bail};
+use super::error::{invalid, ConfigError};
+use crate::sync::lock;
 use base64::Engine;
 use hyper::header::HeaderValue;
 use std::collections::{BTreeMap, HashSet};
@@ -30,17 +31,21 @@ pub struct Users {
 
 impl Users {
     /// Check every hash now: a hash that bcrypt cannot read would refuse its user forever.
-    pub(crate) fn new(users: &BTreeMap<String, String>) -> anyhow::Result<Users> {
+    pub(crate) fn new(users: &BTreeMap<String, String>) -> Result<Users, ConfigError> {
         for (user, hash) in users {
             if user.contains(':') {
-                bail!("user {user:?}: a user name cannot contain ':' in basic authentication");
+                return Err(invalid!(
+                    "user {user:?}: a user name cannot contain ':' in basic authentication"
+                ));
             }
             let parts: bcrypt::HashParts = hash.parse().map_err(|error| {
-                anyhow!("user {user:?}: not a bcrypt hash ({error}); make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'")
+                invalid!("user {user:?}: not a bcrypt hash ({error}); make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'")
             })?;
             let cost = parts.get_cost();
             if !(MIN_COST..=MAX_COST).contains(&cost) {
-                bail!("user {user:?}: bcrypt cost {cost} is outside {MIN_COST}..={MAX_COST}");
+                return Err(invalid!(
+                    "user {user:?}: bcrypt cost {cost} is outside {MIN_COST}..={MAX_COST}"
+                ));
             }
         }
         // The most expensive configured hash, so that an unknown user costs no less.
@@ -52,7 +57,7 @@ impl Users {
                     .unwrap_or(0)
             })
             .cloned()
-            .ok_or_else(|| anyhow!("no users"))?;
+            .ok_or_else(|| invalid!("no users"))?;
         Ok(Users {
             hashes: users.clone(),
             decoy,
@@ -148,12 +153,6 @@ fn cache_key(user: &str, hash: &str, password: &str) -> [u8; 32] {
     let mut key = [0u8; 32];
     key.copy_from_slice(digest.as_ref());
     key
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -1,89 +1,17 @@
 //! The file of `--web.config.file`, in the Prometheus exporter-toolkit format: parsed
 //! strictly (an unknown or misspelt key is an error, as the toolkit's `UnmarshalStrict`),
-//! validated, and turned into [`WebSettings`].
+//! validated, and turned into [`WebSettings`]. Its shape is in `file.rs`; TLS is built
+//! by `tls.rs`.
 
 use super::auth::Users;
+use super::error::{invalid, ConfigError};
+use super::file::{FileConfig, GoDuration, RateLimitConfig, SourceReader};
 use super::tls;
-use super::{RateLimiter, Stamp, WebSettings};
-use anyhow::{anyhow, bail, Context};
+use super::{RateLimiter, Sources, WebSettings};
 use hyper::header::{HeaderName, HeaderValue};
-use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
-
-/// The whole file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct FileConfig {
-    #[serde(default)]
-    pub tls_server_config: Option<TlsServerConfig>,
-    #[serde(default)]
-    pub http_server_config: Option<HttpServerConfig>,
-    #[serde(default)]
-    pub basic_auth_users: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    pub rate_limit: Option<RateLimitConfig>,
-}
-
-/// `tls_server_config`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct TlsServerConfig {
-    pub cert: Option<String>,
-    pub key: Option<String>,
-    pub client_ca: Option<String>,
-    pub cert_file: Option<PathBuf>,
-    pub key_file: Option<PathBuf>,
-    pub client_auth_type: Option<String>,
-    pub client_ca_file: Option<PathBuf>,
-    pub client_allowed_sans: Option<Vec<String>>,
-    pub min_version: Option<String>,
-    pub max_version: Option<String>,
-    pub cipher_suites: Option<Vec<String>>,
-    pub prefer_server_cipher_suites: Option<bool>,
-    pub curve_preferences: Option<Vec<String>>,
-}
-
-impl TlsServerConfig {
-    /// As the toolkit's `IsEnabled`: any certificate, key or client-auth setting turns TLS
-    /// on; a section with only version or cipher settings does not.
-    fn is_enabled(&self) -> bool {
-        self.cert.is_some()
-            || self.cert_file.is_some()
-            || self.key.is_some()
-            || self.key_file.is_some()
-            || self.client_ca.is_some()
-            || self.client_ca_file.is_some()
-            || self.client_auth_type.is_some()
-    }
-}
-
-/// `http_server_config`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct HttpServerConfig {
-    /// Accepted for compatibility; the exporter speaks HTTP/1.1 only.
-    #[allow(dead_code)]
-    pub http2: Option<bool>,
-    pub headers: Option<BTreeMap<String, String>>,
-}
-
-/// `rate_limit`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RateLimitConfig {
-    pub interval: Option<GoDuration>,
-    pub burst: Option<u32>,
-}
-
-/// A Go `time.Duration` in YAML: a string such as `1s`, or an integer of nanoseconds.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub(crate) enum GoDuration {
-    Nanoseconds(u64),
-    Text(String),
-}
 
 /// Response headers the toolkit lets a web config set, with the values it allows (none
 /// listed: any value).
@@ -95,52 +23,21 @@ const EXTRA_HEADERS: [(&str, &[&str]); 5] = [
     ("Content-Security-Policy", &[]),
 ];
 
-/// Reads the files a configuration names, relative to the configuration's folder, and
-/// remembers what each looked like when read, so a later change can be noticed.
-pub(crate) struct SourceReader {
-    dir: PathBuf,
-    pub sources: Vec<(PathBuf, Option<Stamp>)>,
-}
-
-impl SourceReader {
-    fn new(config: &Path) -> SourceReader {
-        SourceReader {
-            dir: config
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| PathBuf::from(".")),
-            sources: Vec::new(),
-        }
-    }
-
-    /// `path` relative to the configuration file's folder, as the toolkit resolves it.
-    pub fn resolve(&self, path: &Path) -> PathBuf {
-        if path.is_absolute() {
-            path.to_path_buf()
-        } else {
-            self.dir.join(path)
-        }
-    }
-
-    /// Read `path`, stamping it first: a change between the stamp and the read only
-    /// causes one reload too many, never a missed one.
-    pub fn read(&mut self, path: &Path) -> std::io::Result<Vec<u8>> {
-        let stamp = Stamp::of(path);
-        self.sources.push((path.to_path_buf(), stamp));
-        std::fs::read(path)
-    }
-}
-
 /// Load and validate the web configuration at `path`: everything it names is read and
 /// checked now, so a mistake is reported at start-up (or a broken reload is refused).
 /// Also returns the files read, as they were, successful or not.
-pub(crate) fn load(path: &Path) -> (anyhow::Result<WebSettings>, Vec<(PathBuf, Option<Stamp>)>) {
+pub(crate) fn load(path: &Path) -> (Result<WebSettings, ConfigError>, Sources) {
     let mut reader = SourceReader::new(path);
     let result = reader
         .read(path)
-        .with_context(|| format!("cannot read web config file {}", path.display()))
+        .map_err(|source| ConfigError::Read {
+            what: "web config file",
+            path: path.to_path_buf(),
+            source,
+        })
         .and_then(|text| {
-            parse(&text, &mut reader).with_context(|| format!("web config file {}", path.display()))
+            parse(&text, &mut reader)
+                .map_err(|error| error.within(format!("web config file {}", path.display())))
         });
     let sources = reader.sources.clone();
     let result = result.map(|settings| WebSettings {
@@ -150,21 +47,21 @@ pub(crate) fn load(path: &Path) -> (anyhow::Result<WebSettings>, Vec<(PathBuf, O
     (result, sources)
 }
 
-fn parse(text: &[u8], reader: &mut SourceReader) -> anyhow::Result<WebSettings> {
+fn parse(text: &[u8], reader: &mut SourceReader) -> Result<WebSettings, ConfigError> {
     // An empty file (or one of comments only) is refused rather than read as "no TLS and
     // no authentication": a file caught half-written must not switch security off.
     let document: serde_norway::Value =
-        serde_norway::from_slice(text).map_err(|error| anyhow!("{}", one_line(&error)))?;
+        serde_norway::from_slice(text).map_err(|error| invalid!("{}", one_line(&error)))?;
     if document.is_null() {
-        bail!("the file holds no settings; to serve plain HTTP without authentication, leave out --web.config.file");
+        return Err(invalid!("the file holds no settings; to serve plain HTTP without authentication, leave out --web.config.file"));
     }
     // Parsed again from the text, not from the value, so errors say where they are.
     let config: FileConfig =
-        serde_norway::from_slice(text).map_err(|error| anyhow!("{}", one_line(&error)))?;
+        serde_norway::from_slice(text).map_err(|error| invalid!("{}", one_line(&error)))?;
 
     let tls = match &config.tls_server_config {
         Some(section) if section.is_enabled() => {
-            Some(tls::server_config(section, reader).context("tls_server_config")?)
+            Some(tls::server_config(section, reader).map_err(|e| e.within("tls_server_config"))?)
         }
         Some(section) => {
             // Settings that only make sense with TLS, without a certificate to serve.
@@ -174,7 +71,9 @@ fn parse(text: &[u8], reader: &mut SourceReader) -> anyhow::Result<WebSettings> 
                 || section.cipher_suites.is_some()
                 || section.curve_preferences.is_some()
             {
-                bail!("tls_server_config: missing one of cert or cert_file");
+                return Err(invalid!(
+                    "tls_server_config: missing one of cert or cert_file"
+                ));
             }
             None
         }
@@ -185,15 +84,19 @@ fn parse(text: &[u8], reader: &mut SourceReader) -> anyhow::Result<WebSettings> 
         .as_ref()
         .and_then(|http| http.headers.as_ref())
     {
-        Some(headers) => validate_headers(headers).context("http_server_config.headers")?,
+        Some(headers) => {
+            validate_headers(headers).map_err(|e| e.within("http_server_config.headers"))?
+        }
         None => Vec::new(),
     };
     let users = match &config.basic_auth_users {
-        Some(users) if !users.is_empty() => Some(Users::new(users).context("basic_auth_users")?),
+        Some(users) if !users.is_empty() => {
+            Some(Users::new(users).map_err(|e| e.within("basic_auth_users"))?)
+        }
         _ => None,
     };
     let rate_limit = match &config.rate_limit {
-        Some(limit) => rate_limiter(limit).context("rate_limit")?,
+        Some(limit) => rate_limiter(limit).map_err(|e| e.within("rate_limit"))?,
         None => None,
     };
     Ok(WebSettings {
@@ -209,25 +112,27 @@ fn parse(text: &[u8], reader: &mut SourceReader) -> anyhow::Result<WebSettings> 
 /// the values browsers understand. A blank value leaves the header unset.
 fn validate_headers(
     headers: &BTreeMap<String, String>,
-) -> anyhow::Result<Vec<(HeaderName, HeaderValue)>> {
+) -> Result<Vec<(HeaderName, HeaderValue)>, ConfigError> {
     let mut valid = Vec::new();
     for (name, value) in headers {
         let Some((canonical, allowed)) = EXTRA_HEADERS.iter().find(|(known, _)| known == name)
         else {
             let names: Vec<&str> = EXTRA_HEADERS.iter().map(|(known, _)| *known).collect();
-            bail!(
+            return Err(invalid!(
                 "HTTP header {name:?} can not be configured (allowed: {})",
                 names.join(", ")
-            );
+            ));
         };
         if value.is_empty() {
             continue;
         }
         if !allowed.is_empty() && !allowed.contains(&value.as_str()) {
-            bail!("invalid value for {canonical}: expected one of {allowed:?}, but got {value:?}");
+            return Err(invalid!(
+                "invalid value for {canonical}: expected one of {allowed:?}, but got {value:?}"
+            ));
         }
         let value = HeaderValue::from_str(value)
-            .map_err(|_| anyhow!("the value of {canonical} is not a valid header value"))?;
+            .map_err(|_| invalid!("the value of {canonical} is not a valid header value"))?;
         valid.push((HeaderName::from_static(lowercase(canonical)), value));
     }
     Ok(valid)
@@ -243,10 +148,12 @@ fn lowercase(name: &'static str) -> &'static str {
     }
 }
 
-fn rate_limiter(config: &RateLimitConfig) -> anyhow::Result<Option<RateLimiter>> {
+fn rate_limiter(config: &RateLimitConfig) -> Result<Option<RateLimiter>, ConfigError> {
     let interval = match &config.interval {
         Some(GoDuration::Nanoseconds(nanoseconds)) => Duration::from_nanos(*nanoseconds),
-        Some(GoDuration::Text(text)) => parse_go_duration(text).context("interval")?,
+        Some(GoDuration::Text(text)) => {
+            crate::units::parse_duration(text).map_err(|message| invalid!("interval: {message}"))?
+        }
         None => Duration::ZERO,
     };
     if interval.is_zero() {
@@ -254,45 +161,11 @@ fn rate_limiter(config: &RateLimitConfig) -> anyhow::Result<Option<RateLimiter>>
     }
     let burst = config.burst.unwrap_or(0);
     if burst == 0 {
-        bail!("burst must be at least 1 when interval is set (a burst of 0 refuses every request)");
+        return Err(invalid!(
+            "burst must be at least 1 when interval is set (a burst of 0 refuses every request)"
+        ));
     }
     Ok(Some(RateLimiter::new(interval, burst)))
-}
-
-/// A Go duration as the toolkit's YAML reads it: `0`, or numbers with units (`ns`, `us`,
-/// `µs`, `ms`, `s`, `m`, `h`), e.g. `1s`, `1m30s`, `0.5s`.
-pub(crate) fn parse_go_duration(text: &str) -> anyhow::Result<Duration> {
-    let invalid = || anyhow!("{text:?} is not a duration such as 1s, 500ms or 1m30s");
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = text;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return Err(invalid());
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(invalid)?;
-        let number: f64 = rest[..digits].parse().map_err(|_| invalid())?;
-        rest = &rest[digits..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(invalid()),
-        };
-        total += number * scale;
-        rest = &rest[unit_end..];
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| invalid())
 }
 
 /// Parser messages can span lines; a start-up error must be one.
@@ -309,16 +182,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn go_durations() {
-        assert_eq!(parse_go_duration("0").unwrap(), Duration::ZERO);
-        assert_eq!(parse_go_duration("1s").unwrap(), Duration::from_secs(1));
-        assert_eq!(parse_go_duration("1m30s").unwrap(), Duration::from_secs(90));
-        assert_eq!(
-            parse_go_duration("250ms").unwrap(),
-            Duration::from_millis(250)
-        );
+    fn durations_are_read_as_go_writes_them() {
+        let interval = |text: &str| {
+            let config = RateLimitConfig {
+                interval: Some(GoDuration::Text(text.into())),
+                burst: Some(1),
+            };
+            rate_limiter(&config).map(|limit| limit.map(|limit| limit.interval))
+        };
+        assert_eq!(interval("1m30s").unwrap(), Some(Duration::from_secs(90)));
+        assert_eq!(interval("250ms").unwrap(), Some(Duration::from_millis(250)));
+        assert_eq!(interval("0").unwrap(), None);
         for bad in ["", "1", "s", "1x", "-1s"] {
-            assert!(parse_go_duration(bad).is_err(), "{bad}");
+            let error = interval(bad).unwrap_err().to_string();
+            assert!(error.starts_with("interval: "), "{bad}: {error}");
         }
     }
 
@@ -347,7 +224,7 @@ mod tests {
         assert!(headers(&[("Content-Security-Policy", "a\nb")]).is_err());
     }
 
-    fn parse_text(text: &str) -> anyhow::Result<WebSettings> {
+    fn parse_text(text: &str) -> Result<WebSettings, ConfigError> {
         let dir = tempfile::tempdir().unwrap();
         let mut reader = SourceReader::new(&dir.path().join("web.yml"));
         parse(text.as_bytes(), &mut reader)
@@ -356,9 +233,9 @@ mod tests {
     #[test]
     fn strict_parsing() {
         let error = parse_text("basic_auth_user:\n  a: b\n").unwrap_err();
-        assert!(format!("{error:#}").contains("unknown field"), "{error:#}");
+        assert!(error.to_string().contains("unknown field"), "{error}");
         let error = parse_text("tls_server_config:\n  cert_fil: x\n").unwrap_err();
-        assert!(format!("{error:#}").contains("unknown field"), "{error:#}");
+        assert!(error.to_string().contains("unknown field"), "{error}");
         assert!(parse_text("").is_err());
         assert!(parse_text("# nothing\n").is_err());
         assert!(parse_text(": : :\n  - [").is_err());

@@ -7,6 +7,7 @@
 //! connections open. Only when every slot is serving a request does the exporter stop
 //! accepting; new connections then wait in the kernel's backlog until a slot frees.
 
+use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -151,12 +152,6 @@ impl Slots {
             evicted,
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -6,8 +6,13 @@
 pub mod auth;
 mod config;
 pub mod connections;
+mod error;
+mod file;
 mod tls;
 
+pub use error::ConfigError;
+
+use crate::sync::lock;
 use hyper::header::{HeaderName, HeaderValue};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -25,7 +30,7 @@ pub struct WebSettings {
     /// The token bucket of `rate_limit`.
     pub rate_limit: Option<RateLimiter>,
     /// The files this version was read from, as they were then.
-    sources: Vec<(PathBuf, Option<Stamp>)>,
+    sources: Sources,
 }
 
 impl std::fmt::Debug for WebSettings {
@@ -38,6 +43,9 @@ impl std::fmt::Debug for WebSettings {
             .finish()
     }
 }
+
+/// The files a version of the configuration was read from, each as it was then.
+pub(crate) type Sources = Vec<(PathBuf, Option<Stamp>)>;
 
 /// What a file looked like: a rewrite, a rename over it or a touch changes this.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +124,7 @@ pub struct WebConfig {
 struct State {
     active: Arc<WebSettings>,
     /// The files a failed reload read, as they were then: not retried until one changes.
-    rejected: Option<Vec<(PathBuf, Option<Stamp>)>>,
+    rejected: Option<Sources>,
 }
 
 impl WebConfig {
@@ -133,7 +141,7 @@ impl WebConfig {
 
     /// Load `path` now; any mistake in it, or in a file it names, is an error to report
     /// at start-up.
-    pub fn load(path: &Path) -> anyhow::Result<WebConfig> {
+    pub fn load(path: &Path) -> Result<WebConfig, ConfigError> {
         let settings = config::load(path).0?;
         Ok(WebConfig {
             path: Some(path.to_path_buf()),
@@ -170,7 +178,7 @@ impl WebConfig {
             (Err(error), sources) => {
                 tracing::error!(
                     file = %path.display(),
-                    error = format!("{error:#}"),
+                    error = format!("{:#}", anyhow::Error::new(error)),
                     "cannot reload the web config; keeping the previous one"
                 );
                 state.rejected = Some(sources);
@@ -178,10 +186,4 @@ impl WebConfig {
         }
         Arc::clone(&state.active)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

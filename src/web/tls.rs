@@ -1,7 +1,7 @@
 //! `tls_server_config` as a rustls server configuration (ring provider, HTTP/1.1 only).
 
-use super::config::{SourceReader, TlsServerConfig};
-use anyhow::{anyhow, bail, Context};
+use super::error::{invalid, ConfigError};
+use super::file::{SourceReader, TlsServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use std::path::Path;
@@ -26,7 +26,7 @@ enum ClientAuth {
 }
 
 impl ClientAuth {
-    fn parse(name: Option<&str>) -> anyhow::Result<ClientAuth> {
+    fn parse(name: Option<&str>) -> Result<ClientAuth, ConfigError> {
         Ok(match name.unwrap_or("") {
             "" | "NoClientCert" => ClientAuth::NoClientCert,
             "RequestClientCert" => ClientAuth::RequestClientCert,
@@ -34,9 +34,9 @@ impl ClientAuth {
             "RequireAnyClientCert" | "RequireClientCert" => ClientAuth::RequireAnyClientCert,
             "VerifyClientCertIfGiven" => ClientAuth::VerifyClientCertIfGiven,
             "RequireAndVerifyClientCert" => ClientAuth::RequireAndVerifyClientCert,
-            other => bail!(
+            other => return Err(invalid!(
                 "invalid client_auth_type {other:?} (use NoClientCert, RequestClientCert, RequireAnyClientCert, VerifyClientCertIfGiven or RequireAndVerifyClientCert)"
-            ),
+            )),
         })
     }
 
@@ -54,16 +54,18 @@ impl ClientAuth {
 pub(crate) fn server_config(
     section: &TlsServerConfig,
     reader: &mut SourceReader,
-) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+) -> Result<tokio_rustls::TlsAcceptor, ConfigError> {
     let certs = certificates(section, reader)?;
     let key = private_key(section, reader)?;
     let client_auth = ClientAuth::parse(section.client_auth_type.as_deref())?;
     let roots = client_roots(section, reader)?;
     if roots.is_some() && client_auth == ClientAuth::NoClientCert {
-        bail!("client CA's have been configured without a Client Auth Policy (client_auth_type)");
+        return Err(invalid!(
+            "client CA's have been configured without a Client Auth Policy (client_auth_type)"
+        ));
     }
     if client_auth.verifies() && roots.is_none() {
-        bail!("client_auth_type {client_auth:?} needs client_ca_file (or client_ca) to verify client certificates against");
+        return Err(invalid!("client_auth_type {client_auth:?} needs client_ca_file (or client_ca) to verify client certificates against"));
     }
     if section.client_allowed_sans.is_some()
         && !matches!(
@@ -71,14 +73,14 @@ pub(crate) fn server_config(
             ClientAuth::RequireAnyClientCert | ClientAuth::RequireAndVerifyClientCert
         )
     {
-        bail!("client_allowed_sans requires client_auth_type to be one of RequireAnyClientCert or RequireAndVerifyClientCert");
+        return Err(invalid!("client_allowed_sans requires client_auth_type to be one of RequireAnyClientCert or RequireAndVerifyClientCert"));
     }
     let provider = Arc::new(crypto_provider(section)?);
     let versions = protocol_versions(section)?;
 
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(&versions)
-        .map_err(|error| anyhow!("{error}"))?;
+        .map_err(|error| invalid!("{error}"))?;
     let verifier: Option<Arc<dyn ClientCertVerifier>> = match client_auth {
         ClientAuth::NoClientCert => None,
         ClientAuth::RequestClientCert | ClientAuth::RequireAnyClientCert => {
@@ -98,7 +100,7 @@ pub(crate) fn server_config(
             Some(
                 builder
                     .build()
-                    .map_err(|error| anyhow!("client CA: {error}"))?,
+                    .map_err(|error| invalid!("client CA: {error}"))?,
             )
         }
     };
@@ -117,9 +119,9 @@ pub(crate) fn server_config(
         .with_single_cert(certs, key)
         .map_err(|error| match error {
             rustls::Error::InconsistentKeys(_) => {
-                anyhow!("the private key does not match the certificate ({error})")
+                invalid!("the private key does not match the certificate ({error})")
             }
-            error => anyhow!("cannot use the certificate and key: {error}"),
+            error => invalid!("cannot use the certificate and key: {error}"),
         })?;
     config.ignore_client_order = section.prefer_server_cipher_suites.unwrap_or(true);
     // HTTP/1.1 only: the exporter has no HTTP/2 server (the toolkit's http2 key is accepted
@@ -133,17 +135,19 @@ fn pem_source<'a>(
     inline: Option<&'a String>,
     file: Option<&'a Path>,
     inline_name: &str,
-    file_name: &str,
+    file_name: &'static str,
     reader: &mut SourceReader,
-) -> anyhow::Result<Option<(Vec<u8>, String)>> {
+) -> Result<Option<(Vec<u8>, String)>, ConfigError> {
     match (inline, file) {
-        (Some(_), Some(_)) => bail!("set {inline_name} or {file_name}, not both"),
+        (Some(_), Some(_)) => Err(invalid!("set {inline_name} or {file_name}, not both")),
         (Some(text), None) => Ok(Some((text.as_bytes().to_vec(), inline_name.to_string()))),
         (None, Some(path)) => {
             let path = reader.resolve(path);
-            let bytes = reader
-                .read(&path)
-                .with_context(|| format!("cannot read {file_name} {}", path.display()))?;
+            let bytes = reader.read(&path).map_err(|source| ConfigError::Read {
+                what: file_name,
+                path: path.clone(),
+                source,
+            })?;
             Ok(Some((bytes, format!("{file_name} {}", path.display()))))
         }
         (None, None) => Ok(None),
@@ -153,7 +157,7 @@ fn pem_source<'a>(
 fn certificates(
     section: &TlsServerConfig,
     reader: &mut SourceReader,
-) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
     let Some((pem, origin)) = pem_source(
         section.cert.as_ref(),
         section.cert_file.as_deref(),
@@ -162,23 +166,23 @@ fn certificates(
         reader,
     )?
     else {
-        bail!("missing one of cert or cert_file");
+        return Err(invalid!("missing one of cert or cert_file"));
     };
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| anyhow!("{origin}: not a PEM certificate ({error})"))?;
+        .map_err(|error| invalid!("{origin}: not a PEM certificate ({error})"))?;
     let Some(first) = certs.first() else {
-        bail!("{origin}: holds no PEM certificate");
+        return Err(invalid!("{origin}: holds no PEM certificate"));
     };
     webpki::EndEntityCert::try_from(first)
-        .map_err(|error| anyhow!("{origin}: not a valid X.509 certificate ({error})"))?;
+        .map_err(|error| invalid!("{origin}: not a valid X.509 certificate ({error})"))?;
     Ok(certs)
 }
 
 fn private_key(
     section: &TlsServerConfig,
     reader: &mut SourceReader,
-) -> anyhow::Result<PrivateKeyDer<'static>> {
+) -> Result<PrivateKeyDer<'static>, ConfigError> {
     let Some((pem, origin)) = pem_source(
         section.key.as_ref(),
         section.key_file.as_deref(),
@@ -187,16 +191,16 @@ fn private_key(
         reader,
     )?
     else {
-        bail!("missing one of key or key_file");
+        return Err(invalid!("missing one of key or key_file"));
     };
     PrivateKeyDer::from_pem_slice(&pem)
-        .map_err(|error| anyhow!("{origin}: not a PEM private key ({error})"))
+        .map_err(|error| invalid!("{origin}: not a PEM private key ({error})"))
 }
 
 fn client_roots(
     section: &TlsServerConfig,
     reader: &mut SourceReader,
-) -> anyhow::Result<Option<RootCertStore>> {
+) -> Result<Option<RootCertStore>, ConfigError> {
     let Some((pem, origin)) = pem_source(
         section.client_ca.as_ref(),
         section.client_ca_file.as_deref(),
@@ -209,32 +213,34 @@ fn client_roots(
     };
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| anyhow!("{origin}: not a PEM certificate ({error})"))?;
+        .map_err(|error| invalid!("{origin}: not a PEM certificate ({error})"))?;
     if certs.is_empty() {
-        bail!("{origin}: holds no PEM certificate");
+        return Err(invalid!("{origin}: holds no PEM certificate"));
     }
     let mut roots = RootCertStore::empty();
     for cert in certs {
         roots
             .add(cert)
-            .map_err(|error| anyhow!("{origin}: not a usable CA certificate ({error})"))?;
+            .map_err(|error| invalid!("{origin}: not a usable CA certificate ({error})"))?;
     }
     Ok(Some(roots))
 }
 
 /// TLS 1.2 and 1.3 are all rustls speaks; older versions are refused by name.
-fn version(name: &str, key: &str) -> anyhow::Result<u8> {
+fn version(name: &str, key: &str) -> Result<u8, ConfigError> {
     match name {
         "TLS12" => Ok(12),
         "TLS13" => Ok(13),
-        "TLS10" | "TLS11" => bail!("{key} {name} is not supported: only TLS12 and TLS13 are"),
-        other => bail!("invalid {key} {other:?} (use TLS12 or TLS13)"),
+        "TLS10" | "TLS11" => Err(invalid!(
+            "{key} {name} is not supported: only TLS12 and TLS13 are"
+        )),
+        other => Err(invalid!("invalid {key} {other:?} (use TLS12 or TLS13)")),
     }
 }
 
 fn protocol_versions(
     section: &TlsServerConfig,
-) -> anyhow::Result<Vec<&'static SupportedProtocolVersion>> {
+) -> Result<Vec<&'static SupportedProtocolVersion>, ConfigError> {
     let min = match &section.min_version {
         Some(name) => version(name, "min_version")?,
         None => 12,
@@ -244,7 +250,9 @@ fn protocol_versions(
         None => 13,
     };
     if min > max {
-        bail!("min_version TLS{min} is above max_version TLS{max}");
+        return Err(invalid!(
+            "min_version TLS{min} is above max_version TLS{max}"
+        ));
     }
     let mut versions = Vec::new();
     if max >= 13 {
@@ -258,7 +266,7 @@ fn protocol_versions(
 
 /// ring's provider, narrowed to the configured TLS 1.2 cipher suites (Go's names; TLS 1.3
 /// suites are not configurable, as in Go) and key-exchange curves.
-fn crypto_provider(section: &TlsServerConfig) -> anyhow::Result<CryptoProvider> {
+fn crypto_provider(section: &TlsServerConfig) -> Result<CryptoProvider, ConfigError> {
     let mut crypto = provider::default_provider();
     if let Some(names) = &section.cipher_suites {
         let mut suites: Vec<_> = crypto
@@ -285,7 +293,7 @@ fn crypto_provider(section: &TlsServerConfig) -> anyhow::Result<CryptoProvider> 
                         && format!("{:?}", suite.suite()) == wanted
                 })
                 .ok_or_else(|| {
-                    anyhow!("cipher suite {name:?} is not supported (only the ECDHE AES-GCM and ChaCha20-Poly1305 suites are)")
+                    invalid!("cipher suite {name:?} is not supported (only the ECDHE AES-GCM and ChaCha20-Poly1305 suites are)")
                 })?;
             suites.push(*suite);
         }
@@ -299,13 +307,19 @@ fn crypto_provider(section: &TlsServerConfig) -> anyhow::Result<CryptoProvider> 
                 "CurveP256" => provider::kx_group::SECP256R1,
                 "CurveP384" => provider::kx_group::SECP384R1,
                 "CurveP521" => {
-                    bail!("curve CurveP521 is not supported (use X25519, CurveP256 or CurveP384)")
+                    return Err(invalid!(
+                        "curve CurveP521 is not supported (use X25519, CurveP256 or CurveP384)"
+                    ))
                 }
-                other => bail!("unknown curve {other:?} (use X25519, CurveP256 or CurveP384)"),
+                other => {
+                    return Err(invalid!(
+                        "unknown curve {other:?} (use X25519, CurveP256 or CurveP384)"
+                    ))
+                }
             });
         }
         if groups.is_empty() {
-            bail!("curve_preferences is empty");
+            return Err(invalid!("curve_preferences is empty"));
         }
         crypto.kx_groups = groups;
     }

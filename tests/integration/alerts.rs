@@ -194,12 +194,52 @@ fn heading_anchor(heading: &str) -> String {
         .collect()
 }
 
+/// The anchors GitHub gives the headings of a Markdown text: lines of code blocks are
+/// not headings, and a repeated anchor gets `-1`, `-2`, ...
+fn markdown_anchors(text: &str) -> Vec<String> {
+    let mut anchors = Vec::new();
+    let mut bases: Vec<String> = Vec::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if in_code || hashes == 0 || hashes > 6 || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let base = heading_anchor(&line[hashes..]);
+        let repeats = bases.iter().filter(|seen| **seen == base).count();
+        anchors.push(if repeats == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{repeats}")
+        });
+        bases.push(base);
+    }
+    anchors
+}
+
 fn runbook_anchors() -> Vec<String> {
-    read(&repo().join("docs/runbook.md"))
-        .lines()
-        .filter(|line| line.starts_with('#'))
-        .map(|line| heading_anchor(line.trim_start_matches('#')))
-        .collect()
+    markdown_anchors(&read(&repo().join("docs/runbook.md")))
+}
+
+#[test]
+fn anchors_are_named_as_github_names_them() {
+    let text = "# vram-exporter runbook\n## Containers: the process that outlived its container\n\
+                ```sh\n# not a heading\n```\n## VRAMGpuLost\n## Resetting a GPU\n## Resetting\n## Resetting a GPU\n#hashtag\n";
+    assert_eq!(
+        markdown_anchors(text),
+        [
+            "vram-exporter-runbook",
+            "containers-the-process-that-outlived-its-container",
+            "vramgpulost",
+            "resetting-a-gpu",
+            "resetting",
+            "resetting-a-gpu-1",
+        ]
+    );
 }
 
 #[test]
@@ -270,17 +310,78 @@ fn every_alert_has_severity_summary_description_and_runbook() {
     }
 }
 
+/// The runbook URL of the SITE SETTINGS block: the `runbook URL` row's value.
+pub(crate) fn runbook_url_setting() -> String {
+    let rules = read(&rules_path());
+    let row = rules
+        .lines()
+        .find_map(|line| line.strip_prefix("#   runbook URL"))
+        .expect("SITE SETTINGS has no `runbook URL` row");
+    let url = row.trim().to_string();
+    assert!(
+        url.starts_with("https://") && !url.contains(' ') && !url.contains('#'),
+        "the runbook URL setting {url:?} is not one https URL without an anchor"
+    );
+    url
+}
+
+#[test]
+fn the_runbook_url_is_a_documented_site_setting() {
+    let url = runbook_url_setting();
+    // Documented in the runbook's thresholds table with the same default.
+    let runbook = read(&repo().join("docs/runbook.md"));
+    let table = runbook
+        .split("## Thresholds")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .unwrap_or_default();
+    let row = table
+        .lines()
+        .find(|line| line.contains("`runbook_url`"))
+        .expect("the runbook's thresholds table has no runbook_url row");
+    assert!(row.contains(&format!("`{url}`")), "{row}");
+    // The replacement command the runbook shows replaces exactly this default.
+    assert!(
+        table.contains(&format!("sed -i 's|{url}|")),
+        "the thresholds section shows no sed line that replaces {url}"
+    );
+    // The alerts' unit tests and the dashboard's Runbook link carry the same URL.
+    for file in rule_test_files() {
+        for line in read(&file)
+            .lines()
+            .filter(|line| line.contains("runbook_url:"))
+        {
+            assert!(
+                line.contains(&format!("runbook_url: {url}#")),
+                "{}: {line}",
+                file.display()
+            );
+        }
+    }
+    let dashboard = read(&repo().join("dashboards/vram-exporter.json"));
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+    let links: Vec<&str> = dashboard["links"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|link| link["title"] == "Runbook")
+        .filter_map(|link| link["url"].as_str())
+        .collect();
+    assert_eq!(links, [url.as_str()], "the dashboard's Runbook link");
+}
+
 #[test]
 fn every_runbook_url_points_at_a_runbook_heading() {
     let anchors = runbook_anchors();
+    let setting = runbook_url_setting();
     for alert in alerts() {
         let url = alert.field("runbook_url").unwrap_or_default();
         let (page, anchor) = url
             .split_once('#')
             .unwrap_or_else(|| panic!("{}: runbook_url {url} has no #anchor", alert.name));
-        assert!(
-            page.ends_with("/docs/runbook.md"),
-            "{}: runbook_url {url} does not point at docs/runbook.md",
+        assert_eq!(
+            page, setting,
+            "{}: runbook_url {url} is not the runbook URL of SITE SETTINGS",
             alert.name
         );
         assert_eq!(

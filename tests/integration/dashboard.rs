@@ -1,13 +1,17 @@
-//! Static checks of `dashboards/vram-exporter.json`: what Grafana needs to import it
-//! (schema version, unique panel ids, a datasource variable every query goes through, no
-//! hard-coded instance) and that its PromQL parses and asks only for the exporter's
-//! metrics. `dashboard_queries()` hands the same queries to the test against a live
-//! Prometheus.
+//! `dashboards/vram-exporter.json`: what grafana.com's import flow needs (`__inputs` for
+//! the data source, `__requires`, schema version, unique panel ids, a datasource variable
+//! every query goes through, chained `job`/`instance`/`gpu` variables, no hard-coded
+//! instance), PromQL that parses and asks only for the exporter's metrics, and every
+//! panel's queries run against a real Prometheus that scrapes the real exporter while a
+//! real child process holds a fork orphan's memory.
 
+use crate::helpers::*;
 use serde_json::Value;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
 
 /// Every metric the exporter promises (its metric contract); dashboards and rules may ask
 /// for these and for Prometheus's own `up`, nothing else.
@@ -40,8 +44,9 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_process_used_bytes",
 ];
 
-/// Template variables the dashboard must offer, besides the datasource.
-const REQUIRED_VARIABLES: &[&str] = &["instance", "gpu"];
+/// Template variables the dashboard must offer, besides the datasource, in their chain's
+/// order: each one's query selects by every variable before it.
+const REQUIRED_VARIABLES: &[&str] = &["job", "instance", "gpu"];
 
 fn dashboard_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("dashboards/vram-exporter.json")
@@ -99,6 +104,12 @@ fn raw_queries(dashboard: &Value) -> Vec<(String, String)> {
 /// Prometheus: the interval variables become `5m`, every other variable `.*` (each one
 /// stands inside a `=~` matcher, where `.*` selects everything).
 fn substitute_variables(expr: &str) -> String {
+    substitute_with(expr, |_| ".*".to_string())
+}
+
+/// Replace every template variable (`$name`, `${name}`, `${name:format}`, `[[name]]`) of
+/// `expr` with `value(name)`; Grafana's interval variables (`$__...`) become `5m`.
+fn substitute_with(expr: &str, value: impl Fn(&str) -> String) -> String {
     let chars: Vec<char> = expr.chars().collect();
     let mut out = String::with_capacity(expr.len());
     let mut i = 0;
@@ -138,7 +149,7 @@ fn substitute_variables(expr: &str) -> String {
         };
         match name {
             Some(name) if name.starts_with("__") => out.push_str("5m"),
-            Some(_) => out.push_str(".*"),
+            Some(name) => out.push_str(&value(&name)),
             None => out.push(chars[i]),
         }
         i = next;
@@ -446,7 +457,7 @@ fn dashboard_queries_go_through_the_datasource_variable() {
 }
 
 #[test]
-fn dashboard_offers_instance_and_gpu_variables_from_label_values() {
+fn dashboard_offers_chained_job_instance_and_gpu_variables_from_label_values() {
     let dashboard = load_dashboard();
     let list = dashboard["templating"]["list"].as_array().unwrap();
     let names: Vec<&str> = list.iter().filter_map(|v| v["name"].as_str()).collect();
@@ -476,6 +487,17 @@ fn dashboard_offers_instance_and_gpu_variables_from_label_values() {
             "variable {wanted} must come from label_values(..., {wanted}), not {query:?}"
         );
         let inner = &query["label_values(".len()..query.len() - format!(", {wanted})").len()];
+        // The chain: each variable offers only what the ones before it select.
+        let position = REQUIRED_VARIABLES
+            .iter()
+            .position(|name| name == wanted)
+            .unwrap();
+        for earlier in &REQUIRED_VARIABLES[..position] {
+            assert!(
+                inner.contains(&format!("{earlier}=~\"${earlier}\"")),
+                "variable {wanted} must select {earlier}=~\"${earlier}\": {query}"
+            );
+        }
         for metric in metric_names(inner) {
             assert!(
                 CONTRACT_METRICS.contains(&metric.as_str()),
@@ -648,4 +670,379 @@ fn metric_names_tokenizer_finds_metrics_and_skips_the_rest() {
     );
     assert!(unbalanced(r#"sum(x{a="(]"})"#).is_none());
     assert!(unbalanced("sum(x{a=\"b\"}").is_some());
+}
+
+// ---------------------------------------------------------------------------------------
+// grafana.com's import flow
+
+/// Every string of `value`, with where it is.
+fn strings<'a>(value: &'a Value, at: String, out: &mut Vec<(String, &'a str)>) {
+    match value {
+        Value::String(text) => out.push((at, text)),
+        Value::Array(items) => {
+            for (n, item) in items.iter().enumerate() {
+                strings(item, format!("{at}[{n}]"), out);
+            }
+        }
+        Value::Object(fields) => {
+            for (key, item) in fields {
+                strings(item, format!("{at}.{key}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What Grafana's importer does with the inputs the user chose: every `${NAME}` of a
+/// declared input is replaced in every string, and `__inputs` is dropped.
+fn import(dashboard: &Value, inputs: &BTreeMap<&str, &str>) -> Value {
+    match dashboard {
+        Value::String(text) => {
+            let mut text = text.clone();
+            for (name, chosen) in inputs {
+                text = text.replace(&format!("${{{name}}}"), chosen);
+            }
+            Value::String(text)
+        }
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|item| import(item, inputs)).collect())
+        }
+        Value::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .filter(|(key, _)| *key != "__inputs")
+                .map(|(key, item)| (key.clone(), import(item, inputs)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn dashboard_declares_its_data_source_input_and_what_it_requires() {
+    let dashboard = load_dashboard();
+    let inputs = dashboard["__inputs"].as_array().expect(
+        "__inputs is missing: grafana.com's import flow asks for the data source through it",
+    );
+    assert_eq!(
+        inputs.len(),
+        1,
+        "one input, the Prometheus data source: {inputs:#?}"
+    );
+    let input = &inputs[0];
+    assert_eq!(input["name"], "DS_PROMETHEUS");
+    assert_eq!(input["type"], "datasource");
+    assert_eq!(input["pluginId"], "prometheus");
+    assert!(input["label"]
+        .as_str()
+        .is_some_and(|label| !label.is_empty()));
+
+    // Every ${DS_...} reference is a declared input, and the input is used.
+    let mut all = Vec::new();
+    strings(&dashboard, String::new(), &mut all);
+    let references: Vec<&(String, &str)> = all
+        .iter()
+        .filter(|(at, text)| !at.starts_with(".__inputs") && text.contains("${DS_"))
+        .collect();
+    assert!(!references.is_empty(), "nothing uses ${{DS_PROMETHEUS}}");
+    for (at, text) in &references {
+        assert_eq!(*text, "${DS_PROMETHEUS}", "{at}");
+    }
+
+    // __requires: Grafana itself, the Prometheus data source, and exactly the panel types
+    // the dashboard uses (rows are not plugins).
+    let requires = dashboard["__requires"]
+        .as_array()
+        .expect("__requires is missing");
+    let of_type = |kind: &str| -> BTreeSet<String> {
+        requires
+            .iter()
+            .filter(|required| required["type"] == kind)
+            .map(|required| required["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(of_type("grafana"), BTreeSet::from(["grafana".to_string()]));
+    assert_eq!(
+        of_type("datasource"),
+        BTreeSet::from(["prometheus".to_string()])
+    );
+    let used: BTreeSet<String> = all_panels(&dashboard)
+        .iter()
+        .filter_map(|panel| panel["type"].as_str())
+        .filter(|kind| *kind != "row")
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        of_type("panel"),
+        used,
+        "__requires lists the panel types used"
+    );
+    for required in requires {
+        assert!(required["name"].as_str().is_some(), "{required}");
+        assert!(required["version"].as_str().is_some(), "{required}");
+    }
+    let grafana = requires
+        .iter()
+        .find(|required| required["type"] == "grafana")
+        .unwrap();
+    assert!(
+        grafana["version"]
+            .as_str()
+            .is_some_and(|version| version.starts_with(char::is_numeric)),
+        "{grafana}"
+    );
+}
+
+#[test]
+fn importing_points_the_datasource_variable_at_the_chosen_data_source() {
+    let dashboard = load_dashboard();
+    let imported = import(
+        &dashboard,
+        &BTreeMap::from([("DS_PROMETHEUS", "chosen-uid")]),
+    );
+    let mut all = Vec::new();
+    strings(&imported, String::new(), &mut all);
+    for (at, text) in &all {
+        assert!(
+            !text.contains("${DS_"),
+            "{at} is left as {text} after the import"
+        );
+    }
+    assert!(imported.get("__inputs").is_none());
+    // The data source chosen at import is where the dashboard starts; panels keep going
+    // through the variable, so the data source can still be switched afterwards (and a
+    // provisioned copy, which no import rewrites, falls back to the default one).
+    let variable = datasource_variable(&imported);
+    let current = imported["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|var| var["name"] == variable.as_str())
+        .map(|var| &var["current"])
+        .unwrap();
+    assert_eq!(current["value"], "chosen-uid", "{current}");
+    for panel in all_panels(&imported) {
+        for target in targets(panel) {
+            assert!(
+                refers_to(&target["datasource"], &variable),
+                "{}",
+                panel_name(panel)
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Every panel against a real Prometheus
+
+/// Panels that return nothing in the live test's scenario, each with why. Every target of
+/// such a panel must then return nothing (an entry cannot go stale), and every other
+/// panel's targets must return data.
+const EMPTY_IN_THE_LIVE_SCENARIO: &[(&str, &str)] = &[(
+    "/proc read errors (top 10 targets)",
+    "the exporter runs as root and reads every /proc entry it looks at; e2e.rs's host B, \
+     which may not read root's, gives this panel data",
+)];
+
+/// Panels, each with its targets' PromQL, in the dashboard's order.
+fn panel_queries(dashboard: &Value) -> Vec<(String, Vec<String>)> {
+    all_panels(dashboard)
+        .into_iter()
+        .filter(|panel| targets(panel).next().is_some())
+        .map(|panel| {
+            (
+                panel["title"].as_str().unwrap_or("untitled").to_string(),
+                targets(panel)
+                    .filter_map(|target| target["expr"].as_str())
+                    .map(str::to_string)
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// One value as Grafana writes it into a `=~` matcher of a Prometheus query: regular
+/// expression characters escaped, and the escapes doubled for the PromQL string.
+fn regex_value(value: &str) -> String {
+    let mut out = String::new();
+    for c in value.chars() {
+        if c == '\\' {
+            out.push_str("\\\\\\\\");
+        } else if "$^*{}[]'+?.()|".contains(c) {
+            out.push_str("\\\\");
+            out.push(c);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A selection of several values, as Grafana writes a multi-value variable.
+fn regex_selection(values: &[String]) -> String {
+    match values {
+        [one] => regex_value(one),
+        many => format!(
+            "({})",
+            many.iter()
+                .map(|value| regex_value(value))
+                .collect::<Vec<_>>()
+                .join("|")
+        ),
+    }
+}
+
+/// The values `label_values(SELECTOR, LABEL)` offers, asked the way Grafana asks.
+fn label_values(prometheus: &super::e2e::Server, query: &str) -> Vec<String> {
+    let inner = query
+        .trim()
+        .strip_prefix("label_values(")
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("not a label_values query: {query}"));
+    let (selector, label) = inner.rsplit_once(',').unwrap();
+    let answer = prometheus.api(&format!(
+        "/api/v1/label/{}/values?match[]={}",
+        label.trim(),
+        super::e2e::percent_encode(selector.trim())
+    ));
+    answer["data"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{query}: {answer}"))
+        .iter()
+        .map(|value| value.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn every_panel_has_data_from_a_real_prometheus_scraping_a_fork_orphan() {
+    const JOB: &str = "vram-exporter";
+    const WAIT: Duration = Duration::from_secs(30);
+    let prometheus_binary = require_tool("prometheus", "prometheus");
+
+    // The fork-inherited orphan on GPU 0, held by a live child; GPU 1 fails, so the
+    // panels about failing GPUs have something to show.
+    let rig = Rig::new();
+    let (dead_owner, holder) = Holder::fork_orphan(&rig.device(0));
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(Gpu::idle(1).error("nvmlDeviceGetMemoryInfo_v2", "Unknown"))
+            .into_json(),
+    );
+    let exporter = rig.start(&[]);
+
+    let config = tempfile::tempdir().expect("temporary folder");
+    let prometheus_config = config.path().join("prometheus.yml");
+    std::fs::write(
+        &prometheus_config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+             scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      - targets: ['{}']\n",
+            exporter.address
+        ),
+    )
+    .unwrap();
+    let data = config.path().join("data");
+    let prometheus = super::e2e::Server::start("prometheus", |address| {
+        let mut command = Command::new(&prometheus_binary);
+        command
+            .arg(format!("--config.file={}", prometheus_config.display()))
+            .arg(format!("--storage.tsdb.path={}", data.display()))
+            .arg(format!("--web.listen-address={address}"));
+        command
+    });
+    let holder_series = format!("vram_holder_info{{pid=\"{}\"}}", holder.pid);
+    wait_until("Prometheus has scraped the holder", WAIT, || {
+        !prometheus.query(&holder_series).is_empty()
+    });
+
+    // The variables, each asked with the ones before it selected, as Grafana chains them.
+    let dashboard = load_dashboard();
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let mut chosen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for name in REQUIRED_VARIABLES {
+        let variable = variables.iter().find(|var| var["name"] == *name).unwrap();
+        let query = variable["query"]["query"].as_str().unwrap();
+        let asked = substitute_with(query, |earlier| regex_selection(&chosen[earlier]));
+        let mut values = label_values(&prometheus, &asked);
+        values.sort();
+        chosen.insert(name.to_string(), values);
+    }
+    assert_eq!(chosen["job"], [JOB]);
+    assert_eq!(chosen["instance"], [exporter.address.to_string()]);
+    assert_eq!(chosen["gpu"], ["0", "1"]);
+
+    let panels = panel_queries(&dashboard);
+    for (title, _) in EMPTY_IN_THE_LIVE_SCENARIO {
+        assert!(
+            panels.iter().any(|(panel, _)| panel == title),
+            "EMPTY_IN_THE_LIVE_SCENARIO names {title:?}, which the dashboard does not have"
+        );
+    }
+    // Every value of every variable selected, then "All" (`.*`): what a person sees.
+    type Selection<'a> = (&'a str, &'a dyn Fn(&str) -> String);
+    let selections: [Selection; 2] = [
+        ("every value selected", &|name| {
+            regex_selection(&chosen[name])
+        }),
+        ("All", &|_| ".*".to_string()),
+    ];
+    for (selection, value) in selections {
+        for (title, queries) in &panels {
+            let empty_because = EMPTY_IN_THE_LIVE_SCENARIO
+                .iter()
+                .find(|(panel, _)| panel == title)
+                .map(|(_, why)| *why);
+            for query in queries {
+                let query = substitute_with(query, value);
+                match empty_because {
+                    None => wait_until(
+                        &format!("panel {title:?} ({selection}) has data: {query}"),
+                        Duration::from_secs(10),
+                        || !prometheus.query(&query).is_empty(),
+                    ),
+                    Some(why) => assert_eq!(
+                        prometheus.query(&query),
+                        Vec::<Value>::new(),
+                        "panel {title:?} ({selection}) is listed as empty here ({why}), but {query} has data"
+                    ),
+                }
+            }
+        }
+    }
+
+    // `or vector(0)` must not hide a metric that is not there: every metric a panel
+    // reads is in Prometheus.
+    let metrics: BTreeSet<String> = panels
+        .iter()
+        .flat_map(|(_, queries)| queries.iter().flat_map(|query| metric_names(query)))
+        .collect();
+    for metric in &metrics {
+        assert!(
+            !prometheus
+                .query(&format!("count({{__name__=\"{metric}\"}})"))
+                .is_empty(),
+            "the dashboard reads {metric}, which the exporter does not export"
+        );
+    }
+
+    // Two panels checked for their figures, not only for having some.
+    let first_query = |title: &str| -> Vec<Value> {
+        let (_, queries) = panels
+            .iter()
+            .find(|(panel, _)| panel == title)
+            .unwrap_or_else(|| panic!("the dashboard has no panel {title:?}"));
+        prometheus.query(&substitute_with(&queries[0], |_| ".*".to_string()))
+    };
+    let orphaned = first_query("Orphaned memory");
+    assert_eq!(orphaned.len(), 1, "{orphaned:?}");
+    assert_eq!(orphaned[0]["value"][1], CHARGED.to_string().as_str());
+    let holders = first_query("Culprits (the processes to end)");
+    assert!(
+        holders
+            .iter()
+            .any(|series| series["metric"]["pid"] == holder.pid.to_string().as_str()),
+        "the holders table names the live holder {}: {holders:?}",
+        holder.pid
+    );
 }

@@ -157,8 +157,8 @@ impl Rig {
         fs::create_dir_all(&folder).unwrap();
         let binary = folder.join("vram-exporter");
         let library = folder.join("libnvidia-ml.so.1");
-        fs::copy(exporter_binary(), &binary).unwrap();
-        fs::copy(fake_nvml_library(), &library).unwrap();
+        copy_for_exec(&exporter_binary(), &binary);
+        copy_for_exec(&fake_nvml_library(), &library);
         for (path, mode) in [
             (self.dir.path(), 0o755),
             (folder.as_path(), 0o755),
@@ -192,6 +192,30 @@ impl Rig {
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         }
     }
+}
+
+/// Copy `from` to `to` once, for executing or loading. The copy's write descriptor is
+/// close-on-exec, but a process that another test thread forks while the copy is being
+/// written holds it until that process calls exec; executing the copy meanwhile fails
+/// with ETXTBSY ("Text file busy"). So wait until no process holds it open.
+fn copy_for_exec(from: &Path, to: &Path) {
+    if to.exists() {
+        return;
+    }
+    let partial = to.with_extension("partial");
+    fs::copy(from, &partial).unwrap();
+    fs::rename(&partial, to).unwrap();
+    wait_until(
+        &format!("no process holds {} open", to.display()),
+        Duration::from_secs(10),
+        || {
+            fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+                .all(|pid| !holds(pid, to) && !holds(pid, &partial))
+        },
+    );
 }
 
 /// What a finished command said.
@@ -783,9 +807,7 @@ impl Model {
     /// root; other tests forking meanwhile can take the number, so it retries.
     pub fn spawn_at(&self, pid: u32) -> Holder {
         static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-        let _one = ONE_AT_A_TIME
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _one = vram_exporter::sync::lock(&ONE_AT_A_TIME);
         assert_eq!(
             effective_uid(),
             0,

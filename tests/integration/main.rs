@@ -17,3 +17,7 @@ mod privilege;
 mod snapshot;
 mod textfile;
 mod web;
+
+// Added with issue 14.
+mod build_info;
+mod readme;
