@@ -1,6 +1,9 @@
 //! Command-line flags (node_exporter's naming), resolved into a plain [`Config`].
 
 use crate::classify::Settings;
+use crate::observe::kubernetes::{
+    KubernetesConfig, DEFAULT_POD_LOGS, DEFAULT_POD_RESOURCES_SOCKET,
+};
 use crate::units::{parse_bytes, parse_duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -27,6 +30,9 @@ pub struct Cli {
 
     #[command(flatten)]
     pub web: WebArgs,
+
+    #[command(flatten)]
+    pub kubelet: KubeletArgs,
 }
 
 /// Subcommands; serving metrics is the default.
@@ -132,6 +138,37 @@ pub struct WebArgs {
         global = true
     )]
     pub per_process_limit: usize,
+}
+
+/// Where the kubelet's sources are, on a Kubernetes node: they name the pod each GPU is
+/// assigned to and the pod a process runs in. Without them nothing else changes.
+#[derive(Debug, Args)]
+pub struct KubeletArgs {
+    /// The kubelet's pod-resources socket, which says which container each GPU is assigned
+    /// to. In a container, mount its directory rather than the socket: a restarted kubelet
+    /// makes a new socket.
+    #[arg(
+        long = "kubelet.pod-resources-path",
+        value_name = "PATH",
+        default_value = DEFAULT_POD_RESOURCES_SOCKET,
+        global = true
+    )]
+    pub pod_resources_path: PathBuf,
+
+    /// Time between two reads of the pod-resources socket and the pod log directories
+    /// (never during a scrape).
+    #[arg(long = "kubelet.refresh-interval", value_name = "DURATION", default_value = "10s", value_parser = parse_duration, global = true)]
+    pub refresh_interval: Duration,
+
+    /// The kubelet's pod log directories (NAMESPACE_POD_UID), which name the pod whose uid
+    /// a process's cgroup carries.
+    #[arg(
+        long = "path.pod-logs",
+        value_name = "PATH",
+        default_value = DEFAULT_POD_LOGS,
+        global = true
+    )]
+    pub pod_logs: PathBuf,
 }
 
 /// Flags of `check`.
@@ -262,6 +299,8 @@ pub struct Config {
     pub log_level: LogLevel,
     /// Log format.
     pub log_format: LogFormat,
+    /// Where the kubelet's sources are.
+    pub kubernetes: KubernetesConfig,
 }
 
 impl Cli {
@@ -305,6 +344,9 @@ impl Cli {
         if self.common.scan_timeout.is_zero() {
             return Err("--holders.scan-timeout must be longer than 0".into());
         }
+        if self.kubelet.refresh_interval.is_zero() {
+            return Err("--kubelet.refresh-interval must be longer than 0".into());
+        }
         Ok(Config {
             mode,
             procfs: self.common.procfs,
@@ -323,6 +365,11 @@ impl Cli {
             per_process_limit: self.web.per_process.then_some(self.web.per_process_limit),
             log_level: self.common.log_level,
             log_format: self.common.log_format,
+            kubernetes: KubernetesConfig {
+                pod_resources_socket: self.kubelet.pod_resources_path,
+                pod_logs: self.kubelet.pod_logs,
+                refresh_interval: self.kubelet.refresh_interval,
+            },
         })
     }
 }
@@ -457,6 +504,37 @@ mod tests {
         assert_eq!(check.gpus, vec![2]);
         assert_eq!(check.wait, Some(Duration::from_secs(30)));
         assert!(parse(&["check", "--wait", "30"]).is_err());
+    }
+
+    #[test]
+    fn kubelet_flags() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.kubernetes, KubernetesConfig::default());
+        assert_eq!(
+            config.kubernetes.pod_resources_socket,
+            PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock")
+        );
+        assert_eq!(config.kubernetes.pod_logs, PathBuf::from("/var/log/pods"));
+        let config = parse(&[
+            "check",
+            "--kubelet.pod-resources-path",
+            "/host/pod-resources/kubelet.sock",
+            "--kubelet.refresh-interval",
+            "30s",
+            "--path.pod-logs",
+            "/host/log/pods",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.kubernetes,
+            KubernetesConfig {
+                pod_resources_socket: "/host/pod-resources/kubelet.sock".into(),
+                pod_logs: "/host/log/pods".into(),
+                refresh_interval: Duration::from_secs(30),
+            }
+        );
+        let error = parse(&["--kubelet.refresh-interval", "0s"]).unwrap_err();
+        assert!(error.contains("longer than 0"), "{error}");
     }
 
     #[test]

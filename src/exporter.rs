@@ -101,6 +101,7 @@ impl Exporter {
                         processes: BTreeMap::new(),
                         holder_scan: None,
                         procfs_errors: 0,
+                        kubernetes: None,
                     },
                     &self.settings,
                 )

@@ -1,6 +1,8 @@
 //! Pure functions from one [`Observation`] to a verdict per GPU: who owns the memory, in
 //! which state, and how much of it no live process owns. Nothing here touches the system.
 
+use crate::observe::kubernetes::KubernetesView;
+use crate::observe::pods::PodName;
 use crate::observe::{
     DeviceFiles, GpuError, GpuState, Holder, MemoryReading, NamespaceInit, NvmlProcess,
     NvmlReading, Observation, ProcessLookup,
@@ -311,6 +313,19 @@ pub struct Report {
     pub procfs_errors: u64,
     /// The holder scan, when one ran.
     pub holder_scan: Option<ScanSummary>,
+
+    // Kubernetes.
+    /// Each GPU's pods, pod names by uid, and the kubelet sources' health; `None` when the
+    /// observation has none (a snapshot of an older version).
+    pub kubernetes: Option<KubernetesView>,
+}
+
+impl Report {
+    /// The namespace and name of the pod with uid `uid` (a process's `pod_uid`), when the
+    /// kubelet's pod log directories named it.
+    pub fn pod_of(&self, uid: Option<&str>) -> Option<&PodName> {
+        self.kubernetes.as_ref()?.pod_of(uid)
+    }
 }
 
 impl Report {
@@ -400,6 +415,10 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
             permission_errors: scan.permission_errors,
             duration_seconds: scan.duration_seconds,
         }),
+        kubernetes: observation
+            .kubernetes
+            .as_ref()
+            .map(|kubernetes| kubernetes.view(&observation.nvml)),
     }
 }
 

@@ -120,6 +120,7 @@ impl Host {
                 duration_seconds: 0.001,
             }),
             procfs_errors: 0,
+            kubernetes: None,
         }
     }
 
@@ -459,6 +460,7 @@ fn nvml_down_reports_no_gpus() {
         processes: BTreeMap::new(),
         holder_scan: None,
         procfs_errors: 0,
+        kubernetes: None,
     };
     let report = classify(&observation, &Settings::default());
     assert!(!report.nvml_up);

@@ -9,8 +9,13 @@ pub mod parse;
 mod pidns;
 pub mod procfs;
 
+pub mod kubelet;
+pub mod kubernetes;
+pub mod pods;
+
 pub use model::*;
 
+use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::NvmlSource;
 use self::procfs::ProcRoot;
 use std::collections::BTreeMap;
@@ -65,6 +70,8 @@ pub struct LiveHost {
     nvml: NvmlSource,
     proc_root: ProcRoot,
     scan_budget: Duration,
+    /// The kubelet's sources, when they are watched.
+    kubernetes: Option<KubernetesWatch>,
 }
 
 impl LiveHost {
@@ -80,7 +87,38 @@ impl LiveHost {
             nvml: NvmlSource::new(nvml_library, long_running),
             proc_root,
             scan_budget,
+            kubernetes: None,
         }
+    }
+
+    /// Also reads the kubelet's pod-resources socket and pod log directories, once now
+    /// and, when `long_running`, on a thread of their own every refresh interval.
+    pub fn with_kubernetes(mut self, config: KubernetesConfig, long_running: bool) -> Self {
+        self.kubernetes = Some(KubernetesWatch::start(config, long_running));
+        self
+    }
+
+    /// The kubelet's sources as last refreshed, with the names of the owners' pods and
+    /// NVML's answer to which GPU each assigned MIG device is part of.
+    fn kubernetes_reading(
+        &self,
+        watch: &KubernetesWatch,
+        processes: &BTreeMap<u32, ProcessLookup>,
+    ) -> KubernetesReading {
+        let uids = processes.values().filter_map(|lookup| match lookup {
+            ProcessLookup::Present(facts) => facts.cgroup.pod_uid.as_deref(),
+            _ => None,
+        });
+        let mut reading = watch.reading(uids);
+        let mig: Vec<String> = reading
+            .mig_device_ids()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if !mig.is_empty() {
+            reading.mig_parents = self.nvml.mig_parents(&mig);
+        }
+        reading
     }
 
     /// The `/proc` root this host reads.
@@ -125,17 +163,33 @@ impl LiveHost {
         if host_pid_namespace.is_none() {
             procfs_errors += 1;
         }
+        let kubernetes = self
+            .kubernetes
+            .as_ref()
+            .map(|watch| self.kubernetes_reading(watch, &processes));
         Observation {
             nvml,
             host_pid_namespace,
             processes,
             holder_scan: None,
             procfs_errors,
+            kubernetes,
         }
     }
 }
 
 impl Source {
+    /// A live source that also watches the kubelet's sources (see
+    /// [`LiveHost::with_kubernetes`]); a replay keeps what its snapshot recorded.
+    pub fn with_kubernetes(self, config: &KubernetesConfig, long_running: bool) -> Source {
+        match self {
+            Source::Live(host) => {
+                Source::Live(Box::new(host.with_kubernetes(config.clone(), long_running)))
+            }
+            replay @ Source::Replay(_) => replay,
+        }
+    }
+
     /// One observation, without the holder scan.
     pub fn observe(&self) -> Result<Observation, ObserveError> {
         match self {
@@ -150,6 +204,13 @@ impl Source {
             let scan = host
                 .proc_root
                 .scan_holders(std::process::id(), host.scan_budget);
+            if let (Some(watch), Some(reading)) = (&host.kubernetes, &mut observation.kubernetes) {
+                let uids = scan
+                    .holders
+                    .iter()
+                    .filter_map(|holder| holder.cgroup.pod_uid.as_deref());
+                watch.add_names(reading, uids);
+            }
             observation.holder_scan = Some(scan);
         }
     }
