@@ -514,10 +514,17 @@ fn refresh(
         long_running,
         first,
     );
+    tracing::debug!(
+        pod_resources = latest.pod_resources.error.map_or("up", SourceError::as_str),
+        pod_logs = latest.pod_logs.error.map_or("up", SourceError::as_str),
+        devices = latest.devices.len(),
+        pods_named = latest.names.len(),
+        "kubelet sources read"
+    );
 }
 
 /// Logs a source only when its state changes: once at start, once when it fails in a
-/// new way, once when it recovers.
+/// new way, once when it recovers. One-shot commands say nothing: their output shows it.
 fn log_change(
     source: KubeletSource,
     path: &std::path::Path,
@@ -526,27 +533,22 @@ fn log_change(
     long_running: bool,
     first: bool,
 ) {
-    if !first && previous.error == now.error {
+    if !long_running || (!first && previous.error == now.error) {
         return;
     }
     let source = source.as_str();
     let path = path.display();
-    match (now.error, long_running) {
-        (None, true) => tracing::info!(source, path = %path, "kubelet source answers"),
-        (Some(SourceError::Absent), true) => tracing::info!(
+    match now.error {
+        None => tracing::info!(source, path = %path, "kubelet source answers"),
+        Some(SourceError::Absent) => tracing::info!(
             source,
             path = %path,
             "kubelet source absent (no kubelet on this host, or the path is not mounted); pods are not named"
         ),
-        (Some(_), true) => tracing::warn!(
+        Some(_) => tracing::warn!(
             source,
             error = now.message.as_deref().unwrap_or_default(),
             "kubelet source failing; serving its last good answer (logged again when it changes)"
-        ),
-        (_, false) => tracing::debug!(
-            source,
-            error = now.message.as_deref().unwrap_or_default(),
-            "kubelet source read"
         ),
     }
 }

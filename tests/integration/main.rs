@@ -13,6 +13,8 @@ mod deploy;
 mod e2e;
 mod exporter;
 mod holders;
+mod kubelet;
+mod kubernetes;
 mod privilege;
 mod snapshot;
 mod textfile;
