@@ -34,6 +34,12 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_build_info",
     "vram_procfs_errors",
     "vram_process_used_bytes",
+    // Kubernetes: the kubelet's view.
+    "vram_gpu_pod_info",
+    "vram_kubelet_up",
+    "vram_kubelet_error",
+    "vram_kubelet_last_success_timestamp_seconds",
+    "vram_kubelet_unmatched_devices",
 ];
 
 /// Template variables the dashboard must offer, besides the datasource.

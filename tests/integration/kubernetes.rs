@@ -548,3 +548,65 @@ fn garbage_from_the_kubelet_sets_its_error_gauge_and_never_a_panic() {
     assert_eq!(log.matches("kubelet source failing").count(), 6, "{log}");
     assert_eq!(exporter.get("/-/healthy").status, 200);
 }
+
+#[test]
+fn the_dashboard_lists_orphaned_memory_by_namespace_and_pod() {
+    let query = super::dashboard::dashboard_queries()
+        .into_iter()
+        .find(|query| query.contains("vram_gpu_pod_info"))
+        .expect("a dashboard panel joins vram_gpu_pod_info");
+    // GPU 2 is assigned to ml/sglang-0 and a culprit runs there (another on the host);
+    // GPU 7 is assigned to no pod; GPU 0 is assigned but holds nothing orphaned.
+    let at = |gpu: &str| {
+        format!(r#"job="vram-exporter",instance="10.0.3.7:9077",gpu="{gpu}",uuid="GPU-{gpu}""#)
+    };
+    let test = format!(
+        r#"rule_files: []
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+      - series: 'vram_orphaned_bytes{{{g2},reason="owner_gone"}}'
+        values: '79804219392x4'
+      - series: 'vram_orphaned_bytes{{{g2},reason="unattributed"}}'
+        values: '0x4'
+      - series: 'vram_orphaned_bytes{{{g7},reason="owner_gone"}}'
+        values: '4294967296x4'
+      - series: 'vram_orphaned_bytes{{{g0},reason="owner_gone"}}'
+        values: '0x4'
+      - series: 'vram_gpu_info{{{g0},name="NVIDIA H200"}}'
+        values: '1x4'
+      - series: 'vram_gpu_info{{{g2},name="NVIDIA H200"}}'
+        values: '1x4'
+      - series: 'vram_gpu_info{{{g7},name="NVIDIA H200"}}'
+        values: '1x4'
+      - series: 'vram_gpu_pod_info{{{g2},namespace="ml",pod="sglang-0",container="server"}}'
+        values: '1x4'
+      - series: 'vram_gpu_pod_info{{{g0},namespace="ml",pod="train-4",container="trainer"}}'
+        values: '1x4'
+      - series: 'vram_holder_info{{{g2},pid="5213",namespace="ml",pod="sglang-0"}}'
+        values: '1x4'
+      - series: 'vram_holder_info{{{g2},pid="812",namespace="",pod=""}}'
+        values: '1x4'
+    promql_expr_test:
+      - expr: {query}
+        eval_time: 30s
+        exp_samples:
+          - labels: '{{{g2},namespace="ml",pod="sglang-0",role="GPU assigned to"}}'
+            value: 79804219392
+          - labels: '{{{g2},namespace="ml",pod="sglang-0",role="culprit runs in"}}'
+            value: 79804219392
+          - labels: '{{{g7},pod="(none)",role="GPU assigned to"}}'
+            value: 4294967296
+"#,
+        g0 = at("0"),
+        g2 = at("2"),
+        g7 = at("7"),
+        query = serde_json::to_string(&query).unwrap(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dashboard-pods.yml");
+    fs::write(&file, test).unwrap();
+    let (ok, output) = super::alerts::run_promtool(&["test", "rules", &path(&file)]);
+    assert!(ok, "{output}");
+}
