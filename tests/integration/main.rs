@@ -13,6 +13,7 @@ mod deploy;
 mod e2e;
 mod exporter;
 mod holders;
+mod image;
 mod kubelet;
 mod kubernetes;
 mod privilege;
