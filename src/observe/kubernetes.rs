@@ -523,8 +523,11 @@ fn refresh(
     );
 }
 
-/// Logs a source only when its state changes: once at start, once when it fails in a
-/// new way, once when it recovers. One-shot commands say nothing: their output shows it.
+/// Logs a source only when its state changes: when it fails in a new way, and when it
+/// recovers. At start only a failure is worth a line (at debug level otherwise: the
+/// gauges say it, and a host without Kubernetes should not hear about a kubelet; a
+/// start-up error such as a busy port stays the only line). One-shot commands say
+/// nothing: their output shows it.
 fn log_change(
     source: KubeletSource,
     path: &std::path::Path,
@@ -539,7 +542,13 @@ fn log_change(
     let source = source.as_str();
     let path = path.display();
     match now.error {
+        None if first => tracing::debug!(source, path = %path, "kubelet source answers"),
         None => tracing::info!(source, path = %path, "kubelet source answers"),
+        Some(SourceError::Absent) if first => tracing::debug!(
+            source,
+            path = %path,
+            "kubelet source absent (no kubelet on this host, or the path is not mounted); pods are not named"
+        ),
         Some(SourceError::Absent) => tracing::info!(
             source,
             path = %path,
