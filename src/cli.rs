@@ -1,6 +1,9 @@
 //! Command-line flags (node_exporter's naming), resolved into a plain [`Config`].
 
 use crate::classify::Settings;
+use crate::observe::kubernetes::{
+    KubernetesConfig, DEFAULT_POD_LOGS, DEFAULT_POD_RESOURCES_SOCKET,
+};
 use crate::units::{parse_bytes, parse_duration};
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
@@ -63,6 +66,9 @@ pub struct Cli {
 
     #[command(flatten)]
     pub log: LogArgs,
+
+    #[command(flatten)]
+    pub kubelet: KubeletArgs,
 }
 
 /// Subcommands; serving metrics is the default.
@@ -190,6 +196,37 @@ pub struct WebArgs {
     /// the collection goes on, and later scrapes wait for it rather than start another.
     #[arg(long = "web.collection-timeout", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub collection_timeout: Duration,
+}
+
+/// Where the kubelet's sources are, on a Kubernetes node: they name the pod each GPU is
+/// assigned to and the pod a process runs in. Without them nothing else changes.
+#[derive(Debug, Args)]
+pub struct KubeletArgs {
+    /// The kubelet's pod-resources socket, which says which container each GPU is assigned
+    /// to. In a container, mount its directory rather than the socket: a restarted kubelet
+    /// makes a new socket.
+    #[arg(
+        long = "kubelet.pod-resources-path",
+        value_name = "PATH",
+        default_value = DEFAULT_POD_RESOURCES_SOCKET,
+        global = true
+    )]
+    pub pod_resources_path: PathBuf,
+
+    /// Time between two reads of the pod-resources socket and the pod log directories
+    /// (never during a scrape).
+    #[arg(long = "kubelet.refresh-interval", value_name = "DURATION", default_value = "10s", value_parser = parse_duration, global = true)]
+    pub refresh_interval: Duration,
+
+    /// The kubelet's pod log directories (NAMESPACE_POD_UID), which name the pod whose uid
+    /// a process's cgroup carries.
+    #[arg(
+        long = "path.pod-logs",
+        value_name = "PATH",
+        default_value = DEFAULT_POD_LOGS,
+        global = true
+    )]
+    pub pod_logs: PathBuf,
 }
 
 /// Flags of `check`.
@@ -358,7 +395,9 @@ impl Cli {
             for argument in command.get_arguments() {
                 let id = argument.get_id();
                 let given = matches.value_source(id.as_str()) == Some(ValueSource::CommandLine);
-                let known = subcommand.get_arguments().any(|own| own.get_id() == id);
+                // A global flag (the kubelet's sources) serves every mode.
+                let known = argument.is_global_set()
+                    || subcommand.get_arguments().any(|own| own.get_id() == id);
                 if given && !known {
                     return Err(CliError::Usage(format!(
                         "--{} does nothing for `{name}`; see vram-exporter {name} --help",
@@ -494,6 +533,8 @@ pub struct Config {
     pub log_level: LogLevel,
     /// Log format.
     pub log_format: LogFormat,
+    /// Where the kubelet's sources are.
+    pub kubernetes: KubernetesConfig,
 }
 
 impl Cli {
@@ -568,6 +609,9 @@ impl Cli {
         if scan_timeout.is_zero() {
             return Err("--holders.scan-timeout must be longer than 0".into());
         }
+        if self.kubelet.refresh_interval.is_zero() {
+            return Err("--kubelet.refresh-interval must be longer than 0".into());
+        }
         let defaults = Settings::default();
         Ok(Config {
             mode,
@@ -590,6 +634,11 @@ impl Cli {
                 .then_some(collector.per_process_limit.unwrap_or(256)),
             log_level: log.log_level.unwrap_or(LogLevel::Info),
             log_format: log.log_format.unwrap_or(LogFormat::Logfmt),
+            kubernetes: KubernetesConfig {
+                pod_resources_socket: self.kubelet.pod_resources_path,
+                pod_logs: self.kubelet.pod_logs,
+                refresh_interval: self.kubelet.refresh_interval,
+            },
         })
     }
 }
@@ -788,6 +837,37 @@ mod tests {
     }
 
     #[test]
+    fn kubelet_flags() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.kubernetes, KubernetesConfig::default());
+        assert_eq!(
+            config.kubernetes.pod_resources_socket,
+            PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock")
+        );
+        assert_eq!(config.kubernetes.pod_logs, PathBuf::from("/var/log/pods"));
+        let config = parse(&[
+            "check",
+            "--kubelet.pod-resources-path",
+            "/host/pod-resources/kubelet.sock",
+            "--kubelet.refresh-interval",
+            "30s",
+            "--path.pod-logs",
+            "/host/log/pods",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.kubernetes,
+            KubernetesConfig {
+                pod_resources_socket: "/host/pod-resources/kubelet.sock".into(),
+                pod_logs: "/host/log/pods".into(),
+                refresh_interval: Duration::from_secs(30),
+            }
+        );
+        let error = parse(&["--kubelet.refresh-interval", "0s"]).unwrap_err();
+        assert!(error.contains("longer than 0"), "{error}");
+    }
+
+    #[test]
     fn global_flags_work_after_the_subcommand() {
         let config = parse(&["check", "--replay", "snap.json"]).unwrap();
         assert_eq!(config.replay, Some(PathBuf::from("snap.json")));
@@ -874,15 +954,27 @@ mod tests {
             "web.collection-timeout",
             "version",
         ];
-        assert_eq!(listed_flags(&[]), with(&[], &[judgement, collector, web]));
+        // Every mode names pods, so every mode takes the kubelet's sources.
+        let kubelet: &[&str] = &[
+            "kubelet.pod-resources-path",
+            "kubelet.refresh-interval",
+            "path.pod-logs",
+        ];
+        assert_eq!(
+            listed_flags(&[]),
+            with(&[], &[judgement, collector, web, kubelet])
+        );
         assert_eq!(
             listed_flags(&["check"]),
-            with(&["json", "gpu", "wait", "wait.interval"], &[judgement])
+            with(
+                &["json", "gpu", "wait", "wait.interval"],
+                &[judgement, kubelet]
+            )
         );
-        assert_eq!(listed_flags(&["snapshot"]), with(&["output"], &[]));
+        assert_eq!(listed_flags(&["snapshot"]), with(&["output"], &[kubelet]));
         assert_eq!(
             listed_flags(&["textfile"]),
-            with(&["output"], &[judgement, collector])
+            with(&["output"], &[judgement, collector, kubelet])
         );
     }
 

@@ -119,6 +119,7 @@ impl Exporter {
                     owners: BTreeMap::new(),
                     holder_scan: None,
                     procfs_errors: 0,
+                    kubernetes: None,
                 };
                 Collected {
                     report: classify(&observation, &self.settings),

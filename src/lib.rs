@@ -66,7 +66,7 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let exporter = Arc::new(Exporter::new(
-        source(&config),
+        source(&config).with_kubernetes(&config.kubernetes, matches!(config.mode, Mode::Serve(_))),
         config.settings.clone(),
         RenderOptions {
             per_process_limit: config.per_process_limit,

@@ -2,9 +2,10 @@
 # The whole test suite: formatting, lint, unit and integration tests.
 #
 # The integration tests start Debian's prometheus (with promtool) and
-# prometheus-alertmanager, and python3 for one process shape; cargo cannot install
-# those. Missing ones are installed when this runs as root with apt-get, otherwise it
-# stops with the line that installs them. No test is ever skipped.
+# prometheus-alertmanager, python3 for one process shape, and buildah, podman and runc
+# to build and run the container image; cargo cannot install those. Missing ones are
+# installed when this runs as root with apt-get, otherwise it stops with the line that
+# installs them. No test is ever skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,10 @@ command -v python3 >/dev/null || packages+=(python3)
 command -v systemd-analyze >/dev/null || packages+=(systemd)
 # The build-info tests make scratch repositories (a source tarball builds without git).
 command -v git >/dev/null || packages+=(git)
+# The container image: built with buildah, run with podman through Debian's runc.
+command -v buildah >/dev/null || packages+=(buildah)
+command -v podman >/dev/null || packages+=(podman)
+[[ -x /usr/sbin/runc ]] || packages+=(runc)
 if ((${#packages[@]})); then
     # shellcheck disable=SC2207
     packages=($(printf '%s\n' "${packages[@]}" | sort -u))

@@ -105,6 +105,26 @@ fn index_of(device: Device) -> Result<usize, Error> {
     device.addr().checked_sub(1).ok_or(Error::InvalidArg)
 }
 
+/// Bit where a MIG device handle keeps its slot (plus one); a GPU's handle has none, so
+/// the calls on GPUs refuse it as an index past the end.
+const MIG_SLOT_SHIFT: u32 = 32;
+
+/// The handle for MIG device `slot` of GPU `index`.
+pub fn mig_handle(index: usize, slot: usize) -> Device {
+    ptr::without_provenance_mut(((slot + 1) << MIG_SLOT_SHIFT) | (index + 1))
+}
+
+/// The GPU index a MIG device handle encodes, or `InvalidArg` for any other handle.
+pub fn mig_parent_index(device: Device) -> Result<usize, Error> {
+    let address = device.addr();
+    if address >> MIG_SLOT_SHIFT == 0 {
+        return Err(Error::InvalidArg);
+    }
+    (address & ((1 << MIG_SLOT_SHIFT) - 1))
+        .checked_sub(1)
+        .ok_or(Error::InvalidArg)
+}
+
 /// Runs the body of exported call `symbol`: logs it and turns its outcome, or a
 /// panic, into a return code, since unwinding into C would abort the exporter.
 pub fn call(symbol: &str, body: impl FnOnce() -> Result<(), Error>) -> Return {

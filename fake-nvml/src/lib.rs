@@ -91,6 +91,53 @@ pub extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     })
 }
 
+/// The handle of the GPU or MIG device with this UUID (`NotFound` for any other).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: Option<&mut Device>,
+) -> Return {
+    call("nvmlDeviceGetHandleByUUID", || {
+        let out = device.ok_or(Error::InvalidArg)?;
+        if uuid.is_null() {
+            return Err(Error::InvalidArg);
+        }
+        // SAFETY: the caller passes a NUL-terminated string.
+        let uuid = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_bytes();
+        let scenario = Scenario::load()?;
+        for (index, gpu) in scenario.gpus.iter().enumerate() {
+            if gpu.uuid.as_bytes() == uuid {
+                *out = ffi::handle(index);
+                return Ok(());
+            }
+            if let Some(slot) = gpu
+                .mig_devices
+                .iter()
+                .position(|mig| mig.as_bytes() == uuid)
+            {
+                *out = ffi::mig_handle(index, slot);
+                return Ok(());
+            }
+        }
+        Err(Error::NotFound)
+    })
+}
+
+/// The GPU a MIG device handle belongs to (`InvalidArg` for a GPU's own handle).
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: Device,
+    device: Option<&mut Device>,
+) -> Return {
+    call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", || {
+        let out = device.ok_or(Error::InvalidArg)?;
+        let index = ffi::mig_parent_index(mig_device)?;
+        Scenario::load()?.gpu(index)?;
+        *out = ffi::handle(index);
+        Ok(())
+    })
+}
+
 /// The index `device` was obtained with.
 #[no_mangle]
 pub extern "C" fn nvmlDeviceGetIndex(device: Device, index: Option<&mut c_uint>) -> Return {

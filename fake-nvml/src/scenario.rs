@@ -78,6 +78,9 @@ pub struct Gpu {
     /// Processes running through MPS.
     #[serde(default)]
     pub mps_processes: Vec<Process>,
+    /// UUIDs (`MIG-...`) of the MIG devices made on this GPU, in slot order.
+    #[serde(default)]
+    pub mig_devices: Vec<String>,
     /// Per exported symbol, the error that call returns for this device.
     #[serde(default)]
     pub errors: HashMap<String, Error>,

@@ -137,6 +137,41 @@ fn devices_have_their_identity() {
 }
 
 #[test]
+fn mig_devices_are_found_by_uuid_and_lead_to_their_gpu() {
+    let mut with_mig = gpu(1);
+    with_mig["mig_devices"] = json!([
+        "MIG-3b1c2a51-0001-4000-8000-000000000000",
+        "MIG-3b1c2a51-0001-4000-8000-000000000001"
+    ]);
+    let fake = Fake::new("mig", &machine(vec![gpu(0), with_mig]));
+    let nvml = fake.nvml();
+
+    let mig = nvml
+        .device_by_uuid("MIG-3b1c2a51-0001-4000-8000-000000000001")
+        .unwrap();
+    let parent = mig.mig_parent_device().unwrap();
+    assert_eq!(parent.index().unwrap(), 1);
+    assert_eq!(
+        parent.uuid().unwrap(),
+        "GPU-6f1c2a51-0000-0000-0000-000000000001"
+    );
+    // A MIG handle is no GPU handle, and a GPU handle has no parent.
+    assert!(matches!(mig.memory_info(), Err(NvmlError::InvalidArg)));
+    let whole = nvml
+        .device_by_uuid("GPU-6f1c2a51-0000-0000-0000-000000000000")
+        .unwrap();
+    assert_eq!(whole.index().unwrap(), 0);
+    assert!(matches!(
+        whole.mig_parent_device(),
+        Err(NvmlError::InvalidArg)
+    ));
+    assert!(matches!(
+        nvml.device_by_uuid("MIG-00000000-0000-4000-8000-000000000000"),
+        Err(NvmlError::NotFound)
+    ));
+}
+
+#[test]
 fn name_bytes_can_be_invalid_utf8() {
     let mut bad = gpu(0);
     bad["name_bytes"] = json!([0x4e, 0xff, 0x56]);

@@ -11,6 +11,8 @@ mod tests;
 pub use owners::{judge_owner, Frame, GoneReason, Owner, OwnerDetail, OwnerState};
 pub use suspects::{Evidence, Role, Suspect};
 
+use crate::observe::kubernetes::KubernetesView;
+use crate::observe::pods::PodName;
 use crate::observe::{
     CgroupAttribution, GpuError, GpuState, MemoryReading, NamespaceInit, NvmlProcess, NvmlReading,
     Observation, ProcessFacts, ProcfsView, References,
@@ -168,6 +170,9 @@ pub struct Process {
     /// Its container and pod.
     #[serde(flatten)]
     pub cgroup: CgroupAttribution,
+    /// Its pod's namespace and name, when the kubelet's pod log directories name its uid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodName>,
     /// PID 1 of its PID namespace, when that is nested in ours (a container's own).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pid_namespace_init: Option<NamespaceInit>,
@@ -205,6 +210,7 @@ impl Process {
             user: facts.user.clone(),
             wchan: facts.wchan.clone(),
             cgroup: facts.cgroup.clone(),
+            pod: None,
             pid_namespace_init: facts.pid_namespace_init,
             container_ended: NamespaceInit::exited(facts.pid_namespace_init),
             descriptors: facts.descriptors.clone(),
@@ -567,8 +573,20 @@ pub struct GpuVerdict {
     pub pci_bus_id: String,
     /// Minor number of its device node.
     pub minor: Option<u32>,
+    /// The containers the kubelet assigned it to (`namespace/pod`, `container`), when known.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub assigned_to: Vec<AssignedPod>,
     /// The account, or the failure.
     pub outcome: GpuOutcome,
+}
+
+/// A container a GPU is assigned to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AssignedPod {
+    /// Its pod.
+    pub pod: PodName,
+    /// The container's name.
+    pub container: String,
 }
 
 impl GpuVerdict {
@@ -655,6 +673,11 @@ pub struct Report {
     pub procfs_errors: u64,
     /// The holder scan, when one ran.
     pub holder_scan: Option<ScanSummary>,
+
+    // Kubernetes.
+    /// Each GPU's pods, pod names by uid, and the kubelet sources' health; `None` when the
+    /// observation has none (a snapshot of an older version).
+    pub kubernetes: Option<KubernetesView>,
 }
 
 impl Report {
@@ -722,6 +745,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                     name: gpu.name.clone(),
                     pci_bus_id: gpu.pci_bus_id.clone(),
                     minor: gpu.minor,
+                    assigned_to: Vec::new(),
                     outcome: match (&gpu.state, owners) {
                         (GpuState::Ok { memory, .. }, Some(owners)) => {
                             GpuOutcome::Measured(Box::new(account_for_gpu(
@@ -754,6 +778,14 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         }
         NvmlReading::Down { error } => (false, Some(error.clone()), None, Vec::new()),
     };
+    let kubernetes = observation
+        .kubernetes
+        .as_ref()
+        .map(|kubernetes| kubernetes.view(&observation.nvml));
+    let mut gpus = gpus;
+    if let Some(view) = &kubernetes {
+        name_pods(&mut gpus, view);
+    }
     Report {
         nvml_up,
         nvml_error,
@@ -763,6 +795,52 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         gpus,
         procfs_errors: observation.procfs_errors,
         holder_scan: scan,
+        kubernetes,
+    }
+}
+
+/// Name the pod of every process the verdicts mention, and the pods each GPU is assigned to.
+fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
+    let name = |process: &mut Process| {
+        process.pod = view.pod_of(process.cgroup.pod_uid.as_deref()).cloned();
+    };
+    for gpu in gpus {
+        gpu.assigned_to = view
+            .gpu_pods
+            .iter()
+            .filter(|assigned| assigned.gpu == gpu.index)
+            .map(|assigned| AssignedPod {
+                pod: PodName {
+                    namespace: assigned.namespace.clone(),
+                    name: assigned.pod.clone(),
+                },
+                container: assigned.container.clone(),
+            })
+            .collect();
+        let GpuOutcome::Measured(account) = &mut gpu.outcome else {
+            continue;
+        };
+        for owner in &mut account.owners {
+            if let Some(process) = &mut owner.process {
+                name(process);
+            }
+            if let Some(OwnerDetail::Reused { by }) = &mut owner.detail {
+                name(by);
+            }
+        }
+        for suspect in account
+            .culprits
+            .iter_mut()
+            .chain(&mut account.bystanders)
+            .chain(&mut account.undetermined)
+        {
+            name(&mut suspect.process);
+        }
+        for note in &mut account.notes {
+            if let Note::OwnerPidReused { now, .. } = note {
+                name(now);
+            }
+        }
     }
 }
 

@@ -207,6 +207,7 @@ impl Host {
                 duration_seconds: 0.001,
             }),
             procfs_errors: 0,
+            kubernetes: None,
         }
     }
 

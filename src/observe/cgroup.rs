@@ -157,7 +157,7 @@ fn pod_uid_in(component: &[u8]) -> Option<String> {
 
 /// A Kubernetes pod uid: a UUID (8-4-4-4-12 hex digits), or the 32-digit hash the kubelet
 /// gives a static pod.
-fn is_pod_uid(uid: &[u8]) -> bool {
+pub(super) fn is_pod_uid(uid: &[u8]) -> bool {
     if is_hex(uid, 32) {
         return true;
     }

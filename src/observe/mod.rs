@@ -9,8 +9,13 @@ pub mod parse;
 mod pidns;
 pub mod procfs;
 
+pub mod kubelet;
+pub mod kubernetes;
+pub mod pods;
+
 pub use model::*;
 
+use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::NvmlSource;
 use self::procfs::{Memory, Placement, ProcRoot, Reader, Remembered, Unread};
 use crate::sync::lock;
@@ -74,6 +79,8 @@ pub struct LiveHost {
     first_seen: Mutex<HashMap<u32, Identity>>,
     /// What earlier looks found of each process, served while its start time is the same.
     memory: Mutex<Memory>,
+    /// The kubelet's sources, when they are watched.
+    kubernetes: Option<KubernetesWatch>,
 }
 
 impl LiveHost {
@@ -92,7 +99,38 @@ impl LiveHost {
             scan_budget,
             first_seen: Mutex::new(HashMap::new()),
             memory: Mutex::new(Memory::new()),
+            kubernetes: None,
         }
+    }
+
+    /// Also reads the kubelet's pod-resources socket and pod log directories, once now
+    /// and, when `long_running`, on a thread of their own every refresh interval.
+    pub fn with_kubernetes(mut self, config: KubernetesConfig, long_running: bool) -> Self {
+        self.kubernetes = Some(KubernetesWatch::start(config, long_running));
+        self
+    }
+
+    /// The kubelet's sources as last refreshed, with the names of the owners' pods and
+    /// NVML's answer to which GPU each assigned MIG device is part of.
+    fn kubernetes_reading(
+        &self,
+        watch: &KubernetesWatch,
+        owners: &BTreeMap<u32, OwnerLookup>,
+    ) -> KubernetesReading {
+        let uids = owners.values().filter_map(|owner| match &owner.now {
+            ProcessLookup::Present(facts) => facts.cgroup.pod_uid.as_deref(),
+            _ => None,
+        });
+        let mut reading = watch.reading(uids);
+        let mig: Vec<String> = reading
+            .mig_device_ids()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if !mig.is_empty() {
+            reading.mig_parents = self.nvml.mig_parents(&mig);
+        }
+        reading
     }
 
     /// The `/proc` root this host reads.
@@ -157,6 +195,10 @@ impl LiveHost {
         if host_pid_namespace.is_none() {
             procfs_errors += 1;
         }
+        let kubernetes = self
+            .kubernetes
+            .as_ref()
+            .map(|watch| self.kubernetes_reading(watch, &owners));
         Observation {
             nvml,
             host_pid_namespace,
@@ -166,6 +208,7 @@ impl LiveHost {
             owners,
             holder_scan: None,
             procfs_errors,
+            kubernetes,
         }
     }
 
@@ -251,6 +294,17 @@ fn clock_ticks_per_second() -> u64 {
 }
 
 impl Source {
+    /// A live source that also watches the kubelet's sources (see
+    /// [`LiveHost::with_kubernetes`]); a replay keeps what its snapshot recorded.
+    pub fn with_kubernetes(self, config: &KubernetesConfig, long_running: bool) -> Source {
+        match self {
+            Source::Live(host) => {
+                Source::Live(Box::new(host.with_kubernetes(config.clone(), long_running)))
+            }
+            replay @ Source::Replay(_) => replay,
+        }
+    }
+
     /// One observation, without the holder scan.
     pub fn observe(&self) -> Result<Observation, ObserveError> {
         match self {
@@ -262,7 +316,15 @@ impl Source {
     /// Adds the holder scan to `observation` (a replay keeps the scan it recorded).
     pub fn scan_holders(&self, observation: &mut Observation) {
         if let Source::Live(host) = self {
-            observation.holder_scan = Some(host.scan());
+            let scan = host.scan();
+            if let (Some(watch), Some(reading)) = (&host.kubernetes, &mut observation.kubernetes) {
+                let uids = scan
+                    .holders
+                    .iter()
+                    .filter_map(|holder| holder.cgroup.pod_uid.as_deref());
+                watch.add_names(reading, uids);
+            }
+            observation.holder_scan = Some(scan);
         }
     }
 

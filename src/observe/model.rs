@@ -2,6 +2,7 @@
 //! machine replays to the same verdict on another.
 
 pub use super::cgroup::CgroupAttribution;
+pub use super::kubernetes::KubernetesReading;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -29,6 +30,12 @@ pub struct Observation {
     pub holder_scan: Option<HolderScan>,
     /// `/proc` entries that existed but could not be read while observing.
     pub procfs_errors: u64,
+
+    // Kubernetes (the kubelet's pod-resources API and pod log directories).
+    /// What the kubelet said: the containers each GPU is assigned to, and the names of
+    /// the pods owners and holders run in. `None` in snapshots of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesReading>,
 }
 
 /// `USER_HZ`: 100 on every architecture Linux runs GPUs on.

@@ -5,7 +5,7 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::{Device, Nvml};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -123,6 +123,27 @@ impl NvmlSource {
             },
             None => unreachable!("the library was set above"),
         }
+    }
+
+    /// The UUID of the GPU each of these MIG devices (`MIG-...` UUIDs, as the kubelet
+    /// names them) is part of. Devices NVML does not know, and any answer while NVML is
+    /// not loaded, are left out: those devices stay unplaced rather than guessed.
+    pub fn mig_parents(&self, mig_uuids: &[String]) -> BTreeMap<String, String> {
+        let state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(Library::Loaded(nvml)) = &state.library else {
+            return BTreeMap::new();
+        };
+        mig_uuids
+            .iter()
+            .filter_map(|uuid| {
+                let device = nvml.device_by_uuid(uuid.as_str()).ok()?;
+                let parent = device.mig_parent_device().ok()?;
+                Some((uuid.clone(), parent.uuid().ok()?))
+            })
+            .collect()
     }
 
     fn load(&self) -> Result<Nvml, String> {

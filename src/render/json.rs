@@ -3,8 +3,8 @@
 
 use super::text::{verdict, Verdict};
 use crate::classify::{
-    CheckStatus, Finding, GpuOutcome, GpuVerdict, Note, Owner, OwnerState, Remedy, Report,
-    ScanSummary, Suspect,
+    AssignedPod, CheckStatus, Finding, GpuOutcome, GpuVerdict, Note, Owner, OwnerState, Remedy,
+    Report, ScanSummary, Suspect,
 };
 use crate::observe::{GpuError, MemoryReading, ProcfsView};
 use serde::Serialize;
@@ -48,6 +48,9 @@ pub struct GpuDocument<'a> {
     pub minor: Option<u32>,
     /// What `check` reports for this GPU.
     pub status: CheckStatus,
+    /// The containers the kubelet assigned it to.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub assigned_to: &'a [AssignedPod],
     /// The failure, when the GPU did not answer.
     pub error: Option<GpuError>,
     /// Memory figures, when it did (clamped to the total; see `memory_inconsistent`).
@@ -125,6 +128,7 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
         pci_bus_id: &gpu.pci_bus_id,
         minor: gpu.minor,
         status: gpu.status(),
+        assigned_to: &gpu.assigned_to,
         error,
         memory: account.map(|account| account.memory),
         memory_inconsistent: account.is_some_and(|account| account.memory_inconsistent),

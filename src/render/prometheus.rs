@@ -2,6 +2,8 @@
 //! function per group of metric families.
 
 use crate::classify::{GoneReason, GpuAccount, GpuOutcome, GpuVerdict, OwnerState, Report, Role};
+use crate::observe::kubernetes::{KubeletSource, KubernetesView};
+use crate::observe::pods::PodName;
 use crate::observe::{GpuError, MemoryReading, ProcfsView};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -71,6 +73,20 @@ fn container_labels(labels: Labels, container_id: Option<&str>, pod_uid: Option<
     with(labels, "pod_uid", pod_uid.unwrap_or_default())
 }
 
+/// `namespace` and `pod`, empty when the process runs in no pod or its name is unknown.
+fn pod_labels(labels: Labels, pod: Option<&PodName>) -> Labels {
+    let labels = with(
+        labels,
+        "namespace",
+        pod.map(|pod| pod.namespace.clone()).unwrap_or_default(),
+    );
+    with(
+        labels,
+        "pod",
+        pod.map(|pod| pod.name.clone()).unwrap_or_default(),
+    )
+}
+
 fn flag(value: bool) -> i64 {
     i64::from(value)
 }
@@ -110,6 +126,9 @@ pub fn encode_report(
     holder_scan(encoder, report, timing.scan_seconds)?;
     if let Some(limit) = options.per_process_limit {
         per_process(encoder, &measured, limit)?;
+    }
+    if let Some(kubernetes) = &report.kubernetes {
+        encode_kubernetes(encoder, kubernetes)?;
     }
     gauge(
         encoder,
@@ -365,6 +384,7 @@ fn holders(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Res
                         process.cgroup.container_id.as_deref(),
                         process.cgroup.pod_uid.as_deref(),
                     );
+                    let labels = pod_labels(labels, process.pod.as_ref());
                     (labels, 1i64)
                 })
         }),
@@ -407,15 +427,82 @@ fn per_process(
                     let labels = with(gpu_labels(gpu), "pid", owner.pid.to_string());
                     let labels = with(labels, "comm", owner.comm().unwrap_or_default().to_string());
                     let labels = with(labels, "state", owner.state.as_str());
-                    let cgroup = owner.process.as_ref().map(|process| &process.cgroup);
+                    let process = owner.process.as_deref();
                     let labels = container_labels(
                         labels,
-                        cgroup.and_then(|cgroup| cgroup.container_id.as_deref()),
-                        cgroup.and_then(|cgroup| cgroup.pod_uid.as_deref()),
+                        process.and_then(|process| process.cgroup.container_id.as_deref()),
+                        process.and_then(|process| process.cgroup.pod_uid.as_deref()),
                     );
+                    let labels =
+                        pod_labels(labels, process.and_then(|process| process.pod.as_ref()));
                     (labels, owner.used_bytes.unwrap_or(0))
                 })
             })
             .take(limit),
+    )
+}
+
+/// The kubelet's view: the pods each GPU is assigned to, and the health of its sources.
+fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesView) -> fmt::Result {
+    gauge(
+        encoder,
+        "vram_gpu_pod_info",
+        "One series per container a GPU (or a MIG device on it) is assigned to, from the kubelet's pod-resources API; always 1. A GPU assigned to no pod has none.",
+        kubernetes.gpu_pods.iter().map(|assigned| {
+            let labels = vec![
+                ("gpu", assigned.gpu.to_string()),
+                ("uuid", assigned.uuid.clone()),
+                ("namespace", assigned.namespace.clone()),
+                ("pod", assigned.pod.clone()),
+                ("container", assigned.container.clone()),
+                ("resource", assigned.resource.clone()),
+                ("device", assigned.device.clone()),
+            ];
+            (labels, 1i64)
+        }),
+    )?;
+    let health = |source: KubeletSource| match source {
+        KubeletSource::PodResources => &kubernetes.pod_resources,
+        KubeletSource::PodLogs => &kubernetes.pod_logs,
+    };
+    gauge(
+        encoder,
+        "vram_kubelet_up",
+        "1 when the last read of this kubelet source (pod_resources: the pod-resources API; pod_logs: the pod log directories) succeeded, 0 when it failed or the source is absent.",
+        KubeletSource::ALL
+            .into_iter()
+            .map(|source| (vec![("source", source.as_str().to_string())], flag(health(source).up()))),
+    )?;
+    gauge(
+        encoder,
+        "vram_kubelet_error",
+        "1 for the kind of failure of this kubelet source's last read (absent: nothing at its path, no kubelet or not mounted; unavailable, timeout, rpc_error, malformed, unreadable), else 0.",
+        KubeletSource::ALL.into_iter().flat_map(|source| {
+            let failure = health(source).error;
+            source.errors().iter().map(move |&kind| {
+                let labels = vec![
+                    ("source", source.as_str().to_string()),
+                    ("error", kind.as_str().to_string()),
+                ];
+                (labels, flag(failure == Some(kind)))
+            })
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_kubelet_last_success_timestamp_seconds",
+        "When the answer of this kubelet source in use was read, in seconds since the Unix epoch; 0 when it never answered. A failing source keeps serving its last good answer.",
+        KubeletSource::ALL.into_iter().map(|source| {
+            (
+                vec![("source", source.as_str().to_string())],
+                health(source).last_success_unix_seconds.unwrap_or(0.0),
+            )
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_kubelet_unmatched_devices",
+        "GPU and MIG devices the kubelet assigns to containers that match no GPU NVML lists (a GPU NVML lost, or an id it cannot place).",
+        [(Labels::new(), kubernetes.unmatched_devices)],
     )
 }

@@ -118,7 +118,7 @@ fn process_words(process: &Process, extra: &[String]) -> String {
     }
     words.push_str(&container_words(
         process.cgroup.container_id.as_deref(),
-        process.cgroup.pod_uid.as_deref(),
+        pod_words(process).as_deref(),
         process.container_ended,
     ));
     for part in extra {
@@ -128,15 +128,23 @@ fn process_words(process: &Process, extra: &[String]) -> String {
     words
 }
 
-/// `, container 3f2a9c0b1d2e, pod 1d9e...` for a process in a container, with `, whose
+/// A process's pod as people know it, `ml/sglang-0`, or its uid when no name is known.
+fn pod_words(process: &Process) -> Option<String> {
+    match &process.pod {
+        Some(pod) => Some(pod.to_string()),
+        None => process.cgroup.pod_uid.clone(),
+    }
+}
+
+/// `, container 3f2a9c0b1d2e, pod ml/sglang-0` for a process in a container, with `, whose
 /// container has ended` when it outlived it; empty for a process on the host.
-fn container_words(container_id: Option<&str>, pod_uid: Option<&str>, ended: bool) -> String {
+fn container_words(container_id: Option<&str>, pod: Option<&str>, ended: bool) -> String {
     let mut words = String::new();
     if let Some(id) = container_id {
         let _ = write!(words, ", container {}", short_container_id(id));
     }
-    if let Some(uid) = pod_uid {
-        let _ = write!(words, ", pod {uid}");
+    if let Some(pod) = pod {
+        let _ = write!(words, ", pod {pod}");
     }
     if ended {
         words.push_str(if container_id.is_some() {
@@ -564,6 +572,14 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
         or_dash(&gpu.pci_bus_id),
         or_dash(&gpu.uuid)
     );
+    if !gpu.assigned_to.is_empty() {
+        let pods: Vec<String> = gpu
+            .assigned_to
+            .iter()
+            .map(|assigned| format!("{} (container {})", assigned.pod, assigned.container))
+            .collect();
+        let _ = writeln!(out, "  assigned to {}", pods.join(", "));
+    }
     let GpuOutcome::Measured(account) = &gpu.outcome else {
         let _ = writeln!(out, "  (no readings)");
         return out;

@@ -35,7 +35,7 @@ fn cgroup_mount(fstype: &str, option: Option<&str>) -> Option<PathBuf> {
 }
 
 /// A cgroup made for one test, named like a container runtime's, removed when dropped.
-struct Cgroup {
+pub(crate) struct Cgroup {
     mount: PathBuf,
     top: PathBuf,
     leaf: PathBuf,
@@ -44,7 +44,7 @@ struct Cgroup {
 impl Cgroup {
     /// `relative` (such as `kubepods/burstable/pod<uid>/<id>`) under a directory of this
     /// test's own, in the cgroup v2 hierarchy, else a v1 one.
-    fn create(relative: &str) -> Cgroup {
+    pub(crate) fn create(relative: &str) -> Cgroup {
         let mount = cgroup_mount("cgroup2", None)
             .or_else(|| cgroup_mount("cgroup", Some("name=systemd")))
             .or_else(|| cgroup_mount("cgroup", Some("memory")))
@@ -70,7 +70,7 @@ impl Cgroup {
     }
 
     /// Move `pid` into this cgroup.
-    fn add(&self, pid: u32) {
+    pub(crate) fn add(&self, pid: u32) {
         write_cgroup_file(&self.leaf.join("cgroup.procs"), &pid.to_string());
     }
 }

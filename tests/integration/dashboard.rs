@@ -6,6 +6,7 @@
 //! real child process holds a fork orphan's memory.
 
 use crate::helpers::*;
+use crate::kubelet::{Behaviour, Pod, StandInKubelet};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Write as _;
@@ -42,6 +43,12 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_build_info",
     "vram_procfs_errors",
     "vram_process_used_bytes",
+    // Kubernetes: the kubelet's view.
+    "vram_gpu_pod_info",
+    "vram_kubelet_up",
+    "vram_kubelet_error",
+    "vram_kubelet_last_success_timestamp_seconds",
+    "vram_kubelet_unmatched_devices",
 ];
 
 /// Template variables the dashboard must offer, besides the datasource, in their chain's
@@ -929,7 +936,16 @@ fn every_panel_has_data_from_a_real_prometheus_scraping_a_fork_orphan() {
             .gpu(Gpu::idle(1).error("nvmlDeviceGetMemoryInfo_v2", "Unknown"))
             .into_json(),
     );
-    let exporter = rig.start(&[]);
+    // A kubelet that assigned GPU 0 to a pod, for the panels that name pods.
+    let kubelet = StandInKubelet::start(Behaviour::Answer(vec![
+        Pod::new("ml", "sglang-0").container("server", &[("nvidia.com/gpu", &[&Gpu::uuid(0)])])
+    ]));
+    let exporter = rig.start(&[
+        "--kubelet.pod-resources-path",
+        &kubelet.socket_arg(),
+        "--kubelet.refresh-interval",
+        "100ms",
+    ]);
 
     let config = tempfile::tempdir().expect("temporary folder");
     let prometheus_config = config.path().join("prometheus.yml");
@@ -952,9 +968,14 @@ fn every_panel_has_data_from_a_real_prometheus_scraping_a_fork_orphan() {
         command
     });
     let holder_series = format!("vram_holder_info{{pid=\"{}\"}}", holder.pid);
-    wait_until("Prometheus has scraped the holder", WAIT, || {
-        !prometheus.query(&holder_series).is_empty()
-    });
+    wait_until(
+        "Prometheus has scraped the holder and the GPU's pod",
+        WAIT,
+        || {
+            !prometheus.query(&holder_series).is_empty()
+                && !prometheus.query("vram_gpu_pod_info").is_empty()
+        },
+    );
 
     // The variables, each asked with the ones before it selected, as Grafana chains them.
     let dashboard = load_dashboard();

@@ -412,3 +412,96 @@ fn prometheusrule_is_generated_from_the_rules() {
     let groups = rules["groups"].as_sequence().unwrap();
     assert!(groups.len() >= 2, "{groups:?}");
 }
+
+// The image and the kubelet's sources.
+
+#[test]
+fn daemonset_runs_the_image_the_build_script_makes() {
+    let printed = Command::new(repository().join("deploy/image/build.sh"))
+        .arg("--print-image")
+        .output()
+        .unwrap();
+    assert!(printed.status.success(), "{printed:?}");
+    let image = String::from_utf8(printed.stdout).unwrap();
+    assert_eq!(
+        image.trim(),
+        format!("localhost/vram-exporter:{}", env!("CARGO_PKG_VERSION"))
+    );
+    let daemonset = manifest("DaemonSet");
+    let container = get(&daemonset, "spec.template.spec.containers.0");
+    assert_eq!(text(container, "image"), image.trim());
+    // A local name is never pulled: the image comes from a registry it was pushed to,
+    // or was loaded onto the node.
+    assert_eq!(text(container, "imagePullPolicy"), "IfNotPresent");
+}
+
+#[test]
+fn daemonset_mounts_the_kubelet_sources_read_only_as_directories() {
+    let daemonset = manifest("DaemonSet");
+    let pod = get(&daemonset, "spec.template.spec");
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|arg| arg.as_str().unwrap())
+        .collect();
+    for (flag, mount_path, host_path) in [
+        (
+            "--kubelet.pod-resources-path=/var/lib/kubelet/pod-resources/kubelet.sock",
+            "/var/lib/kubelet/pod-resources",
+            "/var/lib/kubelet/pod-resources",
+        ),
+        (
+            "--path.pod-logs=/var/log/pods",
+            "/var/log/pods",
+            "/var/log/pods",
+        ),
+    ] {
+        assert!(args.contains(&flag), "{flag} in {args:?}");
+        let mount = container["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|mount| mount["mountPath"] == mount_path)
+            .unwrap_or_else(|| panic!("no mount at {mount_path}"));
+        assert_eq!(mount["readOnly"], Value::Bool(true), "{mount_path}");
+        let volume = pod["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|volume| volume["name"] == mount["name"])
+            .unwrap();
+        // The directory, so a restarted kubelet's new socket is seen.
+        assert_eq!(text(volume, "hostPath.path"), host_path);
+        assert_eq!(text(volume, "hostPath.type"), "Directory");
+    }
+}
+
+#[test]
+fn podmonitor_scrapes_the_daemonset_pods_as_the_job_the_alerts_expect() {
+    let monitor = read_yaml(&kubernetes_dir().join("podmonitor/podmonitor.yaml"));
+    assert_eq!(text(&monitor, "apiVersion"), "monitoring.coreos.com/v1");
+    assert_eq!(text(&monitor, "kind"), "PodMonitor");
+    assert_eq!(text(&monitor, "metadata.name"), "vram-exporter");
+    let daemonset = manifest("DaemonSet");
+    let pod_labels = get(&daemonset, "spec.template.metadata.labels");
+    for (key, value) in get(&monitor, "spec.selector.matchLabels")
+        .as_mapping()
+        .unwrap()
+    {
+        assert_eq!(&pod_labels[key], value, "PodMonitor selector {key:?}");
+    }
+    // The job takes the pods' name label, which the absent-target alert names.
+    let job_label = text(&monitor, "spec.jobLabel");
+    let rules = fs::read_to_string(repository().join("alerts/vram-exporter.rules.yml")).unwrap();
+    let job = pod_labels[job_label].as_str().unwrap();
+    assert!(rules.contains(&format!("job=\"{job}\"")));
+    let endpoint = get(&monitor, "spec.podMetricsEndpoints.0");
+    assert_eq!(text(endpoint, "port"), "metrics");
+    assert_eq!(
+        text(endpoint, "relabelings.0.sourceLabels.0"),
+        "__meta_kubernetes_pod_node_name"
+    );
+    assert_eq!(text(endpoint, "relabelings.0.targetLabel"), "node");
+}

@@ -802,42 +802,99 @@ impl Model {
         }
     }
 
-    /// Start it at exactly `pid` (free, as a reaped process's PID is), through
-    /// `/proc/sys/kernel/ns_last_pid`: how a dead owner's PID comes round again. Needs
-    /// root; other tests forking meanwhile can take the number, so it retries.
+    /// Start it at exactly `pid` (free, as a reaped process's PID is): how a dead owner's
+    /// PID comes round again. `clone3` with `set_tid` asks the kernel for that PID alone,
+    /// so no other process of the test run is steered onto it meanwhile (as writing
+    /// `/proc/sys/kernel/ns_last_pid` would). Needs root.
     pub fn spawn_at(&self, pid: u32) -> Holder {
-        static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-        let _one = vram_exporter::sync::lock(&ONE_AT_A_TIME);
+        use std::ffi::CString;
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
         assert_eq!(
             effective_uid(),
             0,
-            "starting a process at a chosen PID (ns_last_pid) needs the tests to run as root"
+            "starting a process at a chosen PID (clone3 with set_tid) needs the tests to run as root"
         );
-        for _ in 0..200 {
-            fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
-                .expect("write /proc/sys/kernel/ns_last_pid");
-            let mut child = Self::command(&self.spec("hold"))
-                .spawn()
-                .expect("spawn python3");
-            if child.id() == pid {
-                let line = first_line(&mut child);
-                assert_eq!(
-                    line.trim(),
-                    format!("READY {pid}"),
-                    "the model did not start"
-                );
-                wait_until("the model is asleep", Duration::from_secs(10), || {
-                    proc_state(pid) == Some('S')
-                });
-                return Holder {
-                    pid,
-                    child: Some(child),
-                };
+        // Everything the child needs, made before the clone: after it, in a copy of this
+        // multithreaded process, only async-signal-safe calls are allowed.
+        let program = CString::new(
+            require_tool("python3", "python3")
+                .into_os_string()
+                .into_vec(),
+        )
+        .unwrap();
+        let spec = self.spec("hold").to_string();
+        let argv_owned: Vec<CString> = ["python3", "-c", MODEL, spec.as_str()]
+            .iter()
+            .map(|arg| CString::new(*arg).unwrap())
+            .collect();
+        let mut argv: Vec<*const libc::c_char> =
+            argv_owned.iter().map(|arg| arg.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let env_owned: Vec<CString> = std::env::vars_os()
+            .map(|(key, value)| {
+                let mut pair = key.as_bytes().to_vec();
+                pair.push(b'=');
+                pair.extend_from_slice(value.as_bytes());
+                CString::new(pair).unwrap()
+            })
+            .collect();
+        let mut envp: Vec<*const libc::c_char> =
+            env_owned.iter().map(|pair| pair.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        let mut pipe = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into the array we own.
+        assert_eq!(
+            unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) },
+            0,
+            "pipe2"
+        );
+        let tid = [pid as libc::pid_t];
+        // SAFETY: clone_args is plain data; zero is "not set" for every field we leave.
+        let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+        args.exit_signal = libc::SIGCHLD as u64;
+        args.set_tid = tid.as_ptr() as u64;
+        args.set_tid_size = 1;
+        // SAFETY: a fork-like clone (no shared memory); the child below only duplicates a
+        // descriptor, execs and exits, all async-signal-safe, on data made before.
+        let cloned = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &args as *const libc::clone_args,
+                std::mem::size_of::<libc::clone_args>(),
+            )
+        };
+        if cloned == 0 {
+            // SAFETY: see above.
+            unsafe {
+                libc::dup2(pipe[1], 1);
+                libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                libc::_exit(127);
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
-        panic!("could not start a process at PID {pid}: other processes kept taking it");
+        let error = std::io::Error::last_os_error();
+        // SAFETY: closing the write end we own; the child has its copy.
+        unsafe { libc::close(pipe[1]) };
+        assert!(
+            cloned == i64::from(pid),
+            "could not start a process at PID {pid}: {error}"
+        );
+        // SAFETY: the read end is ours; File closes it when dropped.
+        let mut output = unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(pipe[0]) };
+        let mut line = Vec::new();
+        let mut byte = [0u8];
+        while output.read(&mut byte).expect("read the model's output") == 1 && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&line),
+            format!("READY {pid}"),
+            "the model did not start"
+        );
+        wait_until("the model is asleep", Duration::from_secs(10), || {
+            proc_state(pid) == Some('S')
+        });
+        // Not a std Child: it is reaped with waitpid when dropped, as an adopted one is.
+        Holder { pid, child: None }
     }
 
     /// The fork-inherited orphan: it forks `children` named `child_name` that inherit its
