@@ -334,6 +334,35 @@ fn a_culprit_in_a_pod_is_named_with_its_namespace_and_pod() {
     );
     assert_promtool_clean(&metrics.text);
 
+    // check names the culprit's pod and the pod the GPU is assigned to, in words and JSON.
+    let text = rig.run(&[&["check", "--gpu", "0"][..], &flags[..]].concat());
+    assert_eq!(text.status, Some(1), "{text:?}");
+    assert!(
+        text.stdout
+            .contains("\n  assigned to ml/sglang-0 (container server)\n"),
+        "{}",
+        text.stdout
+    );
+    let sentence = verdict_line(&text.stdout, 0);
+    assert!(
+        sentence.contains(&format!("PID {} (dataloader, ", child.pid))
+            && sentence.contains(", pod ml/sglang-0, holds a context on GPU 0"),
+        "{sentence}"
+    );
+    let document = rig
+        .run(&[&["check", "--json", "--gpu", "0"][..], &flags[..]].concat())
+        .json();
+    let gpu = &document["gpus"][0];
+    assert_eq!(
+        gpu["culprits"][0]["pod"],
+        json!({"namespace": "ml", "name": "sglang-0"}),
+        "{gpu:#}"
+    );
+    assert_eq!(
+        gpu["assigned_to"],
+        json!([{"pod": {"namespace": "ml", "name": "sglang-0"}, "container": "server"}])
+    );
+
     // A snapshot keeps the pods: replayed elsewhere, without a kubelet, it names them.
     let snapshot = rig.dir.path().join("snapshot.json");
     let taken = rig.run(&[&["snapshot", "-o", &path(&snapshot)][..], &flags[..]].concat());
