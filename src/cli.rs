@@ -87,6 +87,11 @@ pub struct CommonArgs {
     /// Byte prefix of NVIDIA device paths; tests point it at files they create.
     #[arg(long = "test.device-prefix", hide = true, global = true)]
     pub device_prefix: Option<PathBuf>,
+
+    /// The driver's table of MIG capability minors [default: PROCFS/driver/nvidia-caps/mig-minors];
+    /// tests point it at a fixture.
+    #[arg(long = "test.mig-minors", hide = true, global = true)]
+    pub mig_minors: Option<PathBuf>,
 }
 
 /// Flags of the metrics server (and what `textfile` renders).
@@ -256,6 +261,8 @@ pub struct Config {
     pub scan_timeout: Duration,
     /// Device path prefix (`/dev/nvidia` outside tests).
     pub device_prefix: Vec<u8>,
+    /// The MIG capability minors table, when not the procfs's own (tests only).
+    pub mig_minors: Option<PathBuf>,
     /// Per-process series limit, `None` when off.
     pub per_process_limit: Option<usize>,
     /// Log level.
@@ -320,6 +327,7 @@ impl Cli {
                 .device_prefix
                 .map(|prefix| prefix.into_os_string().into_vec())
                 .unwrap_or_else(|| crate::observe::procfs::DEVICE_PREFIX.to_vec()),
+            mig_minors: self.common.mig_minors,
             per_process_limit: self.web.per_process.then_some(self.web.per_process_limit),
             log_level: self.common.log_level,
             log_format: self.common.log_format,

@@ -3,7 +3,7 @@
 
 use crate::observe::{
     DeviceFiles, GpuError, GpuState, Holder, MemoryReading, NamespaceInit, NvmlProcess,
-    NvmlReading, Observation, ProcessLookup,
+    NvmlReading, Observation, ProcessList, ProcessLookup,
 };
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -460,7 +460,7 @@ fn clamp_memory(reading: MemoryReading) -> (MemoryReading, bool) {
 
 fn account_for_gpu(
     reading: MemoryReading,
-    processes: &[NvmlProcess],
+    processes: &ProcessList,
     minor: Option<u32>,
     observation: &Observation,
     blind: bool,
@@ -470,7 +470,7 @@ fn account_for_gpu(
     let capacity = capacity(&memory);
     // A snapshot may list a PID twice; the live reading never does.
     let mut clamped_owner = false;
-    let owners: Vec<Owner> = NvmlProcess::distinct(processes.iter().copied())
+    let owners: Vec<Owner> = NvmlProcess::distinct(processes.entries().iter().copied())
         .iter()
         .map(|process| {
             let mut owner = judge_owner(process, observation.processes.get(&process.pid));
@@ -522,7 +522,8 @@ fn account_for_gpu(
         UnattributedTrust::Inconsistent
     } else if blind {
         UnattributedTrust::Blind
-    } else if live_owner_usage_unavailable {
+    } else if live_owner_usage_unavailable || processes.denied().is_some() {
+        // A refused list may hide the owners of the remainder: it cannot be told orphaned.
         UnattributedTrust::UsageUnavailable
     } else {
         UnattributedTrust::Counted

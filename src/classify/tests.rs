@@ -107,8 +107,10 @@ impl Host {
                     minor: Some(0),
                     state: GpuState::Ok {
                         memory: self.raw_memory.unwrap_or_else(|| memory(self.used)),
-                        processes: self.listed.clone(),
+                        processes: self.listed.clone().into(),
                     },
+                    mig: None,
+                    health: Default::default(),
                 }],
             },
             host_pid_namespace: self.host_pid_namespace,

@@ -3,11 +3,13 @@
 
 pub mod cgroup;
 mod holders;
+pub mod mig;
 mod model;
 pub mod nvml;
 pub mod parse;
 mod pidns;
 pub mod procfs;
+mod xid;
 
 pub use model::*;
 
@@ -65,6 +67,8 @@ pub struct LiveHost {
     nvml: NvmlSource,
     proc_root: ProcRoot,
     scan_budget: Duration,
+    /// The driver's table of MIG capability minors.
+    mig_minors: PathBuf,
 }
 
 impl LiveHost {
@@ -78,9 +82,19 @@ impl LiveHost {
     ) -> Self {
         LiveHost {
             nvml: NvmlSource::new(nvml_library, long_running),
+            mig_minors: proc_root.root.join(mig::MIG_MINORS),
             proc_root,
             scan_budget,
         }
+    }
+
+    /// Reads the MIG capability minors from `path` instead of the procfs's own table
+    /// (tests point it at a fixture); `None` keeps the default.
+    pub fn with_mig_minors(mut self, path: Option<PathBuf>) -> Self {
+        if let Some(path) = path {
+            self.mig_minors = path;
+        }
+        self
     }
 
     /// The `/proc` root this host reads.
@@ -89,12 +103,18 @@ impl LiveHost {
     }
 
     fn observe(&self) -> Observation {
-        let nvml = self.nvml.read();
+        let mut nvml = self.nvml.read();
+        mig::attach_capabilities(&mut nvml, &self.mig_minors);
+        // Every PID listed on a GPU or on one of its MIG devices.
         let listed: Vec<u32> = match &nvml {
             NvmlReading::Up { gpus, .. } => gpus
                 .iter()
-                .filter_map(|gpu| match &gpu.state {
-                    GpuState::Ok { processes, .. } => Some(processes),
+                .flat_map(|gpu| {
+                    let instances = gpu.mig.iter().flat_map(|mig| &mig.devices);
+                    std::iter::once(&gpu.state).chain(instances.map(|device| &device.state))
+                })
+                .filter_map(|state| match state {
+                    GpuState::Ok { processes, .. } => Some(processes.entries()),
                     GpuState::Failed { .. } => None,
                 })
                 .flatten()
