@@ -83,6 +83,12 @@ pub fn free(set: EventSet) -> Result<(), Error> {
 /// Waits up to `timeout` for the next event of a GPU registered in `set`, polling the
 /// scenario file, so a test can append an event while the call waits.
 pub fn wait(set: EventSet, timeout: Duration) -> Result<EventData, Error> {
+    // A registered GPU's `delays_ms` for the wait holds the call first, however short
+    // its timeout: a driver stuck in the wait.
+    let stuck = registered_delay(set, &Scenario::load()?)?;
+    if !stuck.is_zero() {
+        thread::sleep(stuck);
+    }
     let deadline = Instant::now() + timeout;
     loop {
         let scenario = Scenario::load()?;
@@ -96,6 +102,21 @@ pub fn wait(set: EventSet, timeout: Duration) -> Result<EventData, Error> {
         // The registry is not held while sleeping: other sets and calls go on.
         thread::sleep(POLL.min(deadline - now));
     }
+}
+
+/// The longest delay the scenario sets for the wait call on a GPU registered in `set`.
+fn registered_delay(set: EventSet, scenario: &Scenario) -> Result<Duration, Error> {
+    with_sets(|sets| {
+        let state = sets.sets.get(&set.addr()).ok_or(Error::InvalidArg)?;
+        let longest = state
+            .registered
+            .keys()
+            .filter_map(|&index| scenario.gpu(index).ok())
+            .filter_map(|gpu| gpu.delays_ms.get(WAIT_SYMBOL).copied())
+            .max()
+            .unwrap_or(0);
+        Ok(Duration::from_millis(longest))
+    })
 }
 
 /// The first undelivered event of a GPU registered for critical Xids in `set`, moving

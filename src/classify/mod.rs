@@ -2,8 +2,8 @@
 //! which state, and how much of it no live process owns. Nothing here touches the system.
 
 use crate::observe::{
-    DeviceFiles, GpuError, GpuState, Holder, MemoryReading, NamespaceInit, NvmlProcess,
-    NvmlReading, Observation, ProcessList, ProcessLookup,
+    DeviceFiles, GpuError, GpuHealth, GpuState, Holder, MemoryReading, MigReading, NamespaceInit,
+    NvmlProcess, NvmlReading, Observation, ProcessList, ProcessLookup,
 };
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -190,6 +190,9 @@ pub struct GpuAccount {
     /// Unlisted holders that are NVML clients known by name (monitoring agents, this
     /// exporter); named to people, never called culprits.
     pub other_holders: Vec<Holder>,
+    /// NVML's words when it refused a process list of this GPU: owners may be missing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes_denied: Option<String>,
 }
 
 impl GpuAccount {
@@ -264,6 +267,12 @@ pub struct GpuVerdict {
     pub minor: Option<u32>,
     /// The account, or the failure.
     pub outcome: GpuOutcome,
+    /// MIG mode and devices as observed, passed through for the renderers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigReading>,
+    /// What the driver says the GPU needs, passed through for the renderers.
+    #[serde(skip_serializing_if = "GpuHealth::is_empty")]
+    pub health: GpuHealth,
 }
 
 impl GpuVerdict {
@@ -381,6 +390,8 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                             message: message.clone(),
                         },
                     },
+                    mig: gpu.mig.clone(),
+                    health: gpu.health.clone(),
                 })
                 .collect();
             (true, None, Some(driver_version.clone()), verdicts)
@@ -540,6 +551,7 @@ fn account_for_gpu(
         unlisted_holders,
         other_holders,
         owners,
+        processes_denied: processes.denied().map(str::to_string),
     }
 }
 

@@ -34,6 +34,27 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_build_info",
     "vram_procfs_errors",
     "vram_process_used_bytes",
+    // MIG devices and what the driver says a GPU needs.
+    "vram_gpu_mig_mode",
+    "vram_gpu_mig_mode_pending",
+    "vram_mig_info",
+    "vram_mig_up",
+    "vram_mig_total_bytes",
+    "vram_mig_used_bytes",
+    "vram_mig_reserved_bytes",
+    "vram_mig_free_bytes",
+    "vram_mig_processes",
+    "vram_mig_process_list_denied",
+    "vram_gpu_process_list_denied",
+    "vram_gpu_recovery_action",
+    "vram_gpu_remapped_rows",
+    "vram_gpu_row_remap_pending",
+    "vram_gpu_row_remap_failure",
+    "vram_gpu_retired_pages",
+    "vram_gpu_retired_pages_pending",
+    "vram_gpu_memory_os_managed",
+    "vram_xid_watched",
+    "vram_xid_errors_total",
 ];
 
 /// Template variables the dashboard must offer, besides the datasource.

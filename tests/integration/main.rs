@@ -17,3 +17,7 @@ mod privilege;
 mod snapshot;
 mod textfile;
 mod web;
+
+// MIG and what the driver says a GPU needs (issue 13).
+mod gpu_health;
+mod mig;
