@@ -222,24 +222,63 @@ fn injected_errors_hit_one_call_of_one_device() {
     assert!(device.uuid().is_ok());
 }
 
-#[test]
-fn the_documented_example_is_served_as_described() {
+/// The JSON blocks of docs/fake-nvml.md, in order.
+fn documented_scenarios() -> Vec<String> {
     let doc =
         fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/fake-nvml.md"));
     let doc = doc.expect("docs/fake-nvml.md");
-    let example = doc
-        .split("```json")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next());
+    doc.split("```json")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_documented_example_is_the_shipped_one_and_healthy_but_for_one_orphan() {
+    let blocks = documented_scenarios();
+    let shipped = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/healthy-and-orphan.json"),
+    )
+    .expect("the shipped example scenario");
+    let parse = |text: &str| serde_json::from_str::<Value>(text).expect("valid JSON");
+    assert_eq!(
+        parse(&blocks[0]),
+        parse(&shipped),
+        "the doc shows the shipped file"
+    );
+
     let fake = Fake::new("doc", &machine(vec![]));
-    fake.write_raw(example.expect("a json block"));
+    fake.write_raw(&shipped);
+    let nvml = fake.nvml();
+    let healthy = nvml.device_by_index(0).unwrap();
+    assert_eq!(healthy.memory_info().unwrap().used, 0);
+    assert!(healthy.running_compute_processes().unwrap().is_empty());
+    let orphan = nvml.device_by_index(1).unwrap();
+    let compute = orphan.running_compute_processes().unwrap();
+    assert_eq!(
+        compute.iter().map(used).collect::<Vec<_>>(),
+        [(4_194_304, UsedGpuMemory::Used(9_229_565_952))]
+    );
+}
+
+#[test]
+fn the_documented_reference_scenario_is_served_as_described() {
+    let blocks = documented_scenarios();
+    let fake = Fake::new("doc-reference", &machine(vec![]));
+    fake.write_raw(&blocks[1]);
     let nvml = fake.nvml();
     let device = nvml.device_by_index(0).unwrap();
 
     let started = Instant::now();
-    assert!(matches!(device.memory_info(), Err(NvmlError::GpuLost)));
+    assert_eq!(device.memory_info().unwrap().used, 9_238_806_528);
     assert!(started.elapsed() >= Duration::from_millis(200));
-    let compute = device.running_compute_processes().unwrap();
+    assert!(matches!(
+        device.running_compute_processes(),
+        Err(NvmlError::NoPermission)
+    ));
+    let instance = device.mig_device_by_index(0).unwrap();
+    let compute = instance.running_compute_processes().unwrap();
     assert_eq!(
         compute.iter().map(used).collect::<Vec<_>>(),
         [(432, UsedGpuMemory::Used(9_229_565_952))]

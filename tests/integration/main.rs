@@ -19,5 +19,6 @@ mod textfile;
 mod web;
 
 // MIG and what the driver says a GPU needs (issue 13).
+mod fake_nvml_docs;
 mod gpu_health;
 mod mig;
