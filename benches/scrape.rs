@@ -467,6 +467,18 @@ fn read_like_a_scrape(nvml: &nvml_wrapper::Nvml) {
             device.running_graphics_processes().ok(),
             device.mps_running_compute_processes().ok(),
         ));
+        // What the driver says the GPU needs, and its MIG mode (the scrape also asks for
+        // remapped rows through a raw call).
+        std::hint::black_box((
+            device.mig_mode().ok(),
+            device
+                .field_values_for(&[nvml_wrapper::structs::device::FieldId(
+                    nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+                )])
+                .ok(),
+            device.are_pages_pending_retired().ok(),
+            device.numa_node_id().ok(),
+        ));
     }
 }
 

@@ -112,6 +112,11 @@ pub struct SourceArgs {
     /// Byte prefix of NVIDIA device paths; tests point it at files they create.
     #[arg(long = "test.device-prefix", hide = true)]
     pub device_prefix: Option<PathBuf>,
+
+    /// The driver's table of MIG capability minors [default: PROCFS/driver/nvidia-caps/mig-minors];
+    /// tests point it at a fixture.
+    #[arg(long = "test.mig-minors", hide = true)]
+    pub mig_minors: Option<PathBuf>,
 }
 
 /// How memory is judged.
@@ -309,6 +314,7 @@ impl SourceArgs {
             nvml_library: self.nvml_library.or(before.nvml_library),
             replay: self.replay.or(before.replay),
             device_prefix: self.device_prefix.or(before.device_prefix),
+            mig_minors: self.mig_minors.or(before.mig_minors),
         }
     }
 }
@@ -527,6 +533,8 @@ pub struct Config {
     pub scan_timeout: Duration,
     /// Device path prefix (`/dev/nvidia` outside tests).
     pub device_prefix: Vec<u8>,
+    /// The MIG capability minors table, when not the procfs's own (tests only).
+    pub mig_minors: Option<PathBuf>,
     /// Per-process series limit, `None` when off.
     pub per_process_limit: Option<usize>,
     /// Log level.
@@ -629,6 +637,7 @@ impl Cli {
                 .device_prefix
                 .map(|prefix| prefix.into_os_string().into_vec())
                 .unwrap_or_else(|| crate::observe::procfs::DEVICE_PREFIX.to_vec()),
+            mig_minors: source.mig_minors,
             per_process_limit: collector
                 .per_process
                 .then_some(collector.per_process_limit.unwrap_or(256)),

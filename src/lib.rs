@@ -105,15 +105,18 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
 fn source(config: &Config) -> Source {
     match &config.replay {
         Some(path) => Source::Replay(path.clone()),
-        None => Source::Live(Box::new(LiveHost::new(
-            config.nvml_library.clone(),
-            ProcRoot {
-                root: config.procfs.clone(),
-                device_prefix: config.device_prefix.clone(),
-            },
-            config.scan_timeout,
-            matches!(config.mode, Mode::Serve(_)),
-        ))),
+        None => Source::Live(Box::new(
+            LiveHost::new(
+                config.nvml_library.clone(),
+                ProcRoot {
+                    root: config.procfs.clone(),
+                    device_prefix: config.device_prefix.clone(),
+                },
+                config.scan_timeout,
+                matches!(config.mode, Mode::Serve(_)),
+            )
+            .with_mig_minors(config.mig_minors.clone()),
+        )),
     }
 }
 

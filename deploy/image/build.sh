@@ -134,8 +134,8 @@ buildah bud \
     --label "org.opencontainers.image.revision=$revision" \
     --label "org.opencontainers.image.created=$created" \
     --label "org.opencontainers.image.licenses=Apache-2.0" \
-    --label "org.opencontainers.image.source=https://github.com/vram-exporter/vram-exporter" \
-    --label "org.opencontainers.image.documentation=https://github.com/vram-exporter/vram-exporter/blob/main/docs/kubernetes.md" \
+    --label "org.opencontainers.image.source=${VRAM_EXPORTER_SOURCE_URL:-https://replace-with-your-repository-url.invalid/vram-exporter}" \
+    --label "org.opencontainers.image.documentation=${VRAM_EXPORTER_SOURCE_URL:-https://replace-with-your-repository-url.invalid/vram-exporter}/docs/kubernetes.md" \
     --tag "$image" \
     --file "$work/Containerfile" \
     "$work" >/dev/null

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
 use std::{env, ptr};
 
-use crate::scenario::{Error, Gpu, Process, Scenario};
+use crate::scenario::{Error, Gpu, Memory as MemoryFigures, MigDevice, Process, Scenario};
 
 /// Environment variable naming the file that records each call.
 const CALL_LOG_ENV: &str = "FAKE_NVML_CALL_LOG";
@@ -73,6 +73,7 @@ pub struct MemoryV2 {
 
 /// `nvmlProcessInfo_t` (the v2 layout the `_v3` calls fill).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct ProcessInfo {
     /// `pid`
     pub pid: c_uint,
@@ -84,45 +85,171 @@ pub struct ProcessInfo {
     pub compute_instance_id: c_uint,
 }
 
-impl From<&Process> for ProcessInfo {
-    fn from(process: &Process) -> Self {
+impl ProcessInfo {
+    /// The entry for `process`, in the given MIG instance (`None` outside MIG).
+    fn new(process: &Process, instance: Option<(u32, u32)>) -> Self {
+        let (gpu_instance_id, compute_instance_id) = instance.unwrap_or((NO_INSTANCE, NO_INSTANCE));
         Self {
             pid: process.pid,
             used_gpu_memory: process.used_bytes.unwrap_or(VALUE_NOT_AVAILABLE),
-            gpu_instance_id: NO_INSTANCE,
-            compute_instance_id: NO_INSTANCE,
+            gpu_instance_id,
+            compute_instance_id,
         }
     }
 }
+
+/// `nvmlFieldValue_t`.
+#[repr(C)]
+pub struct FieldValue {
+    /// `fieldId`, set by the caller.
+    pub field_id: c_uint,
+    /// `scopeId`, set by the caller.
+    pub scope_id: c_uint,
+    /// `timestamp` in microseconds since the epoch.
+    pub timestamp: i64,
+    /// `latencyUsec`
+    pub latency_usec: i64,
+    /// `valueType` (`nvmlValueType_t`).
+    pub value_type: c_uint,
+    /// `nvmlReturn`: this field's own outcome.
+    pub nvml_return: Return,
+    /// `value`, a union of 8 bytes; only unsigned integers are served.
+    pub value: c_ulonglong,
+}
+
+/// `NVML_VALUE_TYPE_UNSIGNED_INT`.
+pub const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
+
+/// `nvmlEventData_t`.
+#[repr(C)]
+pub struct EventData {
+    /// `device`: the handle of the GPU the event happened on.
+    pub device: Device,
+    /// `eventType`
+    pub event_type: c_ulonglong,
+    /// `eventData`: the Xid for a critical Xid event.
+    pub event_data: c_ulonglong,
+    /// `gpuInstanceId`
+    pub gpu_instance_id: c_uint,
+    /// `computeInstanceId`
+    pub compute_instance_id: c_uint,
+}
+
+/// `nvmlEventTypeXidCriticalError`.
+pub const EVENT_TYPE_XID_CRITICAL: c_ulonglong = 8;
+
+/// The no-instance marker of event data and process entries.
+pub const NO_INSTANCE_ID: c_uint = NO_INSTANCE;
+
+/// Bits of a handle that hold the GPU index (plus one); the bits above hold the MIG
+/// device index (plus one), zero for the GPU itself.
+const GPU_BITS: u32 = 32;
 
 /// The handle for device `index`; offset by one so that no handle is null.
 pub fn handle(index: usize) -> Device {
     ptr::without_provenance_mut(index + 1)
 }
 
-/// The device index a handle encodes (still to be checked against the scenario).
-fn index_of(device: Device) -> Result<usize, Error> {
-    device.addr().checked_sub(1).ok_or(Error::InvalidArg)
-}
-
-/// Bit where a MIG device handle keeps its slot (plus one); a GPU's handle has none, so
-/// the calls on GPUs refuse it as an index past the end.
-const MIG_SLOT_SHIFT: u32 = 32;
-
 /// The handle for MIG device `slot` of GPU `index`.
 pub fn mig_handle(index: usize, slot: usize) -> Device {
-    ptr::without_provenance_mut(((slot + 1) << MIG_SLOT_SHIFT) | (index + 1))
+    ptr::without_provenance_mut(((slot + 1) << GPU_BITS) | (index + 1))
 }
 
-/// The GPU index a MIG device handle encodes, or `InvalidArg` for any other handle.
-pub fn mig_parent_index(device: Device) -> Result<usize, Error> {
-    let address = device.addr();
-    if address >> MIG_SLOT_SHIFT == 0 {
-        return Err(Error::InvalidArg);
-    }
-    (address & ((1 << MIG_SLOT_SHIFT) - 1))
+/// The GPU index and MIG device index a handle encodes (still to be checked against
+/// the scenario).
+fn decode(device: Device) -> Result<(usize, Option<usize>), Error> {
+    let addr = device.addr();
+    let gpu = (addr & ((1 << GPU_BITS) - 1))
         .checked_sub(1)
-        .ok_or(Error::InvalidArg)
+        .ok_or(Error::InvalidArg)?;
+    Ok((gpu, (addr >> GPU_BITS).checked_sub(1)))
+}
+
+/// What a handle names in the current scenario: a GPU or one of its MIG devices.
+#[derive(Clone, Copy)]
+pub enum Target<'a> {
+    /// A whole GPU.
+    Gpu(&'a Gpu),
+    /// A MIG device.
+    Mig {
+        /// The MIG device.
+        device: &'a MigDevice,
+    },
+}
+
+impl Target<'_> {
+    /// Plays the delay and injected error this device has for `symbol`.
+    fn enter(&self, symbol: &str) -> Result<(), Error> {
+        match self {
+            Target::Gpu(gpu) => gpu.enter(symbol),
+            Target::Mig { device, .. } => device.enter(symbol),
+        }
+    }
+
+    /// The UUID.
+    pub fn uuid(&self) -> &str {
+        match self {
+            Target::Gpu(gpu) => &gpu.uuid,
+            Target::Mig { device, .. } => &device.uuid,
+        }
+    }
+
+    /// The name as sent to the caller.
+    pub fn name_bytes(&self) -> &[u8] {
+        match self {
+            Target::Gpu(gpu) => gpu.name_bytes(),
+            Target::Mig { device, .. } => device.name.as_bytes(),
+        }
+    }
+
+    /// The memory figures.
+    pub fn memory(&self) -> &MemoryFigures {
+        match self {
+            Target::Gpu(gpu) => &gpu.memory,
+            Target::Mig { device, .. } => &device.memory,
+        }
+    }
+
+    /// The entries of one process list: a MIG device's own with its instance ids; a
+    /// GPU's own followed by those of its MIG devices, since NVML answers the aggregate
+    /// on the parent handle.
+    pub fn processes(
+        &self,
+        list: fn(&MigDevice) -> &[Process],
+        own: fn(&Gpu) -> &[Process],
+    ) -> Vec<ProcessInfo> {
+        let instance =
+            |device: &MigDevice| Some((device.gpu_instance_id, device.compute_instance_id));
+        match self {
+            Target::Mig { device, .. } => list(device)
+                .iter()
+                .map(|process| ProcessInfo::new(process, instance(device)))
+                .collect(),
+            Target::Gpu(gpu) => own(gpu)
+                .iter()
+                .map(|process| ProcessInfo::new(process, None))
+                .chain(gpu.mig_devices().iter().flat_map(|device| {
+                    list(device)
+                        .iter()
+                        .map(move |process| ProcessInfo::new(process, instance(device)))
+                }))
+                .collect(),
+        }
+    }
+}
+
+/// Resolves `device` against `scenario`: an unknown GPU, or a MIG device that does not
+/// exist now (MIG disabled, index past the end), is `InvalidArg`.
+pub fn resolve(scenario: &Scenario, device: Device) -> Result<(usize, Target<'_>), Error> {
+    let (index, slot) = decode(device)?;
+    let gpu = scenario.gpu(index)?;
+    let target = match slot {
+        None => Target::Gpu(gpu),
+        Some(slot) => Target::Mig {
+            device: gpu.mig_devices().get(slot).ok_or(Error::InvalidArg)?,
+        },
+    };
+    Ok((index, target))
 }
 
 /// Runs the body of exported call `symbol`: logs it and turns its outcome, or a
@@ -139,19 +266,32 @@ pub fn call(symbol: &str, body: impl FnOnce() -> Result<(), Error>) -> Return {
     }
 }
 
-/// Like [`call`], for a call on one device: resolves the handle against the current
-/// scenario and plays that device's delay and injected error first.
+/// Like [`call`], for a call on one GPU: resolves the handle against the current
+/// scenario and plays that device's delay and injected error first. A MIG device handle
+/// answers `NotSupported`: the fake models only the calls MIG devices are asked.
 pub fn device_call(
     symbol: &str,
     device: Device,
     body: impl FnOnce(usize, &Gpu) -> Result<(), Error>,
 ) -> Return {
+    target_call(symbol, device, |index, target| match target {
+        Target::Gpu(gpu) => body(index, gpu),
+        Target::Mig { .. } => Err(Error::NotSupported),
+    })
+}
+
+/// Like [`device_call`], for a call that a GPU and a MIG device both answer; `index` is
+/// the GPU's, or the MIG device's parent's.
+pub fn target_call(
+    symbol: &str,
+    device: Device,
+    body: impl FnOnce(usize, Target<'_>) -> Result<(), Error>,
+) -> Return {
     call(symbol, || {
         let scenario = Scenario::load()?;
-        let index = index_of(device)?;
-        let gpu = scenario.gpu(index)?;
-        gpu.enter(symbol)?;
-        body(index, gpu)
+        let (index, target) = resolve(&scenario, device)?;
+        target.enter(symbol)?;
+        body(index, target)
     })
 }
 
@@ -204,7 +344,7 @@ pub fn c_array<const N: usize>(text: &[u8]) -> Result<[c_char; N], Error> {
 /// # Safety
 /// `infos` is null or valid for writes of `*count` entries.
 pub unsafe fn write_processes(
-    processes: &[Process],
+    processes: &[ProcessInfo],
     count: Option<&mut c_uint>,
     infos: *mut ProcessInfo,
 ) -> Result<(), Error> {
@@ -224,7 +364,7 @@ pub unsafe fn write_processes(
     for (i, process) in processes.iter().enumerate() {
         // SAFETY: i < needed <= room, the entries the caller vouched for; `write`
         // because nvml-wrapper's MPS path hands over uninitialised memory.
-        unsafe { infos.add(i).write(process.into()) };
+        unsafe { infos.add(i).write(*process) };
     }
     Ok(())
 }

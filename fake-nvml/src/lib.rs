@@ -12,13 +12,19 @@
 // The contract is NVML's and is the same for every export: stated once, above.
 #![allow(clippy::missing_safety_doc)]
 
+mod events;
 mod ffi;
 mod scenario;
 
-use std::ffi::{c_char, c_uint};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ffi::{call, device_call, Device, Memory, MemoryV2, PciInfo, ProcessInfo, Return};
-use scenario::{Error, Scenario};
+use events::EventSet;
+use ffi::{
+    call, device_call, target_call, Device, EventData, FieldValue, Memory, MemoryV2, PciInfo,
+    ProcessInfo, Return, Target,
+};
+use scenario::{Error, Gpu, MigDevice, Scenario, DEFAULT_EVENT_TYPES};
 
 /// Succeeds unless the scenario sets `init_error` or cannot be read (`DriverNotLoaded`).
 #[no_mangle]
@@ -111,30 +117,15 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
                 return Ok(());
             }
             if let Some(slot) = gpu
-                .mig_devices
+                .mig_devices()
                 .iter()
-                .position(|mig| mig.as_bytes() == uuid)
+                .position(|mig| mig.uuid.as_bytes() == uuid)
             {
                 *out = ffi::mig_handle(index, slot);
                 return Ok(());
             }
         }
         Err(Error::NotFound)
-    })
-}
-
-/// The GPU a MIG device handle belongs to (`InvalidArg` for a GPU's own handle).
-#[no_mangle]
-pub extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
-    mig_device: Device,
-    device: Option<&mut Device>,
-) -> Return {
-    call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", || {
-        let out = device.ok_or(Error::InvalidArg)?;
-        let index = ffi::mig_parent_index(mig_device)?;
-        Scenario::load()?.gpu(index)?;
-        *out = ffi::handle(index);
-        Ok(())
     })
 }
 
@@ -147,29 +138,29 @@ pub extern "C" fn nvmlDeviceGetIndex(device: Device, index: Option<&mut c_uint>)
     })
 }
 
-/// The GPU's `uuid`.
+/// The GPU's or MIG device's `uuid`.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetUUID(
     device: Device,
     uuid: *mut c_char,
     length: c_uint,
 ) -> Return {
-    device_call("nvmlDeviceGetUUID", device, |_, gpu| {
+    target_call("nvmlDeviceGetUUID", device, |_, target| {
         // SAFETY: the caller's buffer holds `length` bytes.
-        unsafe { ffi::write_c_str(uuid, length as usize, gpu.uuid.as_bytes()) }
+        unsafe { ffi::write_c_str(uuid, length as usize, target.uuid().as_bytes()) }
     })
 }
 
-/// The GPU's `name`, or its raw `name_bytes`.
+/// The GPU's `name` (or its raw `name_bytes`), or the MIG device's `name`.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetName(
     device: Device,
     name: *mut c_char,
     length: c_uint,
 ) -> Return {
-    device_call("nvmlDeviceGetName", device, |_, gpu| {
+    target_call("nvmlDeviceGetName", device, |_, target| {
         // SAFETY: the caller's buffer holds `length` bytes.
-        unsafe { ffi::write_c_str(name, length as usize, gpu.name_bytes()) }
+        unsafe { ffi::write_c_str(name, length as usize, target.name_bytes()) }
     })
 }
 
@@ -208,11 +199,11 @@ pub extern "C" fn nvmlDeviceGetMinorNumber(
     })
 }
 
-/// The GPU's memory in the v1 layout, whose `used` includes the reserved memory.
+/// The device's memory in the v1 layout, whose `used` includes the reserved memory.
 #[no_mangle]
 pub extern "C" fn nvmlDeviceGetMemoryInfo(device: Device, memory: Option<&mut Memory>) -> Return {
-    device_call("nvmlDeviceGetMemoryInfo", device, |_, gpu| {
-        let m = &gpu.memory;
+    target_call("nvmlDeviceGetMemoryInfo", device, |_, target| {
+        let m = target.memory();
         *memory.ok_or(Error::InvalidArg)? = Memory {
             total: m.total,
             free: m.free(),
@@ -222,15 +213,15 @@ pub extern "C" fn nvmlDeviceGetMemoryInfo(device: Device, memory: Option<&mut Me
     })
 }
 
-/// The GPU's `memory`.
+/// The device's `memory`.
 #[no_mangle]
 pub extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: Device,
     memory: Option<&mut MemoryV2>,
 ) -> Return {
-    device_call("nvmlDeviceGetMemoryInfo_v2", device, |_, gpu| {
+    target_call("nvmlDeviceGetMemoryInfo_v2", device, |_, target| {
         let out = memory.ok_or(Error::InvalidArg)?;
-        let m = &gpu.memory;
+        let m = target.memory();
         // The caller's version stays as given, as NVML leaves it.
         out.total = m.total;
         out.reserved = m.reserved;
@@ -240,53 +231,401 @@ pub extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
-/// The GPU's `compute_processes`.
+/// The device's `compute_processes` (on a MIG GPU's own handle, every instance's too).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     device: Device,
     info_count: Option<&mut c_uint>,
     infos: *mut ProcessInfo,
 ) -> Return {
-    device_call(
+    target_call(
         "nvmlDeviceGetComputeRunningProcesses_v3",
         device,
-        |_, gpu| {
+        |_, target| {
+            let listed =
+                target.processes(|mig| &mig.compute_processes, |gpu| &gpu.compute_processes);
             // SAFETY: the caller's array holds `*info_count` entries.
-            unsafe { ffi::write_processes(&gpu.compute_processes, info_count, infos) }
+            unsafe { ffi::write_processes(&listed, info_count, infos) }
         },
     )
 }
 
-/// The GPU's `graphics_processes`.
+/// The device's `graphics_processes` (on a MIG GPU's own handle, every instance's too).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
     device: Device,
     info_count: Option<&mut c_uint>,
     infos: *mut ProcessInfo,
 ) -> Return {
-    device_call(
+    target_call(
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
         device,
-        |_, gpu| {
+        |_, target| {
+            let listed =
+                target.processes(|mig| &mig.graphics_processes, |gpu| &gpu.graphics_processes);
             // SAFETY: the caller's array holds `*info_count` entries.
-            unsafe { ffi::write_processes(&gpu.graphics_processes, info_count, infos) }
+            unsafe { ffi::write_processes(&listed, info_count, infos) }
         },
     )
 }
 
-/// The GPU's `mps_processes`.
+/// The device's `mps_processes` (on a MIG GPU's own handle, every instance's too).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     device: Device,
     info_count: Option<&mut c_uint>,
     infos: *mut ProcessInfo,
 ) -> Return {
-    device_call(
+    target_call(
         "nvmlDeviceGetMPSComputeRunningProcesses_v3",
         device,
-        |_, gpu| {
+        |_, target| {
+            let listed = target.processes(|mig| &mig.mps_processes, |gpu| &gpu.mps_processes);
             // SAFETY: the caller's array holds `*info_count` entries.
-            unsafe { ffi::write_processes(&gpu.mps_processes, info_count, infos) }
+            unsafe { ffi::write_processes(&listed, info_count, infos) }
         },
     )
+}
+
+// MIG: the GPU's mode and its MIG devices, reached through handles of their own.
+
+/// The GPU's MIG mode: `NotSupported` without a `mig` entry.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetMigMode(
+    device: Device,
+    current: Option<&mut c_uint>,
+    pending: Option<&mut c_uint>,
+) -> Return {
+    device_call("nvmlDeviceGetMigMode", device, |_, gpu| {
+        let mig = gpu.mig.as_ref().ok_or(Error::NotSupported)?;
+        let (current, pending) = current.zip(pending).ok_or(Error::InvalidArg)?;
+        *current = c_uint::from(mig.current);
+        *pending = c_uint::from(mig.pending.unwrap_or(mig.current));
+        Ok(())
+    })
+}
+
+/// How many MIG devices the GPU can hold, whether or not MIG is enabled.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: Device,
+    count: Option<&mut c_uint>,
+) -> Return {
+    device_call("nvmlDeviceGetMaxMigDeviceCount", device, |_, gpu| {
+        let mig = gpu.mig.as_ref().ok_or(Error::NotSupported)?;
+        *count.ok_or(Error::InvalidArg)? = max_mig_devices(gpu, mig.max_devices);
+        Ok(())
+    })
+}
+
+/// The larger of the declared maximum (7 by default) and the devices listed.
+fn max_mig_devices(gpu: &Gpu, declared: Option<u32>) -> c_uint {
+    let listed = gpu
+        .mig
+        .as_ref()
+        .map_or(0, |mig| mig.devices.len() as c_uint);
+    declared.unwrap_or(7).max(listed)
+}
+
+/// The handle of MIG device `index`: `NotFound` where no device is (MIG disabled, a
+/// gap), `InvalidArg` at or past the maximum.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: Device,
+    index: c_uint,
+    mig_device: Option<&mut Device>,
+) -> Return {
+    device_call(
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        device,
+        |gpu_index, gpu| {
+            let mig = gpu.mig.as_ref().ok_or(Error::NotSupported)?;
+            let out = mig_device.ok_or(Error::InvalidArg)?;
+            if index >= max_mig_devices(gpu, mig.max_devices) {
+                return Err(Error::InvalidArg);
+            }
+            let slot = index as usize;
+            if slot >= gpu.mig_devices().len() {
+                return Err(Error::NotFound);
+            }
+            *out = ffi::mig_handle(gpu_index, slot);
+            Ok(())
+        },
+    )
+}
+
+/// 1 for a MIG device handle, 0 for a GPU's.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: Device,
+    is_mig: Option<&mut c_uint>,
+) -> Return {
+    target_call("nvmlDeviceIsMigDeviceHandle", device, |_, target| {
+        *is_mig.ok_or(Error::InvalidArg)? = c_uint::from(matches!(target, Target::Mig { .. }));
+        Ok(())
+    })
+}
+
+/// A MIG device's GPU instance id; `NotSupported` on a GPU's own handle.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetGpuInstanceId(device: Device, id: Option<&mut c_uint>) -> Return {
+    target_call("nvmlDeviceGetGpuInstanceId", device, |_, target| {
+        *id.ok_or(Error::InvalidArg)? = mig_of(target)?.gpu_instance_id;
+        Ok(())
+    })
+}
+
+/// A MIG device's compute instance id; `NotSupported` on a GPU's own handle.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: Device,
+    id: Option<&mut c_uint>,
+) -> Return {
+    target_call("nvmlDeviceGetComputeInstanceId", device, |_, target| {
+        *id.ok_or(Error::InvalidArg)? = mig_of(target)?.compute_instance_id;
+        Ok(())
+    })
+}
+
+/// The MIG device a handle names, or `NotSupported` for a GPU.
+fn mig_of(target: Target<'_>) -> Result<&MigDevice, Error> {
+    match target {
+        Target::Mig { device, .. } => Ok(device),
+        Target::Gpu(_) => Err(Error::NotSupported),
+    }
+}
+
+/// The parent GPU's handle of a MIG device; `InvalidArg` for a GPU's own handle.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: Device,
+    device: Option<&mut Device>,
+) -> Return {
+    target_call(
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        mig_device,
+        |index, target| match target {
+            Target::Mig { .. } => {
+                *device.ok_or(Error::InvalidArg)? = ffi::handle(index);
+                Ok(())
+            }
+            Target::Gpu(_) => Err(Error::InvalidArg),
+        },
+    )
+}
+
+// What the driver says about the GPU's health.
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`.
+const FIELD_RECOVERY_ACTION: c_uint = 230;
+
+/// Field values: the recovery action when the scenario gives one; every other field,
+/// and the recovery action on an older driver, answers `NotSupported` in its own slot.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: Device,
+    count: c_int,
+    values: *mut FieldValue,
+) -> Return {
+    device_call("nvmlDeviceGetFieldValues", device, |_, gpu| {
+        let count = usize::try_from(count).map_err(|_| Error::InvalidArg)?;
+        if count == 0 || values.is_null() {
+            return Err(Error::InvalidArg);
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_micros() as i64);
+        for i in 0..count {
+            // SAFETY: the caller's array holds `count` entries.
+            let value = unsafe { &mut *values.add(i) };
+            value.timestamp = now;
+            value.latency_usec = 0;
+            match (value.field_id, gpu.recovery_action) {
+                (FIELD_RECOVERY_ACTION, Some(action)) => {
+                    value.value_type = ffi::VALUE_TYPE_UNSIGNED_INT;
+                    value.value = c_ulonglong::from(action);
+                    value.nvml_return = 0;
+                }
+                _ => value.nvml_return = Error::NotSupported as Return,
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The GPU's `remapped_rows`; `NotSupported` without one.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetRemappedRows(
+    device: Device,
+    correctable: Option<&mut c_uint>,
+    uncorrectable: Option<&mut c_uint>,
+    pending: Option<&mut c_uint>,
+    failure: Option<&mut c_uint>,
+) -> Return {
+    device_call("nvmlDeviceGetRemappedRows", device, |_, gpu| {
+        let rows = gpu.remapped_rows.as_ref().ok_or(Error::NotSupported)?;
+        let (Some(correctable), Some(uncorrectable), Some(pending), Some(failure)) =
+            (correctable, uncorrectable, pending, failure)
+        else {
+            return Err(Error::InvalidArg);
+        };
+        *correctable = rows.correctable;
+        *uncorrectable = rows.uncorrectable;
+        *pending = c_uint::from(rows.pending);
+        *failure = c_uint::from(rows.failure);
+        Ok(())
+    })
+}
+
+/// Retired pages of one cause (0: multiple single-bit ECC errors, 1: a double-bit ECC
+/// error), with NVML's two-step contract on the count.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
+    device: Device,
+    cause: c_uint,
+    count: Option<&mut c_uint>,
+    addresses: *mut c_ulonglong,
+) -> Return {
+    device_call("nvmlDeviceGetRetiredPages", device, |_, gpu| {
+        // SAFETY: the caller's array holds `*count` entries.
+        unsafe { retired_pages(gpu, cause, count, addresses, std::ptr::null_mut()) }
+    })
+}
+
+/// Like `nvmlDeviceGetRetiredPages`, with a retirement time per page.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
+    device: Device,
+    cause: c_uint,
+    count: Option<&mut c_uint>,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> Return {
+    device_call("nvmlDeviceGetRetiredPages_v2", device, |_, gpu| {
+        // SAFETY: the caller's arrays hold `*count` entries.
+        unsafe { retired_pages(gpu, cause, count, addresses, timestamps) }
+    })
+}
+
+/// Writes made-up page addresses (and times, when asked) for the scenario's count.
+///
+/// # Safety
+/// `addresses` and `timestamps` are null or valid for `*count` entries.
+unsafe fn retired_pages(
+    gpu: &Gpu,
+    cause: c_uint,
+    count: Option<&mut c_uint>,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> Result<(), Error> {
+    let pages = gpu.retired_pages.as_ref().ok_or(Error::NotSupported)?;
+    let needed = match cause {
+        0 => pages.multiple_single_bit,
+        1 => pages.double_bit,
+        _ => return Err(Error::InvalidArg),
+    };
+    let count = count.ok_or(Error::InvalidArg)?;
+    let room = *count;
+    *count = needed;
+    if room < needed {
+        return Err(Error::InsufficientSize);
+    }
+    for i in 0..needed as usize {
+        let address = 0x1000 * (i as c_ulonglong + 1) + c_ulonglong::from(cause);
+        if !addresses.is_null() {
+            // SAFETY: i < needed <= room, the entries the caller vouched for.
+            unsafe { addresses.add(i).write(address) };
+        }
+        if !timestamps.is_null() {
+            // SAFETY: as above.
+            unsafe { timestamps.add(i).write(1_700_000_000 + i as c_ulonglong) };
+        }
+    }
+    Ok(())
+}
+
+/// Whether page retirements wait for a reboot or reset.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
+    device: Device,
+    pending: Option<&mut c_uint>,
+) -> Return {
+    device_call(
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        device,
+        |_, gpu| {
+            let pages = gpu.retired_pages.as_ref().ok_or(Error::NotSupported)?;
+            *pending.ok_or(Error::InvalidArg)? = c_uint::from(pages.pending);
+            Ok(())
+        },
+    )
+}
+
+/// The GPU memory's NUMA node: `NotSupported` unless the GPU is a NUMA node.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetNumaNodeId(device: Device, node: Option<&mut c_uint>) -> Return {
+    device_call("nvmlDeviceGetNumaNodeId", device, |_, gpu| {
+        *node.ok_or(Error::InvalidArg)? = gpu.numa_node.ok_or(Error::NotSupported)?;
+        Ok(())
+    })
+}
+
+// Events: critical Xid errors, delivered through event sets (see events.rs).
+
+/// A new, empty event set.
+#[no_mangle]
+pub extern "C" fn nvmlEventSetCreate(set: Option<&mut EventSet>) -> Return {
+    call("nvmlEventSetCreate", || {
+        let out = set.ok_or(Error::InvalidArg)?;
+        *out = events::create(&Scenario::load()?);
+        Ok(())
+    })
+}
+
+/// The event types the GPU supports.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: Device,
+    types: Option<&mut c_ulonglong>,
+) -> Return {
+    device_call("nvmlDeviceGetSupportedEventTypes", device, |_, gpu| {
+        *types.ok_or(Error::InvalidArg)? = gpu.supported_events.unwrap_or(DEFAULT_EVENT_TYPES);
+        Ok(())
+    })
+}
+
+/// Registers the GPU in `set`; `NotSupported` for a type the GPU does not support.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceRegisterEvents(
+    device: Device,
+    types: c_ulonglong,
+    set: EventSet,
+) -> Return {
+    device_call("nvmlDeviceRegisterEvents", device, |index, gpu| {
+        let supported = gpu.supported_events.unwrap_or(DEFAULT_EVENT_TYPES);
+        if types & !supported != 0 {
+            return Err(Error::NotSupported);
+        }
+        events::register(set, index, types)
+    })
+}
+
+/// The next event of a GPU registered in `set`, or `Timeout` after `timeout_ms`.
+#[no_mangle]
+pub extern "C" fn nvmlEventSetWait_v2(
+    set: EventSet,
+    data: Option<&mut EventData>,
+    timeout_ms: c_uint,
+) -> Return {
+    call("nvmlEventSetWait_v2", || {
+        let out = data.ok_or(Error::InvalidArg)?;
+        *out = events::wait(set, Duration::from_millis(u64::from(timeout_ms)))?;
+        Ok(())
+    })
+}
+
+/// Releases `set`.
+#[no_mangle]
+pub extern "C" fn nvmlEventSetFree(set: EventSet) -> Return {
+    call("nvmlEventSetFree", || events::free(set))
 }

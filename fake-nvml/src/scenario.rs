@@ -50,6 +50,29 @@ pub struct Scenario {
     pub driver_version: String,
     /// The devices, in index order.
     pub gpus: Vec<Gpu>,
+    /// Critical Xid events that have happened, each delivered once to every event set
+    /// created before it appeared (see [`XidEvent::seq`]).
+    #[serde(default)]
+    pub xid_events: Vec<XidEvent>,
+}
+
+/// One critical Xid error, as `nvmlEventSetWait_v2` delivers it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XidEvent {
+    /// Position in the machine's event history: a set delivers the events whose `seq`
+    /// is above the highest one present when it was created, in `seq` order, once each.
+    pub seq: u64,
+    /// Index of the GPU it happened on.
+    pub gpu: usize,
+    /// The Xid number (79: fallen off the bus).
+    pub xid: u64,
+    /// The GPU instance it happened in, on a MIG GPU.
+    #[serde(default)]
+    pub gpu_instance_id: Option<u32>,
+    /// The compute instance it happened in, on a MIG GPU.
+    #[serde(default)]
+    pub compute_instance_id: Option<u32>,
 }
 
 /// One simulated device.
@@ -78,15 +101,109 @@ pub struct Gpu {
     /// Processes running through MPS.
     #[serde(default)]
     pub mps_processes: Vec<Process>,
-    /// UUIDs (`MIG-...`) of the MIG devices made on this GPU, in slot order.
-    #[serde(default)]
-    pub mig_devices: Vec<String>,
     /// Per exported symbol, the error that call returns for this device.
     #[serde(default)]
     pub errors: HashMap<String, Error>,
     /// Per exported symbol, how long that call sleeps first.
     #[serde(default)]
     pub delays_ms: HashMap<String, u64>,
+    /// MIG mode and MIG devices; absent on a GPU without MIG support.
+    #[serde(default)]
+    pub mig: Option<Mig>,
+    /// Raw value of the field `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`; absent on a driver
+    /// older than 565, whose field answers `NotSupported`.
+    #[serde(default)]
+    pub recovery_action: Option<u32>,
+    /// Row remapping; absent on GPUs before Ampere (`NotSupported`).
+    #[serde(default)]
+    pub remapped_rows: Option<RemappedRows>,
+    /// Page retirement; absent where the GPU does not retire pages (`NotSupported`).
+    #[serde(default)]
+    pub retired_pages: Option<RetiredPages>,
+    /// The NUMA node of the GPU's memory, on coherent platforms in NUMA mode.
+    #[serde(default)]
+    pub numa_node: Option<u32>,
+    /// `nvmlDeviceGetSupportedEventTypes`' bitmask; [`DEFAULT_EVENT_TYPES`] when absent.
+    #[serde(default)]
+    pub supported_events: Option<u64>,
+}
+
+/// Event types a GPU supports unless its scenario says otherwise: single- and
+/// double-bit ECC, P-state, critical Xid and clock changes.
+pub const DEFAULT_EVENT_TYPES: u64 = 0x1F;
+
+/// MIG on one GPU.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mig {
+    /// Whether MIG is enabled now.
+    pub current: bool,
+    /// The mode after the next reset; `current` when absent.
+    #[serde(default)]
+    pub pending: Option<bool>,
+    /// `nvmlDeviceGetMaxMigDeviceCount`; 7 (an H100/H200's) when absent.
+    #[serde(default)]
+    pub max_devices: Option<u32>,
+    /// The MIG devices, in MIG device index order; only reachable while `current`.
+    #[serde(default)]
+    pub devices: Vec<MigDevice>,
+}
+
+/// One MIG device: a compute instance inside a GPU instance.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigDevice {
+    /// The MIG device UUID, `MIG-...`.
+    pub uuid: String,
+    /// The name NVML gives it, e.g. `NVIDIA H200 MIG 1g.18gb`.
+    pub name: String,
+    /// The GPU instance id.
+    pub gpu_instance_id: u32,
+    /// The compute instance id within the GPU instance.
+    pub compute_instance_id: u32,
+    /// The instance's memory.
+    pub memory: Memory,
+    /// Processes with a compute context in this instance.
+    #[serde(default)]
+    pub compute_processes: Vec<Process>,
+    /// Processes with a graphics context in this instance.
+    #[serde(default)]
+    pub graphics_processes: Vec<Process>,
+    /// Processes running through MPS in this instance.
+    #[serde(default)]
+    pub mps_processes: Vec<Process>,
+    /// Per exported symbol, the error that call returns for this MIG device.
+    #[serde(default)]
+    pub errors: HashMap<String, Error>,
+    /// Per exported symbol, how long that call sleeps first on this MIG device.
+    #[serde(default)]
+    pub delays_ms: HashMap<String, u64>,
+}
+
+/// What `nvmlDeviceGetRemappedRows` answers.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemappedRows {
+    /// Rows remapped after correctable errors.
+    pub correctable: u32,
+    /// Rows remapped after uncorrectable errors.
+    pub uncorrectable: u32,
+    /// A remapping waits for the next GPU reset.
+    pub pending: bool,
+    /// A remapping failed (no spare row left).
+    pub failure: bool,
+}
+
+/// What the retired-page calls answer.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetiredPages {
+    /// Pages retired after multiple single-bit ECC errors.
+    pub multiple_single_bit: u32,
+    /// Pages retired after a double-bit ECC error.
+    pub double_bit: u32,
+    /// Retirements wait for the next reboot or reset.
+    pub pending: bool,
 }
 
 /// Framebuffer memory in bytes, split as `nvmlMemory_v2_t` does.
@@ -137,13 +254,30 @@ impl Scenario {
     }
 }
 
+/// Plays the delay and injected error that `delays` and `errors` hold for `symbol`.
+fn enter(
+    delays: &HashMap<String, u64>,
+    errors: &HashMap<String, Error>,
+    symbol: &str,
+) -> Result<(), Error> {
+    if let Some(&ms) = delays.get(symbol) {
+        thread::sleep(Duration::from_millis(ms));
+    }
+    errors.get(symbol).map_or(Ok(()), |&err| Err(err))
+}
+
 impl Gpu {
     /// Plays this device's delay and injected error for the call `symbol`.
     pub fn enter(&self, symbol: &str) -> Result<(), Error> {
-        if let Some(&ms) = self.delays_ms.get(symbol) {
-            thread::sleep(Duration::from_millis(ms));
+        enter(&self.delays_ms, &self.errors, symbol)
+    }
+
+    /// The MIG devices reachable now: none unless MIG is enabled.
+    pub fn mig_devices(&self) -> &[MigDevice] {
+        match &self.mig {
+            Some(mig) if mig.current => &mig.devices,
+            _ => &[],
         }
-        self.errors.get(symbol).map_or(Ok(()), |&err| Err(err))
     }
 
     /// The name as sent to the caller.
@@ -158,6 +292,24 @@ impl Gpu {
         let (bus, rest) = rest.split_once(':')?;
         let (device, _function) = rest.split_once('.')?;
         Some((hex(domain)?, hex(bus)?, hex(device)?))
+    }
+}
+
+impl MigDevice {
+    /// Plays this MIG device's delay and injected error for the call `symbol`.
+    pub fn enter(&self, symbol: &str) -> Result<(), Error> {
+        enter(&self.delays_ms, &self.errors, symbol)
+    }
+}
+
+impl Scenario {
+    /// The highest event sequence number present, 0 without events.
+    pub fn last_event(&self) -> u64 {
+        self.xid_events
+            .iter()
+            .map(|event| event.seq)
+            .max()
+            .unwrap_or(0)
     }
 }
 

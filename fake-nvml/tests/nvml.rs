@@ -139,10 +139,22 @@ fn devices_have_their_identity() {
 #[test]
 fn mig_devices_are_found_by_uuid_and_lead_to_their_gpu() {
     let mut with_mig = gpu(1);
-    with_mig["mig_devices"] = json!([
-        "MIG-3b1c2a51-0001-4000-8000-000000000000",
-        "MIG-3b1c2a51-0001-4000-8000-000000000001"
-    ]);
+    let device = |gi: u32, uuid: &str| {
+        json!({
+            "uuid": uuid,
+            "name": "NVIDIA H200 MIG 1g.18gb",
+            "gpu_instance_id": gi,
+            "compute_instance_id": 0,
+            "memory": { "total": 19_327_352_832u64, "reserved": 0, "used": 0 },
+        })
+    };
+    with_mig["mig"] = json!({
+        "current": true,
+        "devices": [
+            device(1, "MIG-3b1c2a51-0001-4000-8000-000000000000"),
+            device(2, "MIG-3b1c2a51-0001-4000-8000-000000000001"),
+        ],
+    });
     let fake = Fake::new("mig", &machine(vec![gpu(0), with_mig]));
     let nvml = fake.nvml();
 
@@ -155,8 +167,8 @@ fn mig_devices_are_found_by_uuid_and_lead_to_their_gpu() {
         parent.uuid().unwrap(),
         "GPU-6f1c2a51-0000-0000-0000-000000000001"
     );
-    // A MIG handle is no GPU handle, and a GPU handle has no parent.
-    assert!(matches!(mig.memory_info(), Err(NvmlError::InvalidArg)));
+    // A MIG handle answers for its own instance, and a GPU handle has no parent.
+    assert_eq!(mig.memory_info().unwrap().total, 19_327_352_832);
     let whole = nvml
         .device_by_uuid("GPU-6f1c2a51-0000-0000-0000-000000000000")
         .unwrap();
@@ -257,24 +269,63 @@ fn injected_errors_hit_one_call_of_one_device() {
     assert!(device.uuid().is_ok());
 }
 
-#[test]
-fn the_documented_example_is_served_as_described() {
+/// The JSON blocks of docs/fake-nvml.md, in order.
+fn documented_scenarios() -> Vec<String> {
     let doc =
         fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/fake-nvml.md"));
     let doc = doc.expect("docs/fake-nvml.md");
-    let example = doc
-        .split("```json")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next());
+    doc.split("```json")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_documented_example_is_the_shipped_one_and_healthy_but_for_one_orphan() {
+    let blocks = documented_scenarios();
+    let shipped = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/healthy-and-orphan.json"),
+    )
+    .expect("the shipped example scenario");
+    let parse = |text: &str| serde_json::from_str::<Value>(text).expect("valid JSON");
+    assert_eq!(
+        parse(&blocks[0]),
+        parse(&shipped),
+        "the doc shows the shipped file"
+    );
+
     let fake = Fake::new("doc", &machine(vec![]));
-    fake.write_raw(example.expect("a json block"));
+    fake.write_raw(&shipped);
+    let nvml = fake.nvml();
+    let healthy = nvml.device_by_index(0).unwrap();
+    assert_eq!(healthy.memory_info().unwrap().used, 0);
+    assert!(healthy.running_compute_processes().unwrap().is_empty());
+    let orphan = nvml.device_by_index(1).unwrap();
+    let compute = orphan.running_compute_processes().unwrap();
+    assert_eq!(
+        compute.iter().map(used).collect::<Vec<_>>(),
+        [(4_194_304, UsedGpuMemory::Used(9_229_565_952))]
+    );
+}
+
+#[test]
+fn the_documented_reference_scenario_is_served_as_described() {
+    let blocks = documented_scenarios();
+    let fake = Fake::new("doc-reference", &machine(vec![]));
+    fake.write_raw(&blocks[1]);
     let nvml = fake.nvml();
     let device = nvml.device_by_index(0).unwrap();
 
     let started = Instant::now();
-    assert!(matches!(device.memory_info(), Err(NvmlError::GpuLost)));
+    assert_eq!(device.memory_info().unwrap().used, 9_238_806_528);
     assert!(started.elapsed() >= Duration::from_millis(200));
-    let compute = device.running_compute_processes().unwrap();
+    assert!(matches!(
+        device.running_compute_processes(),
+        Err(NvmlError::NoPermission)
+    ));
+    let instance = device.mig_device_by_index(0).unwrap();
+    let compute = instance.running_compute_processes().unwrap();
     assert_eq!(
         compute.iter().map(used).collect::<Vec<_>>(),
         [(432, UsedGpuMemory::Used(9_229_565_952))]
@@ -410,4 +461,300 @@ fn raw_calls_follow_nvml_contracts() {
         assert_eq!(lost.to_str().unwrap(), "GPU is lost");
         assert_eq!(lib.nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
     }
+}
+
+/// A MIG device entry of a scenario.
+fn mig_device(gi: u32, profile: &str, used: u64, processes: Vec<Value>) -> Value {
+    json!({
+        "uuid": format!("MIG-6f1c2a51-0000-0000-0000-00000000{gi:04}"),
+        "name": format!("NVIDIA H200 MIG {profile}"),
+        "gpu_instance_id": gi,
+        "compute_instance_id": 0,
+        "memory": { "total": 18_253_611_008_u64, "reserved": 0, "used": used },
+        "compute_processes": processes,
+    })
+}
+
+/// GPU 0 with MIG on and two instances, the second one busy.
+fn mig_machine() -> Value {
+    let mut parent = gpu(0);
+    parent["mig"] = json!({
+        "current": true,
+        "devices": [
+            mig_device(7, "1g.18gb", 0, vec![]),
+            mig_device(9, "1g.18gb", 4_294_967_296, vec![process(510, Some(4_290_000_000))]),
+        ],
+    });
+    machine(vec![parent])
+}
+
+#[test]
+fn mig_devices_answer_through_their_own_handles() {
+    let fake = Fake::new("mig", &mig_machine());
+    let nvml = fake.nvml();
+    let parent = nvml.device_by_index(0).unwrap();
+    let mode = parent.mig_mode().unwrap();
+    assert_eq!((mode.current, mode.pending), (1, 1));
+    assert_eq!(parent.mig_device_count().unwrap(), 7);
+    assert!(!parent.mig_is_mig_device_handle().unwrap());
+
+    let busy = parent.mig_device_by_index(1).unwrap();
+    assert!(busy.mig_is_mig_device_handle().unwrap());
+    assert_eq!(
+        busy.uuid().unwrap(),
+        "MIG-6f1c2a51-0000-0000-0000-000000000009"
+    );
+    assert_eq!(busy.name().unwrap(), "NVIDIA H200 MIG 1g.18gb");
+    assert_eq!(busy.memory_info().unwrap().used, 4_294_967_296);
+    let listed = busy.running_compute_processes().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (
+            listed[0].pid,
+            listed[0].gpu_instance_id,
+            listed[0].compute_instance_id
+        ),
+        (510, Some(9), Some(0))
+    );
+    assert_eq!(
+        busy.mig_parent_device().unwrap().uuid().unwrap(),
+        parent.uuid().unwrap()
+    );
+    // The parent's list is the aggregate over its instances.
+    let aggregate = parent.running_compute_processes().unwrap();
+    assert_eq!(aggregate.iter().map(|p| p.pid).collect::<Vec<_>>(), [510]);
+    // Past the devices but below the maximum: nothing there; at the maximum: wrong.
+    assert!(matches!(
+        parent.mig_device_by_index(2),
+        Err(NvmlError::NotFound)
+    ));
+    assert!(matches!(
+        parent.mig_device_by_index(7),
+        Err(NvmlError::InvalidArg)
+    ));
+}
+
+#[test]
+fn a_gpu_without_mig_says_so() {
+    let fake = Fake::new("mig-none", &machine(vec![gpu(0)]));
+    let nvml = fake.nvml();
+    let device = nvml.device_by_index(0).unwrap();
+    assert!(matches!(device.mig_mode(), Err(NvmlError::NotSupported)));
+    assert!(matches!(
+        device.mig_device_by_index(0),
+        Err(NvmlError::NotSupported)
+    ));
+}
+
+#[test]
+fn mig_instance_ids_and_errors_come_through_raw_calls() {
+    let mut scenario = mig_machine();
+    scenario["gpus"][0]["errors"]["nvmlDeviceGetComputeRunningProcesses_v3"] =
+        json!("NoPermission");
+    scenario["gpus"][0]["mig"]["devices"][0]["errors"]["nvmlDeviceGetComputeRunningProcesses_v3"] =
+        json!("NoPermission");
+    let fake = Fake::new("mig-raw", &scenario);
+    let nvml = fake.nvml();
+    let parent = nvml.device_by_index(0).unwrap();
+    assert!(matches!(
+        parent.running_compute_processes(),
+        Err(NvmlError::NoPermission)
+    ));
+    let denied = parent.mig_device_by_index(0).unwrap();
+    assert!(matches!(
+        denied.running_compute_processes(),
+        Err(NvmlError::NoPermission)
+    ));
+    assert_eq!(denied.memory_info().unwrap().used, 0);
+    let open = parent.mig_device_by_index(1).unwrap();
+    assert_eq!(open.running_compute_processes().unwrap().len(), 1);
+    let lib = unsafe { NvmlLib::new(library()) }.unwrap();
+    unsafe {
+        let (mut gi, mut ci) = (0, 0);
+        assert_eq!(
+            lib.nvmlDeviceGetGpuInstanceId(open.handle(), &mut gi),
+            nvmlReturn_enum_NVML_SUCCESS
+        );
+        assert_eq!(
+            lib.nvmlDeviceGetComputeInstanceId(open.handle(), &mut ci),
+            nvmlReturn_enum_NVML_SUCCESS
+        );
+        assert_eq!((gi, ci), (9, 0));
+        assert_eq!(
+            lib.nvmlDeviceGetGpuInstanceId(parent.handle(), &mut gi),
+            nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+        );
+    }
+    // Disabling MIG takes the instances away; their old handles go stale.
+    let stale = unsafe { open.handle() };
+    scenario["gpus"][0]["mig"]["current"] = json!(false);
+    fake.write(&scenario);
+    assert_eq!(parent.mig_mode().unwrap().current, 0);
+    assert!(matches!(
+        parent.mig_device_by_index(0),
+        Err(NvmlError::NotFound)
+    ));
+    let mut used = 0;
+    let stale = unsafe { lib.nvmlDeviceIsMigDeviceHandle(stale, &mut used) };
+    assert_eq!(stale, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+}
+
+#[test]
+fn health_fields_answer_or_say_not_supported() {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    use nvml_wrapper_sys::bindings::field_id::{
+        NVML_FI_DEV_ECC_CURRENT, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+    };
+    let mut reported = gpu(0);
+    reported["recovery_action"] = json!(2);
+    reported["remapped_rows"] =
+        json!({ "correctable": 3, "uncorrectable": 1, "pending": true, "failure": false });
+    reported["retired_pages"] =
+        json!({ "multiple_single_bit": 2, "double_bit": 1, "pending": true });
+    reported["numa_node"] = json!(4);
+    let fake = Fake::new("health", &machine(vec![reported, gpu(1)]));
+    let nvml = fake.nvml();
+    let recovery = FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION);
+    let other = FieldId(NVML_FI_DEV_ECC_CURRENT);
+
+    let device = nvml.device_by_index(0).unwrap();
+    let values = device
+        .field_values_for(&[FieldId(recovery.0), other])
+        .unwrap();
+    assert!(matches!(
+        values[0].as_ref().unwrap().value,
+        Ok(SampleValue::U32(2))
+    ));
+    assert!(matches!(
+        values[1].as_ref().unwrap().value,
+        Err(NvmlError::NotSupported)
+    ));
+    assert_eq!(device.numa_node_id().unwrap(), 4);
+    assert!(device.are_pages_pending_retired().unwrap());
+    use nvml_wrapper::enum_wrappers::device::RetirementCause;
+    let single = device
+        .retired_pages(RetirementCause::MultipleSingleBitEccErrors)
+        .unwrap();
+    assert_eq!(single.len(), 2);
+    assert_eq!(
+        device
+            .retired_pages(RetirementCause::DoubleBitEccError)
+            .unwrap()
+            .len(),
+        1
+    );
+    let lib = unsafe { NvmlLib::new(library()) }.unwrap();
+    let (mut corrected, mut uncorrected, mut pending, mut failure) = (0, 0, 0, 0);
+    let rows = unsafe {
+        lib.nvmlDeviceGetRemappedRows(
+            device.handle(),
+            &mut corrected,
+            &mut uncorrected,
+            &mut pending,
+            &mut failure,
+        )
+    };
+    assert_eq!(rows, nvmlReturn_enum_NVML_SUCCESS);
+    assert_eq!((corrected, uncorrected, pending, failure), (3, 1, 1, 0));
+
+    // An older driver, or a GPU before Ampere: every one of them is NotSupported.
+    let older = nvml.device_by_index(1).unwrap();
+    let values = older.field_values_for(&[recovery]).unwrap();
+    assert!(matches!(
+        values[0].as_ref().unwrap().value,
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(older.numa_node_id(), Err(NvmlError::NotSupported)));
+    assert!(matches!(
+        older.are_pages_pending_retired(),
+        Err(NvmlError::NotSupported)
+    ));
+    let rows = unsafe {
+        lib.nvmlDeviceGetRemappedRows(
+            older.handle(),
+            &mut corrected,
+            &mut uncorrected,
+            &mut pending,
+            &mut failure,
+        )
+    };
+    assert_eq!(rows, nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+}
+
+#[test]
+fn xid_events_are_delivered_once_to_sets_made_before_them() {
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    use nvml_wrapper::enums::event::XidError;
+    let mut scenario = machine(vec![gpu(0), gpu(1)]);
+    // Happened before any set existed: never delivered.
+    scenario["xid_events"] = json!([{ "seq": 1, "gpu": 0, "xid": 48 }]);
+    let fake = Fake::new("events", &scenario);
+    let nvml = fake.nvml();
+    let device = nvml.device_by_index(0).unwrap();
+    assert!(device
+        .supported_event_types()
+        .unwrap()
+        .contains(EventTypes::CRITICAL_XID_ERROR));
+    let set = nvml.create_event_set().unwrap();
+    let set = device
+        .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+        .unwrap();
+    assert!(matches!(set.wait(20), Err(NvmlError::Timeout)));
+
+    scenario["xid_events"] = json!([
+        { "seq": 1, "gpu": 0, "xid": 48 },
+        { "seq": 2, "gpu": 1, "xid": 31 },
+        { "seq": 3, "gpu": 0, "xid": 79 },
+        { "seq": 4, "gpu": 0, "xid": 79 },
+    ]);
+    fake.write(&scenario);
+    // GPU 1 is not registered in this set: its event is skipped.
+    for _ in 0..2 {
+        let event = set.wait(1000).unwrap();
+        assert_eq!(event.device.uuid().unwrap(), device.uuid().unwrap());
+        assert!(matches!(event.event_data, Some(XidError::Value(79))));
+    }
+    assert!(matches!(set.wait(20), Err(NvmlError::Timeout)));
+
+    // An event written while a wait is under way ends that wait.
+    let writer = {
+        let mut later = scenario.clone();
+        later["xid_events"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({ "seq": 5, "gpu": 0, "xid": 94 }));
+        let path = fake.dir.join("scenario.json");
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let tmp = path.with_extension("later");
+            fs::write(&tmp, later.to_string()).unwrap();
+            fs::rename(&tmp, &path).unwrap();
+        })
+    };
+    let event = set.wait(5000).unwrap();
+    assert!(matches!(event.event_data, Some(XidError::Value(94))));
+    writer.join().unwrap();
+
+    // A lost GPU makes the wait fail.
+    scenario["gpus"][0]["errors"]["nvmlEventSetWait_v2"] = json!("GpuLost");
+    fake.write(&scenario);
+    assert!(matches!(set.wait(20), Err(NvmlError::GpuLost)));
+    set.release_events().unwrap();
+}
+
+#[test]
+fn event_registration_follows_the_supported_types() {
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    let mut quiet = gpu(0);
+    quiet["supported_events"] = json!(0);
+    let fake = Fake::new("events-unsupported", &machine(vec![quiet]));
+    let nvml = fake.nvml();
+    let device = nvml.device_by_index(0).unwrap();
+    let set = nvml.create_event_set().unwrap();
+    let refused = device.register_events(EventTypes::CRITICAL_XID_ERROR, set);
+    assert!(matches!(
+        refused.map_err(|error| error.error),
+        Err(NvmlError::NotSupported)
+    ));
 }

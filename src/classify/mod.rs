@@ -14,8 +14,8 @@ pub use suspects::{Evidence, Role, Suspect};
 use crate::observe::kubernetes::KubernetesView;
 use crate::observe::pods::PodName;
 use crate::observe::{
-    CgroupAttribution, GpuError, GpuState, MemoryReading, NamespaceInit, NvmlProcess, NvmlReading,
-    Observation, ProcessFacts, ProcfsView, References,
+    CgroupAttribution, GpuError, GpuHealth, GpuState, MemoryReading, MigReading, NamespaceInit,
+    NvmlProcess, NvmlReading, Observation, ProcessFacts, ProcessList, ProcfsView, References,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -351,6 +351,11 @@ pub enum Blindness {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "note", rename_all = "snake_case")]
 pub enum Note {
+    /// NVML refused a process list (MIG needs privileges for the GPU's aggregate list).
+    ProcessListDenied {
+        /// NVML's words.
+        message: String,
+    },
     /// NVML's memory figures contradict each other; they were clamped.
     MemoryInconsistent,
     /// Unattributed memory that is not called orphaned, and why.
@@ -476,6 +481,9 @@ pub struct GpuAccount {
     pub bystanders: Vec<Suspect>,
     /// Processes holding its device file whose mappings could not be read.
     pub undetermined: Vec<Suspect>,
+    /// NVML's words when it refused a process list of this GPU: owners may be missing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes_denied: Option<String>,
     /// What the verdict amounts to.
     pub finding: Finding,
     /// What would give orphaned memory back.
@@ -578,6 +586,12 @@ pub struct GpuVerdict {
     pub assigned_to: Vec<AssignedPod>,
     /// The account, or the failure.
     pub outcome: GpuOutcome,
+    /// MIG mode and devices as observed, passed through for the renderers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigReading>,
+    /// What the driver says the GPU needs, passed through for the renderers.
+    #[serde(skip_serializing_if = "GpuHealth::is_empty")]
+    pub health: GpuHealth,
 }
 
 /// A container a GPU is assigned to.
@@ -747,13 +761,14 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                     minor: gpu.minor,
                     assigned_to: Vec::new(),
                     outcome: match (&gpu.state, owners) {
-                        (GpuState::Ok { memory, .. }, Some(owners)) => {
+                        (GpuState::Ok { memory, processes }, Some(owners)) => {
                             GpuOutcome::Measured(Box::new(account_for_gpu(
                                 *memory,
                                 owners,
                                 GpuPlace {
                                     index: gpu.index,
                                     minor: gpu.minor,
+                                    denied: processes.denied().map(str::to_string),
                                 },
                                 &Surroundings {
                                     observation,
@@ -772,6 +787,8 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                             unreachable!("owners are judged for every GPU that answered")
                         }
                     },
+                    mig: gpu.mig.clone(),
+                    health: gpu.health.clone(),
                 })
                 .collect();
             (true, None, Some(driver_version.clone()), verdicts)
@@ -844,11 +861,13 @@ fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
     }
 }
 
-/// Which GPU an account is for.
-#[derive(Clone, Copy)]
+/// Which GPU an account is for, and what its process lists could not say.
+#[derive(Clone)]
 struct GpuPlace {
     index: u32,
     minor: Option<u32>,
+    /// NVML's words when it refused a process list: owners may be missing.
+    denied: Option<String>,
 }
 
 /// What every GPU's account is judged against.
@@ -861,13 +880,13 @@ struct Surroundings<'a> {
 }
 
 fn judge_owners(
-    processes: &[NvmlProcess],
+    processes: &ProcessList,
     minor: Option<u32>,
     observation: &Observation,
     frame: &Frame,
 ) -> Vec<Owner> {
     // A snapshot may list a PID twice; the live reading never does.
-    NvmlProcess::distinct(processes.iter().copied())
+    NvmlProcess::distinct(processes.entries().iter().copied())
         .iter()
         .map(|process| judge_owner(process, observation.owners.get(&process.pid), minor, frame))
         .collect()
@@ -914,7 +933,8 @@ fn account_for_gpu(
     let mut orphaned_owner_gone_bytes = 0u64;
     let mut charged_bytes = 0u64;
     let mut usage_unavailable_owners = 0u64;
-    let mut owners_uncertain = false;
+    // A refused list may hide the owners of what is left: it cannot be called orphaned.
+    let mut owners_uncertain = place.denied.is_some();
     for owner in &owners {
         tally.add(owner.state, owner.used_bytes);
         if let Some(reason) = owner.detail.as_ref().and_then(OwnerDetail::gone_reason) {
@@ -972,6 +992,7 @@ fn account_for_gpu(
         culprits: Vec::new(),
         bystanders: Vec::new(),
         undetermined: Vec::new(),
+        processes_denied: place.denied.clone(),
         finding: Finding::Idle,
         remedy: Remedy::None,
         notes: Vec::new(),
@@ -1011,6 +1032,7 @@ fn finding(account: &GpuAccount) -> Finding {
     } else if account.tally.processes(OwnerState::Unknown) > 0
         || (account.unattributed_bytes > 0
             && account.unattributed_trust != UnattributedTrust::Counted)
+        || (account.processes_denied.is_some() && account.memory.used > 0)
     {
         Finding::CannotTell
     } else if account.memory.used == 0 && account.owners.is_empty() {
@@ -1089,6 +1111,11 @@ fn scan_blindness(scan: Option<ScanSummary>) -> Option<Blindness> {
 
 fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
     let mut notes = Vec::new();
+    if let Some(message) = &account.processes_denied {
+        notes.push(Note::ProcessListDenied {
+            message: message.clone(),
+        });
+    }
     if account.memory_inconsistent {
         notes.push(Note::MemoryInconsistent);
     }

@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::observe::{
-    GpuReading, HolderScan, Identity, NodeSet, OwnerLookup, ProcessLookup, References,
+    GpuHealth, GpuReading, HolderScan, Identity, NodeSet, OwnerLookup, ProcessList, ProcessLookup,
+    References,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -129,16 +130,21 @@ impl Host {
             minor: Some(index),
             state: GpuState::Ok {
                 memory: memory(0),
-                processes: Vec::new(),
+                processes: ProcessList::Listed(Vec::new()),
             },
+            mig: None,
+            health: GpuHealth::default(),
         });
         self
     }
 
     fn readings(&mut self, index: usize) -> (&mut MemoryReading, &mut Vec<NvmlProcess>) {
         match &mut self.gpus[index].state {
-            GpuState::Ok { memory, processes } => (memory, processes),
-            GpuState::Failed { .. } => panic!("GPU {index} failed"),
+            GpuState::Ok {
+                memory,
+                processes: ProcessList::Listed(processes),
+            } => (memory, processes),
+            state => panic!("GPU {index} has no plain process list: {state:?}"),
         }
     }
 

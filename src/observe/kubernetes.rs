@@ -571,7 +571,7 @@ fn unix_seconds() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::{GpuState, MemoryReading};
+    use crate::observe::{GpuHealth, GpuState, MemoryReading, ProcessList};
 
     fn gpu(index: u32) -> GpuReading {
         GpuReading {
@@ -587,8 +587,10 @@ mod tests {
                     used: 0,
                     free: 1,
                 },
-                processes: Vec::new(),
+                processes: ProcessList::Listed(Vec::new()),
             },
+            mig: None,
+            health: GpuHealth::default(),
         }
     }
 

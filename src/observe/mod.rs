@@ -3,11 +3,13 @@
 
 pub mod cgroup;
 mod holders;
+pub mod mig;
 mod model;
 pub mod nvml;
 pub mod parse;
 mod pidns;
 pub mod procfs;
+mod xid;
 
 pub mod kubelet;
 pub mod kubernetes;
@@ -81,6 +83,8 @@ pub struct LiveHost {
     memory: Mutex<Memory>,
     /// The kubelet's sources, when they are watched.
     kubernetes: Option<KubernetesWatch>,
+    /// The driver's table of MIG capability minors.
+    mig_minors: PathBuf,
 }
 
 impl LiveHost {
@@ -95,6 +99,7 @@ impl LiveHost {
         LiveHost {
             nvml: NvmlSource::new(nvml_library, long_running),
             placement: Placement::locate(&proc_root),
+            mig_minors: proc_root.root.join(mig::MIG_MINORS),
             proc_root,
             scan_budget,
             first_seen: Mutex::new(HashMap::new()),
@@ -133,13 +138,23 @@ impl LiveHost {
         reading
     }
 
+    /// Reads the MIG capability minors from `path` instead of the procfs's own table
+    /// (tests point it at a fixture); `None` keeps the default.
+    pub fn with_mig_minors(mut self, path: Option<PathBuf>) -> Self {
+        if let Some(path) = path {
+            self.mig_minors = path;
+        }
+        self
+    }
+
     /// The `/proc` root this host reads.
     pub fn proc_root(&self) -> &ProcRoot {
         &self.proc_root
     }
 
     fn observe(&self) -> Observation {
-        let nvml = self.nvml.read();
+        let mut nvml = self.nvml.read();
+        mig::attach_capabilities(&mut nvml, &self.mig_minors);
         let mut memory = lock(&self.memory);
         let reader = Reader::with_memory(&self.proc_root, self.placement, &memory);
         let mut procfs_errors = 0;
@@ -255,16 +270,20 @@ impl LiveHost {
     }
 }
 
-/// Every PID NVML lists on a GPU that answered, with the minor numbers of the GPUs it
-/// is listed on.
+/// Every PID NVML lists on a GPU that answered or on one of its MIG devices, with the
+/// minor numbers of the GPUs it is listed on (a MIG device's context maps its GPU's node).
 fn listed_pids(nvml: &NvmlReading) -> BTreeMap<u32, Vec<u32>> {
     let mut listed: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
     if let NvmlReading::Up { gpus, .. } = nvml {
         for gpu in gpus {
-            if let GpuState::Ok { processes, .. } = &gpu.state {
-                for process in processes {
-                    let minors = listed.entry(process.pid).or_default();
-                    minors.extend(gpu.minor);
+            let instances = gpu.mig.iter().flat_map(|mig| &mig.devices);
+            let states = std::iter::once(&gpu.state).chain(instances.map(|device| &device.state));
+            for state in states {
+                if let GpuState::Ok { processes, .. } = state {
+                    for process in processes.entries() {
+                        let minors = listed.entry(process.pid).or_default();
+                        minors.extend(gpu.minor.filter(|minor| !minors.contains(minor)));
+                    }
                 }
             }
         }

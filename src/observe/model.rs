@@ -130,6 +130,14 @@ pub struct GpuReading {
     pub minor: Option<u32>,
     /// Memory and owners, or why they could not be read.
     pub state: GpuState,
+    /// MIG mode and the MIG devices, each read through its own handle; absent for a GPU
+    /// without MIG support (and in snapshots of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigReading>,
+    /// What the driver says the GPU needs: recovery action, row remapping, retired pages,
+    /// critical Xid errors; read even when the memory calls fail.
+    #[serde(default, skip_serializing_if = "GpuHealth::is_empty")]
+    pub health: GpuHealth,
 }
 
 /// The readings of a GPU, or the error that kept us from them.
@@ -140,8 +148,9 @@ pub enum GpuState {
     Ok {
         /// Memory figures in bytes.
         memory: MemoryReading,
-        /// Union of the compute, graphics and MPS process lists.
-        processes: Vec<NvmlProcess>,
+        /// Union of the compute, graphics and MPS process lists, or what answered of them
+        /// when one was refused.
+        processes: ProcessList,
     },
     /// A call failed; the GPU's figures are unknown.
     Failed {
@@ -212,16 +221,19 @@ pub enum GpuError {
     ResetRequired,
     /// The driver does not support a call we need on this GPU.
     NotSupported,
+    /// The caller lacks the privilege (a MIG GPU's aggregate figures need root).
+    NoPermission,
     /// Any other NVML error.
     Unknown,
 }
 
 impl GpuError {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [GpuError; 4] = [
+    pub const ALL: [GpuError; 5] = [
         GpuError::GpuLost,
         GpuError::ResetRequired,
         GpuError::NotSupported,
+        GpuError::NoPermission,
         GpuError::Unknown,
     ];
 
@@ -231,9 +243,244 @@ impl GpuError {
             GpuError::GpuLost => "gpu_lost",
             GpuError::ResetRequired => "reset_required",
             GpuError::NotSupported => "not_supported",
+            GpuError::NoPermission => "no_permission",
             GpuError::Unknown => "unknown",
         }
     }
+}
+
+// What NVML lists as a device's processes, MIG devices, and what the driver says a GPU
+// needs (issue 13). Each addition reads from older snapshots through its serde default.
+
+/// The processes NVML charges memory to on a device, or the sign that a list was refused.
+///
+/// Serialised as a plain array when listed, so snapshots of older versions read as
+/// [`ProcessList::Listed`]; a refused list is an object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ProcessList {
+    /// Every list answered: the union of the compute, graphics and MPS lists.
+    Listed(Vec<NvmlProcess>),
+    /// A list was refused (`NoPermission`: on a MIG GPU the aggregate lists need root, and
+    /// a MIG device's lists need access to its capability). Memory no listed process is
+    /// charged for may belong to a process we were not shown: who owns it cannot be told.
+    Denied {
+        /// NVML's words for the refusal.
+        denied: String,
+        /// What the lists that did answer named, by PID.
+        #[serde(default)]
+        partial: Vec<NvmlProcess>,
+    },
+}
+
+impl ProcessList {
+    /// The processes we were shown: all of them, or those of the lists that answered.
+    pub fn entries(&self) -> &[NvmlProcess] {
+        match self {
+            ProcessList::Listed(processes) => processes,
+            ProcessList::Denied { partial, .. } => partial,
+        }
+    }
+
+    /// Why the list is incomplete, `None` when every list answered.
+    pub fn denied(&self) -> Option<&str> {
+        match self {
+            ProcessList::Listed(_) => None,
+            ProcessList::Denied { denied, .. } => Some(denied),
+        }
+    }
+}
+
+impl From<Vec<NvmlProcess>> for ProcessList {
+    fn from(processes: Vec<NvmlProcess>) -> Self {
+        ProcessList::Listed(processes)
+    }
+}
+
+/// MIG on one GPU: its mode and, while enabled, every MIG device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigReading {
+    /// MIG is enabled now.
+    pub enabled: bool,
+    /// MIG will be enabled after the next GPU reset; differs from `enabled` while a change
+    /// waits for that reset.
+    pub pending: bool,
+    /// One entry per MIG device (a compute instance inside a GPU instance), in MIG device
+    /// index order; empty while MIG is disabled.
+    pub devices: Vec<MigDeviceReading>,
+    /// Why the MIG devices could not be enumerated, when they could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One MIG device, read through its own handle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigDeviceReading {
+    /// Its index among the parent's MIG devices (`nvmlDeviceGetMigDeviceHandleByIndex`).
+    pub index: u32,
+    /// `MIG-...`; empty when NVML could not say.
+    pub uuid: String,
+    /// NVML's name, e.g. `NVIDIA H200 MIG 1g.18gb`.
+    pub name: String,
+    /// The profile the name ends with, e.g. `1g.18gb` (dcgm-exporter's `GPU_I_PROFILE`);
+    /// empty when the name has none.
+    pub profile: String,
+    /// The GPU instance id (dcgm-exporter's `GPU_I_ID`).
+    pub gpu_instance_id: Option<u32>,
+    /// The compute instance id within the GPU instance.
+    pub compute_instance_id: Option<u32>,
+    /// The `/dev/nvidia-caps/nvidia-cap<minor>` nodes that grant access to this instance:
+    /// a context in it holds them open (besides `/dev/nvidia<gpu minor>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<MigCapabilities>,
+    /// The instance's memory and processes, or why they could not be read.
+    pub state: GpuState,
+}
+
+/// Minors of the capability device nodes of one MIG device, from the driver's
+/// `/proc/driver/nvidia-caps/mig-minors`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigCapabilities {
+    /// The node of its GPU instance (`gpu<N>/gi<G>/access`).
+    pub gpu_instance: Option<u32>,
+    /// The node of its compute instance (`gpu<N>/gi<G>/ci<C>/access`).
+    pub compute_instance: Option<u32>,
+}
+
+/// What the driver says a GPU needs. Each part is `None` where this driver or GPU cannot
+/// say (an older driver, a GPU generation without the feature), never an error of the GPU.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuHealth {
+    /// The field `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (drivers 565 and later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<RecoveryAction>,
+    /// Row remapping (Ampere and later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows: Option<RemappedRows>,
+    /// Page retirement (GPUs before Ampere; later ones remap rows instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_pages: Option<RetiredPages>,
+    /// The NUMA node of the GPU's memory when the operating system manages it (GH200,
+    /// GB200 and GB300 in the driver's NUMA mode): NVML's used memory then includes pages
+    /// the OS keeps after processes exit, so memory charged to no process is normal there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// Critical Xid errors counted since the exporter started; `None` when nothing watches
+    /// them (one-shot commands, replays).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid: Option<XidReading>,
+}
+
+impl GpuHealth {
+    /// True when nothing is known, as in snapshots of older versions.
+    pub fn is_empty(&self) -> bool {
+        *self == GpuHealth::default()
+    }
+}
+
+/// What the driver says must happen before a GPU can be used again
+/// (`nvmlDeviceGpuRecoveryAction_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecoveryAction {
+    /// Nothing: new processes can use the GPU (`NVML_GPU_RECOVERY_ACTION_NONE`).
+    #[serde(rename = "none")]
+    NoneNeeded,
+    /// End every process on the GPU and reset it (`nvidia-smi -r`).
+    GpuReset,
+    /// Reboot the node: the fault may have left the operating system inconsistent.
+    NodeReboot,
+    /// Quiesce peer-to-peer traffic (end the processes doing it, disable UVM persistence),
+    /// then read the action again.
+    DrainP2p,
+    /// Drain peer-to-peer traffic, then reset the GPU.
+    DrainAndReset,
+    /// Recover the IMEX domain (multi-node NVLink), not the local GPU.
+    RecoverImexDomain,
+    /// Reset the GPU's PCIe bus.
+    BusReset,
+    /// Reboot the whole system.
+    SystemReboot,
+    /// A value this build does not know (a newer driver's).
+    Unrecognised(u32),
+}
+
+impl RecoveryAction {
+    /// Every named action, in the order metrics list them.
+    pub const NAMED: [RecoveryAction; 8] = [
+        RecoveryAction::NoneNeeded,
+        RecoveryAction::GpuReset,
+        RecoveryAction::NodeReboot,
+        RecoveryAction::DrainP2p,
+        RecoveryAction::DrainAndReset,
+        RecoveryAction::RecoverImexDomain,
+        RecoveryAction::BusReset,
+        RecoveryAction::SystemReboot,
+    ];
+
+    /// The action NVML's raw field value names.
+    pub fn from_raw(value: u32) -> RecoveryAction {
+        match value {
+            0 => RecoveryAction::NoneNeeded,
+            1 => RecoveryAction::GpuReset,
+            2 => RecoveryAction::NodeReboot,
+            3 => RecoveryAction::DrainP2p,
+            4 => RecoveryAction::DrainAndReset,
+            5 => RecoveryAction::RecoverImexDomain,
+            6 => RecoveryAction::BusReset,
+            7 => RecoveryAction::SystemReboot,
+            other => RecoveryAction::Unrecognised(other),
+        }
+    }
+
+    /// The label value used in metrics: `unknown` for an unrecognised value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecoveryAction::NoneNeeded => "none",
+            RecoveryAction::GpuReset => "gpu_reset",
+            RecoveryAction::NodeReboot => "node_reboot",
+            RecoveryAction::DrainP2p => "drain_p2p",
+            RecoveryAction::DrainAndReset => "drain_and_reset",
+            RecoveryAction::RecoverImexDomain => "recover_imex_domain",
+            RecoveryAction::BusReset => "bus_reset",
+            RecoveryAction::SystemReboot => "system_reboot",
+            RecoveryAction::Unrecognised(_) => "unknown",
+        }
+    }
+}
+
+/// Row remapping: spare memory rows replacing rows that had ECC errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemappedRows {
+    /// Rows remapped after correctable errors.
+    pub correctable: u32,
+    /// Rows remapped after uncorrectable errors.
+    pub uncorrectable: u32,
+    /// A remapping waits for the next GPU reset.
+    pub pending: bool,
+    /// A remapping failed: the bank had no spare row left.
+    pub failure: bool,
+}
+
+/// Page retirement: memory pages taken out of use after ECC errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredPages {
+    /// Pages retired after multiple single-bit ECC errors.
+    pub multiple_single_bit_ecc: u32,
+    /// Pages retired after a double-bit ECC error.
+    pub double_bit_ecc: u32,
+    /// Retirements wait for the next reboot or GPU reset.
+    pub pending: bool,
+}
+
+/// Critical Xid errors of one GPU, counted by the exporter's event thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidReading {
+    /// The GPU is registered for critical Xid events now.
+    pub watched: bool,
+    /// Events since the exporter started, by Xid number (79: fallen off the bus). NVML
+    /// reports 999 for an Xid it cannot name.
+    pub counts: BTreeMap<u64, u64>,
 }
 
 /// What `/proc` says about one PID.
@@ -433,4 +680,91 @@ pub struct Snapshot {
 impl Snapshot {
     /// The format this build reads and writes.
     pub const FORMAT: u32 = 2;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn gpu_readings_of_older_versions_read_without_mig_or_health() {
+        let gpu: GpuReading = serde_json::from_value(json!({
+            "index": 0, "uuid": "GPU-0", "name": "NVIDIA H200", "pci_bus_id": "00000000:19:00.0",
+            "minor": 0,
+            "state": { "status": "ok",
+                "memory": { "total": 10, "reserved": 1, "used": 2, "free": 7 },
+                "processes": [ { "pid": 432, "used_bytes": 2 } ] }
+        }))
+        .unwrap();
+        assert_eq!(gpu.mig, None);
+        assert!(gpu.health.is_empty());
+        let GpuState::Ok { processes, .. } = &gpu.state else {
+            panic!("{gpu:?}")
+        };
+        assert_eq!(processes.denied(), None);
+        assert_eq!(processes.entries()[0].pid, 432);
+        // Written back, it looks as it did: no new keys, the list still a plain array.
+        let text = serde_json::to_value(&gpu).unwrap();
+        assert!(
+            text.get("mig").is_none() && text.get("health").is_none(),
+            "{text}"
+        );
+        assert!(text["state"]["processes"].is_array(), "{text}");
+    }
+
+    #[test]
+    fn a_refused_list_and_the_health_readings_round_trip() {
+        let processes = ProcessList::Denied {
+            denied: "Insufficient Permissions".into(),
+            partial: vec![NvmlProcess {
+                pid: 7,
+                used_bytes: None,
+                mps_only: false,
+            }],
+        };
+        let text = serde_json::to_value(&processes).unwrap();
+        assert_eq!(text["denied"], "Insufficient Permissions");
+        assert_eq!(
+            serde_json::from_value::<ProcessList>(text).unwrap(),
+            processes
+        );
+        let health = GpuHealth {
+            recovery_action: Some(RecoveryAction::NodeReboot),
+            remapped_rows: Some(RemappedRows {
+                correctable: 0,
+                uncorrectable: 1,
+                pending: true,
+                failure: false,
+            }),
+            retired_pages: None,
+            numa_node: None,
+            xid: Some(XidReading {
+                watched: true,
+                counts: BTreeMap::from([(79, 2)]),
+            }),
+        };
+        let text = serde_json::to_value(&health).unwrap();
+        assert_eq!(text["recovery_action"], "node_reboot");
+        assert_eq!(text["xid"]["counts"]["79"], 2);
+        assert_eq!(serde_json::from_value::<GpuHealth>(text).unwrap(), health);
+        let unknown = serde_json::to_value(RecoveryAction::from_raw(9)).unwrap();
+        assert_eq!(
+            serde_json::from_value::<RecoveryAction>(unknown).unwrap(),
+            RecoveryAction::Unrecognised(9)
+        );
+        assert_eq!(
+            serde_json::to_value(RecoveryAction::NoneNeeded).unwrap(),
+            "none"
+        );
+    }
+
+    #[test]
+    fn every_named_recovery_action_has_its_raw_value_and_label() {
+        for (raw, action) in RecoveryAction::NAMED.into_iter().enumerate() {
+            assert_eq!(RecoveryAction::from_raw(raw as u32), action);
+            assert_ne!(action.as_str(), "unknown");
+        }
+        assert_eq!(RecoveryAction::from_raw(8).as_str(), "unknown");
+    }
 }

@@ -1,14 +1,21 @@
 //! NVML, loaded at run time: the GPUs, their memory and the processes charged for it.
 
-use super::{GpuError, GpuReading, GpuState, MemoryReading, NvmlProcess, NvmlReading};
-use nvml_wrapper::enums::device::UsedGpuMemory;
+use super::xid::XidCounter;
+use super::{
+    GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigDeviceReading, MigReading,
+    NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
+};
+use nvml_wrapper::enum_wrappers::device::RetirementCause;
+use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 use nvml_wrapper::{Device, Nvml};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// First wait before loading NVML again after a failure; doubles up to [`MAX_RETRY`].
@@ -26,7 +33,8 @@ struct Identity {
 
 #[derive(Debug)]
 enum Library {
-    Loaded(Box<Nvml>),
+    /// Shared with the thread that counts Xid events.
+    Loaded(Arc<Nvml>),
     Failed {
         error: String,
         retry_at: Instant,
@@ -48,6 +56,9 @@ pub struct NvmlSource {
     /// reports the failure in its own output instead.
     long_running: bool,
     state: Mutex<State>,
+    /// The counts of critical Xid events, kept across NVML reloads; only a server
+    /// watches them (a one-shot command would see none).
+    xid: Option<Arc<XidCounter>>,
 }
 
 impl NvmlSource {
@@ -60,6 +71,7 @@ impl NvmlSource {
                 library: None,
                 identities: HashMap::new(),
             }),
+            xid: long_running.then(|| Arc::new(XidCounter::default())),
         }
     }
 
@@ -86,7 +98,11 @@ impl NvmlSource {
                     if previous_backoff.is_some() {
                         tracing::info!("NVML loaded after earlier failures");
                     }
-                    Library::Loaded(Box::new(nvml))
+                    let nvml = Arc::new(nvml);
+                    if let Some(xid) = &self.xid {
+                        xid.start(Arc::clone(&nvml));
+                    }
+                    Library::Loaded(nvml)
                 }
                 Err(error) => {
                     let backoff = previous_backoff.map_or(FIRST_RETRY, |b| (b * 2).min(MAX_RETRY));
@@ -104,12 +120,15 @@ impl NvmlSource {
             });
         }
         match library {
-            Some(Library::Loaded(nvml)) => match read_all(nvml, identities) {
+            Some(Library::Loaded(nvml)) => match read_all(nvml, identities, self.xid.as_deref()) {
                 Ok(reading) => reading,
                 Err(error) => {
                     // The driver went away under us (unloaded, upgraded): start over.
                     let message = format!("NVML stopped answering: {error}");
                     tracing::error!(error = %error, "NVML stopped answering; reloading on a later scrape");
+                    if let Some(xid) = &self.xid {
+                        xid.stop();
+                    }
                     *library = Some(Library::Failed {
                         error: message.clone(),
                         retry_at: now + FIRST_RETRY,
@@ -164,13 +183,16 @@ impl NvmlSource {
 fn read_all(
     nvml: &Nvml,
     identities: &mut HashMap<u32, Identity>,
+    xid: Option<&XidCounter>,
 ) -> Result<NvmlReading, NvmlError> {
     let count = nvml.device_count()?;
     let driver_version = nvml.sys_driver_version().unwrap_or_default();
     let gpus = (0..count)
         .map(|index| {
             let cached = identities.entry(index).or_default();
-            read_gpu(nvml, index, cached)
+            let mut gpu = read_gpu(nvml, index, cached);
+            gpu.health.xid = xid.map(|xid| xid.reading(&gpu.uuid));
+            gpu
         })
         .collect();
     Ok(NvmlReading::Up {
@@ -180,15 +202,17 @@ fn read_all(
 }
 
 fn read_gpu(nvml: &Nvml, index: u32, cached: &mut Identity) -> GpuReading {
-    let state = match nvml.device_by_index(index) {
+    let (state, mig, health) = match nvml.device_by_index(index) {
         Ok(device) => {
             refresh_identity(&device, cached);
-            match read_state(&device) {
-                Ok((memory, processes)) => GpuState::Ok { memory, processes },
-                Err(error) => failed(error),
+            let mut state = read_state(&device);
+            let mig = read_mig(&device);
+            if let Some(mig) = &mig {
+                complete_from_instances(&mut state, mig);
             }
+            (state, mig, read_health(&device))
         }
-        Err(error) => failed(error),
+        Err(error) => (failed(error), None, GpuHealth::default()),
     };
     GpuReading {
         index,
@@ -197,6 +221,8 @@ fn read_gpu(nvml: &Nvml, index: u32, cached: &mut Identity) -> GpuReading {
         pci_bus_id: cached.pci_bus_id.clone(),
         minor: cached.minor,
         state,
+        mig,
+        health,
     }
 }
 
@@ -252,25 +278,258 @@ fn lossy_name(device: &Device) -> Option<String> {
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-fn read_state(device: &Device) -> Result<(MemoryReading, Vec<NvmlProcess>), NvmlError> {
-    let info = device.memory_info()?;
+/// Memory and processes of a GPU or a MIG device. A refused process list does not fail
+/// the device: its memory is still known, and the refusal is kept in the list.
+fn read_state(device: &Device) -> GpuState {
+    let info = match device.memory_info() {
+        Ok(info) => info,
+        Err(error) => return failed(error),
+    };
     let memory = MemoryReading {
         total: info.total,
         reserved: info.reserved,
         used: info.used,
         free: info.free,
     };
-    let compute = with_v2_fallback(device.running_compute_processes(), || {
-        device.running_compute_processes_v2()
-    })?;
-    let graphics = with_v2_fallback(device.running_graphics_processes(), || {
-        device.running_graphics_processes_v2()
-    })?;
-    let mps = optional(device.mps_running_compute_processes())?;
-    Ok((
-        memory,
-        union_by_pid([(compute, false), (graphics, false), (mps, true)]),
-    ))
+    match read_processes(device) {
+        Ok(processes) => GpuState::Ok { memory, processes },
+        Err(error) => failed(error),
+    }
+}
+
+/// The union of the three process lists, or what answered of them when one was refused.
+fn read_processes(device: &Device) -> Result<ProcessList, NvmlError> {
+    // Each list with whether it is the MPS clients'.
+    let lists = [
+        (
+            with_v2_fallback(device.running_compute_processes(), || {
+                device.running_compute_processes_v2()
+            }),
+            false,
+        ),
+        (
+            with_v2_fallback(device.running_graphics_processes(), || {
+                device.running_graphics_processes_v2()
+            }),
+            false,
+        ),
+        (optional(device.mps_running_compute_processes()), true),
+    ];
+    let mut answered = Vec::new();
+    let mut denied = None;
+    for (list, mps) in lists {
+        match list {
+            Ok(list) => answered.push((list, mps)),
+            Err(NvmlError::NoPermission) => {
+                denied.get_or_insert_with(|| NvmlError::NoPermission.to_string());
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    let processes = union_by_pid(answered);
+    Ok(match denied {
+        None => ProcessList::Listed(processes),
+        Some(denied) => ProcessList::Denied {
+            denied,
+            partial: processes,
+        },
+    })
+}
+
+/// A MIG GPU's aggregate lists need root, while each MIG device's own lists may answer:
+/// when every instance listed its processes, together they are the GPU's.
+fn complete_from_instances(state: &mut GpuState, mig: &MigReading) {
+    let GpuState::Ok { processes, .. } = state else {
+        return;
+    };
+    if processes.denied().is_none() || !mig.enabled || mig.error.is_some() {
+        return;
+    }
+    let mut union = Vec::new();
+    for device in &mig.devices {
+        match &device.state {
+            GpuState::Ok {
+                processes: ProcessList::Listed(listed),
+                ..
+            } => union.extend(listed.iter().copied()),
+            _ => return,
+        }
+    }
+    let mut union = NvmlProcess::distinct(union);
+    union.sort_by_key(|process| process.pid);
+    *processes = ProcessList::Listed(union);
+}
+
+/// MIG mode and, while enabled, every MIG device through its own handle; `None` for a
+/// GPU (or driver) without MIG.
+fn read_mig(device: &Device) -> Option<MigReading> {
+    let mode = match device.mig_mode() {
+        Ok(mode) => mode,
+        Err(error) => {
+            tracing::debug!(error = %error, "no MIG mode");
+            return None;
+        }
+    };
+    let mut mig = MigReading {
+        enabled: mode.current == MIG_ENABLED,
+        pending: mode.pending == MIG_ENABLED,
+        devices: Vec::new(),
+        error: None,
+    };
+    if !mig.enabled {
+        return Some(mig);
+    }
+    let slots = match device.mig_device_count() {
+        Ok(slots) => slots,
+        Err(error) => {
+            mig.error = Some(error.to_string());
+            return Some(mig);
+        }
+    };
+    for index in 0..slots {
+        match device.mig_device_by_index(index) {
+            Ok(instance) => mig.devices.push(read_mig_device(index, &instance)),
+            // Indices without a MIG device, below the GPU's maximum.
+            Err(NvmlError::NotFound) => {}
+            Err(error) => mig.devices.push(MigDeviceReading {
+                index,
+                uuid: String::new(),
+                name: String::new(),
+                profile: String::new(),
+                gpu_instance_id: None,
+                compute_instance_id: None,
+                capabilities: None,
+                state: failed(error),
+            }),
+        }
+    }
+    Some(mig)
+}
+
+/// `NVML_DEVICE_MIG_ENABLE`.
+const MIG_ENABLED: u32 = 1;
+
+fn read_mig_device(index: u32, device: &Device) -> MigDeviceReading {
+    let name = match device.name() {
+        Ok(name) => name,
+        Err(NvmlError::Utf8Error(_)) => lossy_name(device).unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    MigDeviceReading {
+        index,
+        uuid: device.uuid().unwrap_or_default(),
+        profile: mig_profile(&name).to_string(),
+        name,
+        gpu_instance_id: instance_id(device, InstanceKind::Gpu),
+        compute_instance_id: instance_id(device, InstanceKind::Compute),
+        capabilities: None,
+        state: read_state(device),
+    }
+}
+
+/// The profile a MIG device's name ends with: `1g.18gb` of `NVIDIA H200 MIG 1g.18gb`,
+/// `1c.3g.20gb` of a compute instance smaller than its GPU instance.
+pub fn mig_profile(name: &str) -> &str {
+    name.rsplit_once(" MIG ")
+        .map_or("", |(_, profile)| profile.trim())
+}
+
+/// Which id of a MIG device to ask for.
+#[derive(Clone, Copy)]
+enum InstanceKind {
+    Gpu,
+    Compute,
+}
+
+/// A MIG device's GPU or compute instance id; nvml-wrapper does not wrap these calls.
+fn instance_id(device: &Device, kind: InstanceKind) -> Option<u32> {
+    let lib = device.nvml().lib();
+    let call = match kind {
+        InstanceKind::Gpu => lib.nvmlDeviceGetGpuInstanceId.as_ref().ok()?,
+        InstanceKind::Compute => lib.nvmlDeviceGetComputeInstanceId.as_ref().ok()?,
+    };
+    let mut id = 0;
+    // SAFETY: the handle comes from a live `Device` of this library, and NVML writes one
+    // unsigned int into `id`, which we own.
+    let status = unsafe { call(device.handle(), &mut id) };
+    (status == 0).then_some(id)
+}
+
+/// What the driver says the GPU needs. Each reading that this driver or GPU cannot give
+/// is `None`: a missing feature is not a failure of the GPU.
+fn read_health(device: &Device) -> GpuHealth {
+    GpuHealth {
+        recovery_action: recovery_action(
+            device.field_values_for(&[FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)]),
+        ),
+        remapped_rows: remapped_rows(device),
+        retired_pages: retired_pages(device),
+        numa_node: device.numa_node_id().ok(),
+        xid: None,
+    }
+}
+
+/// The recovery action from a field-value answer: absent when the call or the field
+/// failed (a driver before 565 answers `NotSupported` for the field, an older library
+/// lacks the call).
+fn recovery_action(
+    answer: Result<
+        Vec<Result<nvml_wrapper::struct_wrappers::device::FieldValueSample, NvmlError>>,
+        NvmlError,
+    >,
+) -> Option<RecoveryAction> {
+    let sample = answer.ok()?.into_iter().next()?.ok()?;
+    let raw = match sample.value.ok()? {
+        SampleValue::U32(value) => value,
+        SampleValue::U64(value) => u32::try_from(value).ok()?,
+        SampleValue::I64(value) => u32::try_from(value).ok()?,
+        SampleValue::F64(_) => return None,
+    };
+    Some(RecoveryAction::from_raw(raw))
+}
+
+/// Row remapping; nvml-wrapper does not wrap this call.
+fn remapped_rows(device: &Device) -> Option<RemappedRows> {
+    let call = device
+        .nvml()
+        .lib()
+        .nvmlDeviceGetRemappedRows
+        .as_ref()
+        .ok()?;
+    let (mut correctable, mut uncorrectable, mut pending, mut failure) = (0, 0, 0, 0);
+    // SAFETY: the handle comes from a live `Device` of this library, and NVML writes one
+    // unsigned int into each of the four, which we own.
+    let status = unsafe {
+        call(
+            device.handle(),
+            &mut correctable,
+            &mut uncorrectable,
+            &mut pending,
+            &mut failure,
+        )
+    };
+    (status == 0).then_some(RemappedRows {
+        correctable,
+        uncorrectable,
+        pending: pending != 0,
+        failure: failure != 0,
+    })
+}
+
+/// Page retirement, when the GPU retires pages at all.
+fn retired_pages(device: &Device) -> Option<RetiredPages> {
+    let pending = device.are_pages_pending_retired().ok()?;
+    let count = |cause| {
+        device
+            .retired_pages(cause)
+            .ok()
+            .map(|pages| pages.len() as u32)
+    };
+    Some(RetiredPages {
+        multiple_single_bit_ecc: count(RetirementCause::MultipleSingleBitEccErrors)?,
+        double_bit_ecc: count(RetirementCause::DoubleBitEccError)?,
+        pending,
+    })
 }
 
 /// Drivers older than the `_v3` process calls still answer the `_v2` ones.
@@ -294,7 +553,7 @@ fn optional(list: Result<Vec<ProcessInfo>, NvmlError>) -> Result<Vec<ProcessInfo
 
 /// One entry per PID over the lists (see [`NvmlProcess::distinct`]), in PID order; each
 /// list says whether it is the MPS clients'.
-fn union_by_pid<const N: usize>(lists: [(Vec<ProcessInfo>, bool); N]) -> Vec<NvmlProcess> {
+fn union_by_pid(lists: impl IntoIterator<Item = (Vec<ProcessInfo>, bool)>) -> Vec<NvmlProcess> {
     let mut processes = NvmlProcess::distinct(lists.into_iter().flat_map(|(list, mps)| {
         list.into_iter().map(move |info| NvmlProcess {
             pid: info.pid,
@@ -314,10 +573,153 @@ fn failed(error: NvmlError) -> GpuState {
         NvmlError::GpuLost => GpuError::GpuLost,
         NvmlError::ResetRequired => GpuError::ResetRequired,
         NvmlError::NotSupported => GpuError::NotSupported,
+        NvmlError::NoPermission => GpuError::NoPermission,
         _ => GpuError::Unknown,
     };
     GpuState::Failed {
         error: kind,
         message: error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+
+    fn sample(value: Result<SampleValue, NvmlError>) -> FieldValueSample {
+        FieldValueSample {
+            field: FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION),
+            timestamp: 0,
+            latency: 0,
+            value,
+        }
+    }
+
+    #[test]
+    fn recovery_action_is_read_or_absent_never_an_error() {
+        assert_eq!(
+            recovery_action(Ok(vec![Ok(sample(Ok(SampleValue::U32(1))))])),
+            Some(RecoveryAction::GpuReset)
+        );
+        assert_eq!(
+            recovery_action(Ok(vec![Ok(sample(Ok(SampleValue::U64(2))))])),
+            Some(RecoveryAction::NodeReboot)
+        );
+        assert_eq!(
+            recovery_action(Ok(vec![Ok(sample(Ok(SampleValue::U32(42))))])),
+            Some(RecoveryAction::Unrecognised(42))
+        );
+        // A driver before 565 answers the field NotSupported; an older library lacks
+        // the call; a lost GPU fails it: the action is unknown, the GPU is not failed.
+        for absent in [
+            Ok(vec![Ok(sample(Err(NvmlError::NotSupported)))]),
+            Err(NvmlError::FailedToLoadSymbol(
+                "nvmlDeviceGetFieldValues".into(),
+            )),
+            Err(NvmlError::GpuLost),
+            Ok(vec![]),
+            Ok(vec![Ok(sample(Ok(SampleValue::F64(1.0))))]),
+        ] {
+            assert_eq!(recovery_action(absent), None);
+        }
+    }
+
+    #[test]
+    fn mig_profiles_are_the_end_of_the_name() {
+        assert_eq!(mig_profile("NVIDIA H200 MIG 1g.18gb"), "1g.18gb");
+        assert_eq!(
+            mig_profile("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb"),
+            "1c.3g.20gb"
+        );
+        assert_eq!(mig_profile("NVIDIA H200"), "");
+    }
+
+    fn memory(used: u64) -> MemoryReading {
+        MemoryReading {
+            total: 18 << 30,
+            reserved: 0,
+            used,
+            free: (18 << 30) - used,
+        }
+    }
+
+    fn instance(index: u32, processes: ProcessList) -> MigDeviceReading {
+        MigDeviceReading {
+            index,
+            uuid: format!("MIG-{index}"),
+            name: "NVIDIA H200 MIG 1g.18gb".into(),
+            profile: "1g.18gb".into(),
+            gpu_instance_id: Some(index + 1),
+            compute_instance_id: Some(0),
+            capabilities: None,
+            state: GpuState::Ok {
+                memory: memory(1 << 30),
+                processes,
+            },
+        }
+    }
+
+    fn process(pid: u32) -> NvmlProcess {
+        NvmlProcess {
+            pid,
+            used_bytes: Some(1 << 30),
+            mps_only: false,
+        }
+    }
+
+    fn denied() -> ProcessList {
+        ProcessList::Denied {
+            denied: "Insufficient Permissions".into(),
+            partial: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_refused_aggregate_is_completed_from_instances_that_all_answered() {
+        let mig = MigReading {
+            enabled: true,
+            pending: true,
+            devices: vec![
+                instance(0, ProcessList::Listed(vec![process(30)])),
+                instance(1, ProcessList::Listed(vec![])),
+                instance(2, ProcessList::Listed(vec![process(20), process(30)])),
+            ],
+            error: None,
+        };
+        let mut state = GpuState::Ok {
+            memory: memory(2 << 30),
+            processes: denied(),
+        };
+        complete_from_instances(&mut state, &mig);
+        let GpuState::Ok { processes, .. } = &state else {
+            unreachable!()
+        };
+        assert_eq!(
+            processes,
+            &ProcessList::Listed(vec![process(20), process(30)])
+        );
+    }
+
+    #[test]
+    fn one_refused_instance_keeps_the_aggregate_refused() {
+        let mig = MigReading {
+            enabled: true,
+            pending: true,
+            devices: vec![
+                instance(0, ProcessList::Listed(vec![process(30)])),
+                instance(1, denied()),
+            ],
+            error: None,
+        };
+        let mut state = GpuState::Ok {
+            memory: memory(2 << 30),
+            processes: denied(),
+        };
+        complete_from_instances(&mut state, &mig);
+        let GpuState::Ok { processes, .. } = &state else {
+            unreachable!()
+        };
+        assert!(processes.denied().is_some());
     }
 }

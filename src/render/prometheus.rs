@@ -4,8 +4,11 @@
 use crate::classify::{GoneReason, GpuAccount, GpuOutcome, GpuVerdict, OwnerState, Report, Role};
 use crate::observe::kubernetes::{KubeletSource, KubernetesView};
 use crate::observe::pods::PodName;
-use crate::observe::{GpuError, MemoryReading, ProcfsView};
+use crate::observe::{
+    GpuError, GpuState, MemoryReading, MigDeviceReading, ProcessList, ProcfsView, RecoveryAction,
+};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use std::fmt;
@@ -130,6 +133,8 @@ pub fn encode_report(
     if let Some(kubernetes) = &report.kubernetes {
         encode_kubernetes(encoder, kubernetes)?;
     }
+    encode_mig(encoder, &report.gpus)?;
+    encode_gpu_health(encoder, &report.gpus)?;
     gauge(
         encoder,
         "vram_scrape_duration_seconds",
@@ -505,4 +510,276 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         "GPU and MIG devices the kubelet assigns to containers that match no GPU NVML lists (a GPU NVML lost, or an id it cannot place).",
         [(Labels::new(), kubernetes.unmatched_devices)],
     )
+}
+
+// MIG devices and what the driver says a GPU needs (issue 13).
+
+/// Writes one counter family; prometheus-client appends `_total` to `name`.
+fn counter<I>(encoder: &mut DescriptorEncoder, name: &str, help: &str, samples: I) -> fmt::Result
+where
+    I: IntoIterator<Item = (Labels, u64)>,
+{
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in samples {
+        let metric = family.encode_family(&labels)?;
+        ConstCounter::new(value).encode(metric)?;
+    }
+    Ok(())
+}
+
+/// The labels of a MIG device: its parent's, then dcgm-exporter's names for the GPU
+/// instance id and profile and DCGM's entity name for the compute instance id, so
+/// queries can join with `DCGM_FI_*` series.
+fn mig_labels(gpu: &GpuVerdict, device: &MigDeviceReading) -> Labels {
+    let id = |id: Option<u32>| id.map(|id| id.to_string()).unwrap_or_default();
+    let labels = with(gpu_labels(gpu), "GPU_I_ID", id(device.gpu_instance_id));
+    let labels = with(labels, "GPU_CI_ID", id(device.compute_instance_id));
+    with(labels, "GPU_I_PROFILE", device.profile.clone())
+}
+
+/// Every MIG device of every GPU with MIG enabled.
+fn mig_devices(gpus: &[GpuVerdict]) -> impl Iterator<Item = (&GpuVerdict, &MigDeviceReading)> {
+    gpus.iter().flat_map(|gpu| {
+        gpu.mig
+            .iter()
+            .flat_map(|mig| &mig.devices)
+            .map(move |device| (gpu, device))
+    })
+}
+
+/// A MIG device's memory and processes, when its calls answered.
+fn mig_measured(device: &MigDeviceReading) -> Option<(&MemoryReading, &ProcessList)> {
+    match &device.state {
+        GpuState::Ok { memory, processes } => Some((memory, processes)),
+        GpuState::Failed { .. } => None,
+    }
+}
+
+fn encode_mig(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Result {
+    let with_mig: Vec<_> = gpus
+        .iter()
+        .filter_map(|gpu| gpu.mig.as_ref().map(|mig| (gpu, mig)))
+        .collect();
+    gauge(
+        encoder,
+        "vram_gpu_mig_mode",
+        "1 when MIG is enabled on this GPU, 0 when disabled; absent for GPUs without MIG.",
+        with_mig
+            .iter()
+            .map(|(gpu, mig)| (gpu_labels(gpu), flag(mig.enabled))),
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_mig_mode_pending",
+        "The MIG mode this GPU takes at its next reset (1 enabled, 0 disabled); differs from vram_gpu_mig_mode while a change waits for the reset.",
+        with_mig
+            .iter()
+            .map(|(gpu, mig)| (gpu_labels(gpu), flag(mig.pending))),
+    )?;
+    gauge(
+        encoder,
+        "vram_mig_info",
+        "Identity of each MIG device (a compute instance inside a GPU instance); always 1.",
+        mig_devices(gpus).map(|(gpu, device)| {
+            let labels = with(mig_labels(gpu, device), "mig_uuid", device.uuid.clone());
+            (with(labels, "name", device.name.clone()), 1i64)
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_mig_up",
+        "1 when this MIG device's memory and process calls answered, 0 when one failed and its other series are missing.",
+        mig_devices(gpus).map(|(gpu, device)| {
+            (
+                mig_labels(gpu, device),
+                flag(mig_measured(device).is_some()),
+            )
+        }),
+    )?;
+    let memory_series: [MemorySeries; 4] = [
+        (
+            "vram_mig_total_bytes",
+            "Memory of this MIG device's GPU instance in bytes.",
+            |m| m.total,
+        ),
+        (
+            "vram_mig_used_bytes",
+            "Memory allocated in this MIG device in bytes, excluding the driver's reservation (NVML v2).",
+            |m| m.used,
+        ),
+        (
+            "vram_mig_reserved_bytes",
+            "Memory of this MIG device reserved by the driver in bytes.",
+            |m| m.reserved,
+        ),
+        (
+            "vram_mig_free_bytes",
+            "Memory of this MIG device neither used nor reserved, in bytes.",
+            |m| m.free,
+        ),
+    ];
+    for (name, help, value) in memory_series {
+        gauge(
+            encoder,
+            name,
+            help,
+            mig_devices(gpus).filter_map(|(gpu, device)| {
+                mig_measured(device).map(|(memory, _)| (mig_labels(gpu, device), value(memory)))
+            }),
+        )?;
+    }
+    gauge(
+        encoder,
+        "vram_mig_processes",
+        "Processes NVML lists in this MIG device (compute, graphics and MPS, once each); with a refused list, those of the lists that answered.",
+        mig_devices(gpus).filter_map(|(gpu, device)| {
+            mig_measured(device).map(|(_, processes)| {
+                (
+                    mig_labels(gpu, device),
+                    processes.entries().len() as u64,
+                )
+            })
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_mig_process_list_denied",
+        "1 when NVML refused a process list of this MIG device (no permission): who owns its memory cannot be told.",
+        mig_devices(gpus).filter_map(|(gpu, device)| {
+            mig_measured(device).map(|(_, processes)| {
+                (
+                    mig_labels(gpu, device),
+                    flag(processes.denied().is_some()),
+                )
+            })
+        }),
+    )
+}
+
+fn encode_gpu_health(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Result {
+    gauge(
+        encoder,
+        "vram_gpu_process_list_denied",
+        "1 when NVML refused a process list of this GPU (no permission; a MIG GPU's aggregate lists need root) and its MIG devices could not make up for it: memory no listed process is charged for is not called orphaned.",
+        gpus.iter().filter_map(|gpu| {
+            gpu.account()
+                .map(|account| (gpu_labels(gpu), flag(account.processes_denied.is_some())))
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_recovery_action",
+        "1 for the recovery action the driver asks for (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, recover_imex_domain, bus_reset, system_reboot; unknown for a value this exporter does not know), else 0; absent where the driver cannot say (before 565).",
+        gpus.iter().flat_map(|gpu| {
+            gpu.health.recovery_action.into_iter().flat_map(move |action| {
+                recovery_labels().map(move |name| {
+                    (
+                        with(gpu_labels(gpu), "action", name),
+                        flag(action.as_str() == name),
+                    )
+                })
+            })
+        }),
+    )?;
+    let rows = |gpu: &GpuVerdict| gpu.health.remapped_rows;
+    gauge(
+        encoder,
+        "vram_gpu_remapped_rows",
+        "Memory rows this GPU has remapped to spare rows, by the errors that caused it (correctable, uncorrectable); absent on GPUs without row remapping.",
+        gpus.iter().flat_map(|gpu| {
+            rows(gpu).into_iter().flat_map(move |rows| {
+                [
+                    (
+                        with(gpu_labels(gpu), "cause", "correctable"),
+                        u64::from(rows.correctable),
+                    ),
+                    (
+                        with(gpu_labels(gpu), "cause", "uncorrectable"),
+                        u64::from(rows.uncorrectable),
+                    ),
+                ]
+            })
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_row_remap_pending",
+        "1 when a row remapping waits for the next reset of this GPU.",
+        gpus.iter()
+            .filter_map(|gpu| rows(gpu).map(|rows| (gpu_labels(gpu), flag(rows.pending)))),
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_row_remap_failure",
+        "1 when a row remapping of this GPU failed (no spare row left): the GPU should be replaced.",
+        gpus.iter().filter_map(|gpu| {
+            rows(gpu).map(|rows| (gpu_labels(gpu), flag(rows.failure)))
+        }),
+    )?;
+    let pages = |gpu: &GpuVerdict| gpu.health.retired_pages;
+    gauge(
+        encoder,
+        "vram_gpu_retired_pages",
+        "Memory pages this GPU has retired, by cause (multiple_single_bit_ecc, double_bit_ecc); absent on GPUs that remap rows instead.",
+        gpus.iter().flat_map(|gpu| {
+            pages(gpu).into_iter().flat_map(move |pages| {
+                [
+                    (
+                        with(gpu_labels(gpu), "cause", "multiple_single_bit_ecc"),
+                        u64::from(pages.multiple_single_bit_ecc),
+                    ),
+                    (
+                        with(gpu_labels(gpu), "cause", "double_bit_ecc"),
+                        u64::from(pages.double_bit_ecc),
+                    ),
+                ]
+            })
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_retired_pages_pending",
+        "1 when page retirements of this GPU wait for the next reboot or reset.",
+        gpus.iter()
+            .filter_map(|gpu| pages(gpu).map(|pages| (gpu_labels(gpu), flag(pages.pending)))),
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_memory_os_managed",
+        "1 when this GPU's memory is a NUMA node the operating system manages (GH200, GB200 in NUMA mode): used memory then includes pages kept after processes exit, and memory charged to no process is normal.",
+        gpus.iter().map(|gpu| {
+            (gpu_labels(gpu), flag(gpu.health.numa_node.is_some()))
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_xid_watched",
+        "1 while the exporter receives this GPU's critical Xid events, 0 when it cannot (not supported, NVML failing); absent outside the server.",
+        gpus.iter().filter_map(|gpu| {
+            gpu.health
+                .xid
+                .as_ref()
+                .map(|xid| (gpu_labels(gpu), flag(xid.watched)))
+        }),
+    )?;
+    counter(
+        encoder,
+        "vram_xid_errors",
+        "Critical Xid errors NVML reported for this GPU since the exporter started, by Xid (79: fallen off the bus; 999: an Xid NVML cannot name).",
+        gpus.iter().flat_map(|gpu| {
+            gpu.health.xid.iter().flat_map(move |xid| {
+                xid.counts
+                    .iter()
+                    .map(move |(number, count)| (with(gpu_labels(gpu), "xid", number.to_string()), *count))
+            })
+        }),
+    )
+}
+
+/// Label values of `vram_gpu_recovery_action`: every named action, then `unknown`.
+fn recovery_labels() -> impl Iterator<Item = &'static str> {
+    RecoveryAction::NAMED
+        .into_iter()
+        .map(RecoveryAction::as_str)
+        .chain(std::iter::once(RecoveryAction::Unrecognised(0).as_str()))
 }

@@ -494,6 +494,9 @@ fn bystander_note(account: &GpuAccount, gpu: u32) -> Option<String> {
 
 fn note_words(note: &Note, gpu: u32) -> String {
     match note {
+        Note::ProcessListDenied { message } => format!(
+            "NVML refused this GPU's process list ({message}): owners may be missing, so memory charged to no listed process is not called orphaned (a MIG GPU's aggregate list needs root; run as root, or read each MIG device)."
+        ),
         Note::MemoryInconsistent => "NVML's memory figures for this GPU contradict each other (reserved, used or free beyond the total): they are clamped to the total, and memory charged to no process is not called orphaned.".into(),
         Note::UnattributedNotCounted { bytes, trust } => match trust {
             UnattributedTrust::Blind => format!(

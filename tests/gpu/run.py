@@ -222,6 +222,9 @@ def main():
     suite.expect("1 idle", "orphaned bytes", 0, orphaned(s))
     suite.expect("1 idle", "host PID namespace", 1, value(s, "vram_host_pid_namespace"))
 
+    # 1b. what the driver says the GPU needs; MIG mode is read as it is, never changed
+    health(suite, exporter)
+
     # 2. live owner; also the scrape latency against nvidia-smi with that owner alive
     proc, pid = suite.owner("hold", 8 * GiB)
     s = exporter.scrape(save_as=os.path.join(args.out, "metrics-live-owner.txt"))
@@ -360,6 +363,38 @@ def main():
         json.dump(dict(rows=suite.rows, facts=suite.facts, failed=len(failed)), f, indent=2, default=str)
     print(f"\n{len(suite.rows) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
+
+
+def samples_of(samples, name, **labels):
+    return [v for n, l, v in samples if n == name and all(l.get(k) == str(x) for k, x in labels.items())]
+
+
+def health(suite, exporter):
+    """The GPU-health and MIG series read real values on a healthy GPU 0."""
+    name = "1b GPU health"
+    # The event thread registers GPUs once the first scrape has loaded NVML.
+    wait_for("GPU 0 watched for Xid events",
+             lambda: samples_of(exporter.scrape(), "vram_xid_watched", gpu=0) == [1.0], limit=15)
+    s = exporter.scrape(save_as=os.path.join(suite.out, "metrics-health.txt"))
+    one = lambda metric, **labels: samples_of(s, metric, gpu=0, **labels)
+    suite.expect(name, "recovery action none (driver >= 565)", [1.0], one("vram_gpu_recovery_action", action="none"))
+    suite.expect(name, "recovery action series (one per action)", 9, len(one("vram_gpu_recovery_action")))
+    suite.expect(name, "row remap pending", [0.0], one("vram_gpu_row_remap_pending"))
+    suite.expect(name, "row remap failure", [0.0], one("vram_gpu_row_remap_failure"))
+    rows = one("vram_gpu_remapped_rows")
+    suite.expect(name, "remapped rows: 2 causes, read", 2, len(rows))
+    suite.facts["remapped_rows"] = {l["cause"]: v for n, l, v in s
+                                    if n == "vram_gpu_remapped_rows" and l.get("gpu") == "0"}
+    pending_pages = one("vram_gpu_retired_pages_pending")
+    suite.expect(name, "retired pages: absent or none pending", "[] or [0.0]", str(pending_pages),
+                 ok=pending_pages in ([], [0.0]))
+    mig = one("vram_gpu_mig_mode")
+    suite.facts["mig_mode"] = mig
+    suite.expect(name, "MIG mode read (left as it is)", 1, len(mig))
+    suite.expect(name, "process lists not refused", [0.0], one("vram_gpu_process_list_denied"))
+    suite.expect(name, "memory not OS-managed (x86 H200)", [0.0], one("vram_gpu_memory_os_managed"))
+    suite.expect(name, "no Xid since the exporter started", [], one("vram_xid_errors_total"))
+    suite.expect(name, "no GPU error", [0.0], one("vram_gpu_error", error="no_permission"))
 
 
 def device_holders():

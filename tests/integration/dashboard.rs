@@ -49,6 +49,27 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_kubelet_error",
     "vram_kubelet_last_success_timestamp_seconds",
     "vram_kubelet_unmatched_devices",
+    // MIG devices and what the driver says a GPU needs.
+    "vram_gpu_mig_mode",
+    "vram_gpu_mig_mode_pending",
+    "vram_mig_info",
+    "vram_mig_up",
+    "vram_mig_total_bytes",
+    "vram_mig_used_bytes",
+    "vram_mig_reserved_bytes",
+    "vram_mig_free_bytes",
+    "vram_mig_processes",
+    "vram_mig_process_list_denied",
+    "vram_gpu_process_list_denied",
+    "vram_gpu_recovery_action",
+    "vram_gpu_remapped_rows",
+    "vram_gpu_row_remap_pending",
+    "vram_gpu_row_remap_failure",
+    "vram_gpu_retired_pages",
+    "vram_gpu_retired_pages_pending",
+    "vram_gpu_memory_os_managed",
+    "vram_xid_watched",
+    "vram_xid_errors_total",
 ];
 
 /// Template variables the dashboard must offer, besides the datasource, in their chain's
@@ -930,12 +951,18 @@ fn every_panel_has_data_from_a_real_prometheus_scraping_a_fork_orphan() {
     // panels about failing GPUs have something to show.
     let rig = Rig::new();
     let (dead_owner, holder) = Holder::fork_orphan(&rig.device(0));
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .gpu(Gpu::idle(1).error("nvmlDeviceGetMemoryInfo_v2", "Unknown"))
-            .into_json(),
-    );
+    let scenario = Gpus::new()
+        .gpu(
+            Gpu::idle(0)
+                .used(USED)
+                .process(dead_owner, Some(CHARGED))
+                .recovery_action(0)
+                .remapped_rows(0, 0, false, false),
+        )
+        .gpu(Gpu::idle(1).error("nvmlDeviceGetMemoryInfo_v2", "Unknown"))
+        .gpu(Gpu::idle(2).mig(vec![MigDevice::new(2, 1)]))
+        .into_json();
+    rig.write_scenario(&scenario);
     // A kubelet that assigned GPU 0 to a pod, for the panels that name pods.
     let kubelet = StandInKubelet::start(Behaviour::Answer(vec![
         Pod::new("ml", "sglang-0").container("server", &[("nvidia.com/gpu", &[&Gpu::uuid(0)])])
@@ -946,6 +973,11 @@ fn every_panel_has_data_from_a_real_prometheus_scraping_a_fork_orphan() {
         "--kubelet.refresh-interval",
         "100ms",
     ]);
+    // A critical Xid after the exporter started watching: the event panels have data.
+    wait_until("the exporter watches Xid events", WAIT, || {
+        exporter.scrape().value("vram_xid_watched", &[("gpu", "0")]) == 1.0
+    });
+    rig.write_scenario(&with_xid_events(scenario, &[(1, 0, 79)]));
 
     let config = tempfile::tempdir().expect("temporary folder");
     let prometheus_config = config.path().join("prometheus.yml");
@@ -991,7 +1023,7 @@ fn every_panel_has_data_from_a_real_prometheus_scraping_a_fork_orphan() {
     }
     assert_eq!(chosen["job"], [JOB]);
     assert_eq!(chosen["instance"], [exporter.address.to_string()]);
-    assert_eq!(chosen["gpu"], ["0", "1"]);
+    assert_eq!(chosen["gpu"], ["0", "1", "2"]);
 
     let panels = panel_queries(&dashboard);
     for (title, _) in EMPTY_IN_THE_LIVE_SCENARIO {

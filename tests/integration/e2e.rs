@@ -65,12 +65,21 @@ fn fork_orphan_alert_reaches_alertmanager_resolves_and_the_dashboard_has_data() 
     let host_a = rig.start(&[]);
     // Host B: a degraded host that has data for the panels about failures: its exporter
     // may not read root's descriptors (PID 1 is listed as an owner: /proc read errors)
-    // and its GPU 1 fails with an NVML error. Nothing on it is orphaned.
+    // and its GPU 1 fails with an NVML error. Nothing on it is orphaned. Its driver
+    // reports a recovery action and row remapping, and its GPU 2 runs MIG, for the GPU
+    // health panels.
     let rig_b = Rig::new();
     rig_b.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(1, Some(CHARGED)))
+            .gpu(
+                Gpu::idle(0)
+                    .used(USED)
+                    .process(1, Some(CHARGED))
+                    .recovery_action(0)
+                    .remapped_rows(0, 0, false, false),
+            )
             .gpu(Gpu::idle(1).error("nvmlDeviceGetMemoryInfo_v2", "Unknown"))
+            .gpu(Gpu::idle(2).mig(vec![MigDevice::new(2, 1)]))
             .into_json(),
     );
     let host_b = start(rig_b.unprivileged_command(&["--web.listen-address", "127.0.0.1:0"]));

@@ -1410,3 +1410,176 @@ pub fn task_flags(pid: u32) -> Option<u32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(") ")?.1.split(' ').nth(6)?.parse().ok()
 }
+
+// Helpers of the MIG and GPU-health tests: MIG devices, what the driver says a GPU
+// needs, Xid events, and the capability nodes of MIG instances.
+
+/// Memory of a `1g.18gb` GPU instance of an H200, as NVML reports it (17.8 GiB).
+pub const MIG_1G_TOTAL: u64 = 19_092_471_808;
+
+impl Gpu {
+    /// MIG enabled (now and after the next reset) with these MIG devices, in index order.
+    pub fn mig(mut self, devices: Vec<MigDevice>) -> Gpu {
+        let devices: Vec<Value> = devices.into_iter().map(|device| device.0).collect();
+        self.0["mig"] = json!({ "current": true, "pending": true, "devices": devices });
+        self
+    }
+
+    /// MIG supported but disabled, as on a GPU that never had it turned on.
+    pub fn mig_disabled(mut self) -> Gpu {
+        self.0["mig"] = json!({ "current": false, "pending": false });
+        self
+    }
+
+    /// The raw `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` value (0 none, 1 GPU reset, 2 node
+    /// reboot, 3 drain P2P, 4 drain and reset).
+    pub fn recovery_action(mut self, raw: u32) -> Gpu {
+        self.0["recovery_action"] = json!(raw);
+        self
+    }
+
+    /// What `nvmlDeviceGetRemappedRows` answers.
+    pub fn remapped_rows(
+        mut self,
+        correctable: u32,
+        uncorrectable: u32,
+        pending: bool,
+        failure: bool,
+    ) -> Gpu {
+        self.0["remapped_rows"] = json!({
+            "correctable": correctable, "uncorrectable": uncorrectable,
+            "pending": pending, "failure": failure,
+        });
+        self
+    }
+
+    /// What the retired-page calls answer.
+    pub fn retired_pages(mut self, single_bit: u32, double_bit: u32, pending: bool) -> Gpu {
+        self.0["retired_pages"] = json!({
+            "multiple_single_bit": single_bit, "double_bit": double_bit, "pending": pending,
+        });
+        self
+    }
+
+    /// The GPU's memory is NUMA node `node`, managed by the operating system.
+    pub fn numa_node(mut self, node: u32) -> Gpu {
+        self.0["numa_node"] = json!(node);
+        self
+    }
+
+    /// The named NVML call sleeps `ms` first for this GPU (a hung driver).
+    pub fn delay(mut self, symbol: &str, ms: u64) -> Gpu {
+        self.0["delays_ms"][symbol] = json!(ms);
+        self
+    }
+}
+
+/// One MIG device of a scenario.
+pub struct MigDevice(pub Value);
+
+impl MigDevice {
+    /// An idle `1g.18gb` MIG device of GPU `gpu`: GPU instance `gi`, compute instance 0.
+    pub fn new(gpu: u32, gi: u32) -> MigDevice {
+        MigDevice(json!({
+            "uuid": MigDevice::uuid(gpu, gi),
+            "name": "NVIDIA H200 MIG 1g.18gb",
+            "gpu_instance_id": gi,
+            "compute_instance_id": 0,
+            "memory": { "total": MIG_1G_TOTAL, "reserved": 0, "used": 0 },
+            "compute_processes": [],
+        }))
+    }
+
+    /// The UUID `new(gpu, gi)` gives.
+    pub fn uuid(gpu: u32, gi: u32) -> String {
+        format!("MIG-{gpu:04x}{gi:04x}-0000-4000-8000-000000000000")
+    }
+
+    pub fn used(mut self, used: u64) -> MigDevice {
+        self.0["memory"]["used"] = json!(used);
+        self
+    }
+
+    /// NVML lists `pid` as a compute process of this instance charged `bytes`.
+    pub fn process(mut self, pid: u32, bytes: Option<u64>) -> MigDevice {
+        self.0["compute_processes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({ "pid": pid, "used_bytes": bytes }));
+        self
+    }
+
+    /// The named NVML call fails with `error` on this MIG device.
+    pub fn error(mut self, symbol: &str, error: &str) -> MigDevice {
+        self.0["errors"][symbol] = json!(error);
+        self
+    }
+}
+
+/// The process-list calls a caller without privileges is refused on a MIG GPU.
+pub const PROCESS_LIST_CALLS: [&str; 3] = [
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+];
+
+/// `scenario` with these critical Xid events, as (sequence number, GPU index, Xid).
+pub fn with_xid_events(mut scenario: Value, events: &[(u64, u32, u64)]) -> Value {
+    scenario["xid_events"] = events
+        .iter()
+        .map(|&(seq, gpu, xid)| json!({ "seq": seq, "gpu": gpu, "xid": xid }))
+        .collect();
+    scenario
+}
+
+impl Rig {
+    /// The stand-in for `/dev/nvidia-caps/nvidia-cap<minor>`, created on first use.
+    pub fn capability(&self, minor: u32) -> PathBuf {
+        let folder = self.devices.join("nvidia-caps");
+        fs::create_dir_all(&folder).unwrap();
+        let node = folder.join(format!("nvidia-cap{minor}"));
+        if !node.exists() {
+            fs::write(&node, b"").unwrap();
+        }
+        node
+    }
+
+    /// A `mig-minors` table for `--test.mig-minors`, one line per (GPU minor, GPU
+    /// instance, compute instance, minor of the GPU instance's node, minor of the
+    /// compute instance's node).
+    pub fn mig_minors(&self, instances: &[(u32, u32, u32, u32, u32)]) -> PathBuf {
+        let mut text = String::from("config 1\nmonitor 2\n");
+        for &(gpu, gi, ci, gi_minor, ci_minor) in instances {
+            text.push_str(&format!("gpu{gpu}/gi{gi}/access {gi_minor}\n"));
+            text.push_str(&format!("gpu{gpu}/gi{gi}/ci{ci}/access {ci_minor}\n"));
+        }
+        let path = self.dir.path().join("mig-minors");
+        fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Holder {
+    /// A model CUDA process in a MIG instance: it maps `files[0]`, the GPU's node (and the
+    /// control node), and holds the rest open, the instance's capability nodes.
+    pub fn holding(files: &[&Path]) -> Holder {
+        mig_model(files).spawn()
+    }
+
+    /// The fork-inherited orphan of such a process: the owner forks a child `dataloader`
+    /// that inherits its files and mappings, and exits. Returns the dead (and reaped)
+    /// owner's PID and the live child.
+    pub fn fork_orphan_holding(files: &[&Path]) -> (u32, Holder) {
+        let (owner, mut children) = mig_model(files).fork_orphan(1, "dataloader");
+        (owner, children.remove(0))
+    }
+}
+
+/// A model CUDA process mapping `files[0]` and holding the others open.
+fn mig_model(files: &[&Path]) -> Model {
+    files[1..]
+        .iter()
+        .fold(Model::cuda("cuda-job", files[0]), |model, file| {
+            model.also_opening(file)
+        })
+}

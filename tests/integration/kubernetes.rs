@@ -25,8 +25,15 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Four GPUs, GPU 3 split into MIG devices, GPU 0 holding `USED`.
 fn four_gpus(rig: &Rig) {
-    let mut mig = Gpu::idle(3);
-    mig.0["mig_devices"] = json!(["MIG-3b1c2a51-0003-4000-8000-000000000000", MIG]);
+    let device = |gi: u32, uuid: &str| {
+        let mut device = MigDevice::new(3, gi);
+        device.0["uuid"] = json!(uuid);
+        device
+    };
+    let mig = Gpu::idle(3).mig(vec![
+        device(1, "MIG-3b1c2a51-0003-4000-8000-000000000000"),
+        device(2, MIG),
+    ]);
     rig.write_scenario(
         &Gpus::new()
             .gpu(Gpu::idle(0))

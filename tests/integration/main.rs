@@ -24,3 +24,7 @@ mod web;
 // Added with issue 14.
 mod build_info;
 mod readme;
+// MIG and what the driver says a GPU needs (issue 13).
+mod fake_nvml_docs;
+mod gpu_health;
+mod mig;

@@ -1,0 +1,261 @@
+//! Critical Xid errors: a background thread owns an NVML event set and counts the events
+//! per GPU and Xid, so a scrape only copies counts and never waits on the driver.
+//!
+//! Each NVML load starts a watcher of a new generation; a reload (or the driver going
+//! away) ends the old one at its next wake-up, and only the current generation may
+//! count, so an event is never counted twice. Counts live here, not in the watcher:
+//! they survive reloads, as a Prometheus counter should.
+
+use super::XidReading;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{EventSet, Nvml};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Longest single wait for an event: how long a superseded watcher can linger.
+const WAIT_MS: u32 = 1000;
+/// First pause before watching again after NVML failed us; doubles up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(300);
+/// NVML's value for an Xid it cannot name.
+pub const UNKNOWN_XID: u64 = 999;
+
+/// The counts, and which watcher may add to them.
+#[derive(Debug, Default)]
+pub struct XidCounter {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The generation of the watcher allowed to count; bumped by every start and stop.
+    generation: u64,
+    /// Per GPU UUID.
+    gpus: BTreeMap<String, XidReading>,
+}
+
+impl XidCounter {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts a watcher on `nvml`, superseding any earlier one.
+    pub fn start(self: &Arc<Self>, nvml: Arc<Nvml>) {
+        let generation = self.supersede();
+        let counter = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("xid-events".into())
+            .spawn(move || run(&nvml, &counter, generation));
+        if let Err(error) = spawned {
+            tracing::error!(error = %error, "cannot start the thread that counts critical Xid events");
+        }
+    }
+
+    /// Ends the current watcher (NVML went away); the counts stay.
+    pub fn stop(&self) {
+        self.supersede();
+    }
+
+    fn supersede(&self) -> u64 {
+        let mut state = self.lock();
+        state.generation += 1;
+        for gpu in state.gpus.values_mut() {
+            gpu.watched = false;
+        }
+        state.generation
+    }
+
+    /// What is known of the GPU with `uuid`: unwatched and without events if nothing.
+    pub fn reading(&self, uuid: &str) -> XidReading {
+        self.lock().gpus.get(uuid).cloned().unwrap_or_default()
+    }
+
+    fn is_current(&self, generation: u64) -> bool {
+        self.lock().generation == generation
+    }
+
+    /// Runs `change` on the GPU's entry if `generation` is still current.
+    fn update(&self, generation: u64, uuid: &str, change: impl FnOnce(&mut XidReading)) -> bool {
+        let mut state = self.lock();
+        if state.generation != generation {
+            return false;
+        }
+        change(state.gpus.entry(uuid.to_string()).or_default());
+        true
+    }
+
+    fn unwatch_all(&self, generation: u64) {
+        let mut state = self.lock();
+        if state.generation == generation {
+            for gpu in state.gpus.values_mut() {
+                gpu.watched = false;
+            }
+        }
+    }
+}
+
+/// Watches until superseded; starts over, with back-off, when NVML fails.
+fn run(nvml: &Nvml, counter: &XidCounter, generation: u64) {
+    let mut backoff = FIRST_RETRY;
+    while counter.is_current(generation) {
+        match watch(nvml, counter, generation, &mut backoff) {
+            Ok(()) => return,
+            Err(error) => {
+                counter.unwatch_all(generation);
+                if !counter.is_current(generation) {
+                    return;
+                }
+                tracing::warn!(error = %error, retry_in = ?backoff, "stopped watching critical Xid events; starting over");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(MAX_RETRY);
+            }
+        }
+    }
+}
+
+/// One event set: register every GPU that supports critical Xid events, then count what
+/// arrives. `Ok` once superseded (or when no GPU can be watched), `Err` when NVML fails.
+fn watch(
+    nvml: &Nvml,
+    counter: &XidCounter,
+    generation: u64,
+    backoff: &mut Duration,
+) -> Result<(), NvmlError> {
+    let set = nvml.create_event_set()?;
+    let handles = register_all(nvml, &set, counter, generation)?;
+    if handles.is_empty() {
+        tracing::info!("no GPU reports critical Xid events; not watching them");
+        return Ok(());
+    }
+    *backoff = FIRST_RETRY;
+    loop {
+        if !counter.is_current(generation) {
+            return Ok(());
+        }
+        let event = match set.wait(WAIT_MS) {
+            Ok(event) => event,
+            Err(NvmlError::Timeout) => continue,
+            Err(error) => return Err(error),
+        };
+        if !event.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+            continue;
+        }
+        let xid = match event.event_data {
+            Some(XidError::Value(xid)) => xid,
+            Some(XidError::Unknown) | None => UNKNOWN_XID,
+        };
+        // SAFETY: the handle is only compared with the handles registered above.
+        let handle = unsafe { event.device.handle() } as usize;
+        let Some(uuid) = handles
+            .get(&handle)
+            .cloned()
+            .or_else(|| event.device.uuid().ok())
+        else {
+            continue;
+        };
+        if counter.update(generation, &uuid, |gpu| {
+            *gpu.counts.entry(xid).or_default() += 1
+        }) {
+            tracing::warn!(uuid = %uuid, xid, "critical Xid error");
+        }
+    }
+}
+
+/// Registers each GPU that supports critical Xid events; a GPU that cannot be registered
+/// is left unwatched, the others go on. Returns the registered handles with their UUIDs.
+fn register_all(
+    nvml: &Nvml,
+    set: &EventSet<'_>,
+    counter: &XidCounter,
+    generation: u64,
+) -> Result<HashMap<usize, String>, NvmlError> {
+    // nvml-wrapper's `register_events` frees the whole set when one GPU refuses, so each
+    // GPU is registered through the raw call and a refusal costs only that GPU.
+    let register = nvml
+        .lib()
+        .nvmlDeviceRegisterEvents
+        .as_ref()
+        .map_err(|error| NvmlError::FailedToLoadSymbol(error.to_string()))?;
+    let mut handles = HashMap::new();
+    for index in 0..nvml.device_count()? {
+        let Ok(device) = nvml.device_by_index(index) else {
+            continue;
+        };
+        let Ok(uuid) = device.uuid() else {
+            continue;
+        };
+        let supported = device
+            .supported_event_types()
+            .is_ok_and(|types| types.contains(EventTypes::CRITICAL_XID_ERROR));
+        let registered = supported && {
+            // SAFETY: both handles come from live objects of this library.
+            let status = unsafe {
+                register(
+                    device.handle(),
+                    EventTypes::CRITICAL_XID_ERROR.bits(),
+                    set.handle(),
+                )
+            };
+            match status {
+                0 => true,
+                // NVIDIA: after an unknown error the set is undefined; start over.
+                999 => return Err(NvmlError::Unknown),
+                _ => false,
+            }
+        };
+        if registered {
+            // SAFETY: the handle is only kept to recognise this GPU's events.
+            handles.insert(unsafe { device.handle() } as usize, uuid.clone());
+        }
+        counter.update(generation, &uuid, |gpu| gpu.watched = registered);
+    }
+    Ok(handles)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_current_watcher_counts_and_counts_survive_it() {
+        let counter = XidCounter::default();
+        let first = counter.supersede();
+        assert!(counter.update(first, "GPU-0", |gpu| gpu.watched = true));
+        assert!(
+            counter.update(first, "GPU-0", |gpu| *gpu.counts.entry(79).or_default() +=
+                1)
+        );
+        assert_eq!(
+            counter.reading("GPU-0"),
+            XidReading {
+                watched: true,
+                counts: BTreeMap::from([(79, 1)])
+            }
+        );
+
+        // NVML reloads: the old watcher may neither count nor claim to watch.
+        let second = counter.supersede();
+        assert!(
+            !counter.update(first, "GPU-0", |gpu| *gpu.counts.entry(79).or_default() +=
+                1)
+        );
+        assert!(!counter.is_current(first));
+        let reading = counter.reading("GPU-0");
+        assert!(!reading.watched);
+        assert_eq!(reading.counts, BTreeMap::from([(79, 1)]));
+
+        assert!(
+            counter.update(second, "GPU-0", |gpu| *gpu.counts.entry(79).or_default() +=
+                1)
+        );
+        counter.unwatch_all(first);
+        counter.stop();
+        assert_eq!(counter.reading("GPU-0").counts[&79], 2);
+        assert_eq!(counter.reading("GPU-1"), XidReading::default());
+    }
+}
