@@ -17,7 +17,6 @@ or changes its settings.
 """
 
 import argparse
-import ctypes  # noqa: F401  (the NVML programs below use it in their own processes)
 import json
 import os
 import re
@@ -298,7 +297,16 @@ def children_of(pid):
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(child) for child in f.read().split()]
     except OSError:
-        return []
+        pass
+    # A kernel without CONFIG_PROC_CHILDREN: look for the parent in every stat.
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and int(stat_fields(entry)[1]) == pid:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return sorted(found)
 
 
 def pid_namespace(pid):
@@ -823,6 +831,7 @@ def owner_in_pid_namespace(suite):
                         prefix=("unshare", "--pid", "--fork", "--kill-child", "--mount-proc"))
     wait_for("the namespaced owner to be listed", lambda: len(suite.charges()) == 1)
     host_pid = next(iter(suite.charges()))
+    suite.describe("owner in a PID namespace (host PID)", host_pid)
     s = suite.exporter.scrape()
     suite.expect("running owners", 1, owners(s, "running"))
     suite.expect("gone owners", 0, owners(s, "gone"))
@@ -866,6 +875,7 @@ def agent_beside_orphan(suite):
     wait_for("the dead owner to be listed", lambda: dead in suite.charges())
     suite.describe("NVML-only client (python3)", agent.pid)
     suite.describe("fork-inherited culprit", child)
+    suite.describe("the exporter (an NVML client too)", suite.exporter.proc.pid)
     rc, doc = suite.check_json(record="NVML-only client beside a fork orphan")
     gpu = gpu0(doc)
     bystander = find(gpu["bystanders"], agent.pid)
@@ -1181,6 +1191,8 @@ def main(argv=None, gpu=None):
     parser.add_argument("--owners", type=int, default=64,
                         help="live CUDA owners of the many-owner latency figure")
     args = parser.parse_args(argv)
+    if args.owners < 1:
+        parser.error("--owners must be at least 1 (leave scenario 9 out with --only)")
     chosen = selected(args.only)
     binary = os.path.abspath(args.binary)
     os.makedirs(args.out, exist_ok=True)
