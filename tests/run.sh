@@ -39,3 +39,10 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+
+# The real-GPU suite's own plumbing, dry-run against the fake NVML, so that it keeps up
+# with the exporter's outputs between runs on a GPU (docs/gpu-validation.md).
+dry_run_out=$(mktemp -d)
+python3 tests/gpu/dry_run.py --binary target/debug/vram-exporter \
+    --library target/debug/deps/libfake_nvml.so --out "$dry_run_out"
+rm -rf "$dry_run_out"
