@@ -9,13 +9,15 @@ mod suspects;
 mod tests;
 
 pub use owners::{judge_owner, Frame, GoneReason, Owner, OwnerDetail, OwnerState};
+use suspects::Within;
 pub use suspects::{Evidence, Role, Suspect};
 
 use crate::observe::kubernetes::KubernetesView;
 use crate::observe::pods::PodName;
 use crate::observe::{
-    CgroupAttribution, GpuError, GpuHealth, GpuState, MemoryReading, MigReading, NamespaceInit,
-    NvmlProcess, NvmlReading, Observation, ProcessFacts, ProcessList, ProcfsView, References,
+    CgroupAttribution, GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigReading,
+    NamespaceInit, NvmlProcess, NvmlReading, Observation, ProcessFacts, ProcessList, ProcfsView,
+    RecoveryAction, References,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -232,6 +234,9 @@ pub enum UnattributedTrust {
     OwnersUncertain,
     /// NVML's memory figures contradict each other: the remainder is not a measurement.
     Inconsistent,
+    /// The operating system manages the GPU's memory (a coherent GH200/GB200 in NUMA
+    /// mode): pages stay allocated after a process exits there, which is normal.
+    OsManaged,
 }
 
 /// Count and bytes of owners per [`OwnerState`].
@@ -301,8 +306,16 @@ pub enum Remedy {
         /// The live owners' PIDs.
         pids: Vec<u32>,
     },
-    /// No process holds the GPU's device file: only a reset gives the memory back.
-    ResetGpu,
+    /// No process has a context on the GPU: only a reset gives the memory back. A reset
+    /// needs every process that holds the GPU's device files gone first (NVML clients
+    /// too), and on a MIG GPU it ends every instance.
+    ResetGpu {
+        /// Processes that hold the device file without a context (the bystanders): they
+        /// must stop before the driver allows the reset.
+        blockers: Vec<u32>,
+    },
+    /// The driver says the node must be rebooted: no reset or kill will do.
+    Reboot,
     /// What holds the memory cannot be told; nothing is suggested but how to see more.
     CannotTell {
         /// Why.
@@ -351,6 +364,11 @@ pub enum Blindness {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "note", rename_all = "snake_case")]
 pub enum Note {
+    /// The driver's recovery action for the GPU is something other than none.
+    DriverAsks {
+        /// What it asks for.
+        action: RecoveryAction,
+    },
     /// NVML refused a process list (MIG needs privileges for the GPU's aggregate list).
     ProcessListDenied {
         /// NVML's words.
@@ -499,7 +517,8 @@ impl GpuAccount {
             UnattributedTrust::Counted => self.unattributed_bytes,
             UnattributedTrust::Blind
             | UnattributedTrust::OwnersUncertain
-            | UnattributedTrust::Inconsistent => 0,
+            | UnattributedTrust::Inconsistent
+            | UnattributedTrust::OsManaged => 0,
         }
     }
 
@@ -586,6 +605,9 @@ pub struct GpuVerdict {
     pub assigned_to: Vec<AssignedPod>,
     /// The account, or the failure.
     pub outcome: GpuOutcome,
+    /// The verdict on each MIG instance, while MIG is enabled: a context lives in one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceVerdict>,
     /// MIG mode and devices as observed, passed through for the renderers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mig: Option<MigReading>,
@@ -603,6 +625,99 @@ pub struct AssignedPod {
     pub container: String,
 }
 
+/// The verdict on one MIG instance (a MIG device): the same account as a GPU's, for its
+/// own memory and processes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceVerdict {
+    /// Its index among the GPU's MIG devices.
+    pub index: u32,
+    /// `MIG-...`.
+    pub uuid: String,
+    /// Its profile, e.g. `1g.18gb`.
+    pub profile: String,
+    /// The GPU instance id.
+    pub gpu_instance_id: Option<u32>,
+    /// The compute instance id.
+    pub compute_instance_id: Option<u32>,
+    /// The account, or the failure.
+    pub outcome: GpuOutcome,
+}
+
+impl InstanceVerdict {
+    /// The account when the instance answered.
+    pub fn account(&self) -> Option<&GpuAccount> {
+        match &self.outcome {
+            GpuOutcome::Measured(account) => Some(account),
+            GpuOutcome::Failed { .. } => None,
+        }
+    }
+
+    /// `GI 2, CI 0, 1g.18gb`, how people name an instance.
+    pub fn label(&self) -> String {
+        let id = |id: Option<u32>| id.map_or_else(|| "?".to_string(), |id| id.to_string());
+        format!(
+            "GI {}, CI {}, {}",
+            id(self.gpu_instance_id),
+            id(self.compute_instance_id),
+            if self.profile.is_empty() {
+                "MIG"
+            } else {
+                &self.profile
+            }
+        )
+    }
+}
+
+/// Every MIG instance of `gpu` judged as a GPU of its own: its owners by their mappings of
+/// the GPU's node, its culprits among the holders of its capability nodes.
+fn instance_verdicts(gpu: &GpuReading, around: &Surroundings<'_>) -> Vec<InstanceVerdict> {
+    let Some(mig) = gpu.mig.as_ref().filter(|mig| mig.enabled) else {
+        return Vec::new();
+    };
+    mig.devices
+        .iter()
+        .map(|device| InstanceVerdict {
+            index: device.index,
+            uuid: device.uuid.clone(),
+            profile: device.profile.clone(),
+            gpu_instance_id: device.gpu_instance_id,
+            compute_instance_id: device.compute_instance_id,
+            outcome: match &device.state {
+                GpuState::Ok { memory, processes } => {
+                    let owners =
+                        judge_owners(processes, gpu.minor, around.observation, around.frame);
+                    let within = match &device.capabilities {
+                        Some(caps) => Within::Instance(
+                            caps.gpu_instance
+                                .into_iter()
+                                .chain(caps.compute_instance)
+                                .collect(),
+                        ),
+                        None => Within::UnknownInstance,
+                    };
+                    GpuOutcome::Measured(Box::new(account_for_gpu(
+                        *memory,
+                        owners,
+                        GpuPlace {
+                            index: gpu.index,
+                            minor: gpu.minor,
+                            denied: processes.denied().map(str::to_string),
+                            within,
+                            recovery: gpu.health.recovery_action,
+                            os_managed: gpu.health.numa_node.is_some(),
+                        },
+                        around,
+                    )))
+                }
+                GpuState::Failed { error, message } => GpuOutcome::Failed {
+                    error: *error,
+                    message: message.clone(),
+                },
+            },
+        })
+        .collect()
+}
+
 impl GpuVerdict {
     /// The account when the GPU answered.
     pub fn account(&self) -> Option<&GpuAccount> {
@@ -617,13 +732,18 @@ impl GpuVerdict {
         self.account().map_or(0, GpuAccount::orphaned_bytes)
     }
 
-    /// What `check` says of this GPU.
+    /// What `check` says of this GPU: the worst of the GPU's own verdict and its MIG
+    /// instances'.
     pub fn status(&self) -> CheckStatus {
-        match self.account().map(|account| account.finding) {
-            Some(Finding::Orphaned) => CheckStatus::Orphaned,
-            Some(Finding::Idle | Finding::Owned) => CheckStatus::Clear,
-            Some(Finding::CannotTell) | None => CheckStatus::CannotTell,
-        }
+        std::iter::once(self.account())
+            .chain(self.instances.iter().map(InstanceVerdict::account))
+            .map(|account| match account.map(|account| account.finding) {
+                Some(Finding::Orphaned) => CheckStatus::Orphaned,
+                Some(Finding::Idle | Finding::Owned) => CheckStatus::Clear,
+                Some(Finding::CannotTell) | None => CheckStatus::CannotTell,
+            })
+            .max()
+            .unwrap_or(CheckStatus::Clear)
     }
 }
 
@@ -744,10 +864,10 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                     .flatten()
                     .filter(|owner| owner.state.is_live())
                 {
-                    live_owner_gpus
-                        .entry(owner.pid)
-                        .or_default()
-                        .push(gpu.index);
+                    let gpus = live_owner_gpus.entry(owner.pid).or_default();
+                    if !gpus.contains(&gpu.index) {
+                        gpus.push(gpu.index);
+                    }
                 }
             }
             let verdicts = gpus
@@ -769,6 +889,9 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                                     index: gpu.index,
                                     minor: gpu.minor,
                                     denied: processes.denied().map(str::to_string),
+                                    within: Within::Gpu,
+                                    recovery: gpu.health.recovery_action,
+                                    os_managed: gpu.health.numa_node.is_some(),
                                 },
                                 &Surroundings {
                                     observation,
@@ -787,6 +910,16 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                             unreachable!("owners are judged for every GPU that answered")
                         }
                     },
+                    instances: instance_verdicts(
+                        gpu,
+                        &Surroundings {
+                            observation,
+                            settings,
+                            frame: &frame,
+                            scan,
+                            live_owner_gpus: &live_owner_gpus,
+                        },
+                    ),
                     mig: gpu.mig.clone(),
                     health: gpu.health.clone(),
                 })
@@ -834,28 +967,37 @@ fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
                 container: assigned.container.clone(),
             })
             .collect();
-        let GpuOutcome::Measured(account) = &mut gpu.outcome else {
-            continue;
-        };
-        for owner in &mut account.owners {
-            if let Some(process) = &mut owner.process {
-                name(process);
+        let accounts = std::iter::once(&mut gpu.outcome)
+            .chain(
+                gpu.instances
+                    .iter_mut()
+                    .map(|instance| &mut instance.outcome),
+            )
+            .filter_map(|outcome| match outcome {
+                GpuOutcome::Measured(account) => Some(account),
+                GpuOutcome::Failed { .. } => None,
+            });
+        for account in accounts {
+            for owner in &mut account.owners {
+                if let Some(process) = &mut owner.process {
+                    name(process);
+                }
+                if let Some(OwnerDetail::Reused { by }) = &mut owner.detail {
+                    name(by);
+                }
             }
-            if let Some(OwnerDetail::Reused { by }) = &mut owner.detail {
-                name(by);
+            for suspect in account
+                .culprits
+                .iter_mut()
+                .chain(&mut account.bystanders)
+                .chain(&mut account.undetermined)
+            {
+                name(&mut suspect.process);
             }
-        }
-        for suspect in account
-            .culprits
-            .iter_mut()
-            .chain(&mut account.bystanders)
-            .chain(&mut account.undetermined)
-        {
-            name(&mut suspect.process);
-        }
-        for note in &mut account.notes {
-            if let Note::OwnerPidReused { now, .. } = note {
-                name(now);
+            for note in &mut account.notes {
+                if let Note::OwnerPidReused { now, .. } = note {
+                    name(now);
+                }
             }
         }
     }
@@ -868,6 +1010,12 @@ struct GpuPlace {
     minor: Option<u32>,
     /// NVML's words when it refused a process list: owners may be missing.
     denied: Option<String>,
+    /// The whole GPU, or one MIG instance of it.
+    within: Within,
+    /// The driver's recovery action for the GPU.
+    recovery: Option<RecoveryAction>,
+    /// The operating system manages the GPU's memory.
+    os_managed: bool,
 }
 
 /// What every GPU's account is judged against.
@@ -972,6 +1120,8 @@ fn account_for_gpu(
         .saturating_sub(noise_floor);
     let unattributed_trust = if memory_inconsistent {
         UnattributedTrust::Inconsistent
+    } else if place.os_managed {
+        UnattributedTrust::OsManaged
     } else if around.observation.host_pid_namespace != Some(true) {
         UnattributedTrust::Blind
     } else if owners_uncertain {
@@ -1009,6 +1159,7 @@ fn account_for_gpu(
         let scene = Scene {
             minor,
             index: place.index,
+            within: &place.within,
             owners: &account.owners,
             live_owner_gpus: around.live_owner_gpus,
         };
@@ -1021,8 +1172,14 @@ fn account_for_gpu(
         }
     }
     account.finding = finding(&account);
-    account.remedy = remedy(&account, around.scan);
+    account.remedy = remedy(&account, around.scan, place.recovery);
     account.notes = notes(&account, around.scan);
+    if let Some(action) = place
+        .recovery
+        .filter(|action| *action != RecoveryAction::NoneNeeded)
+    {
+        account.notes.insert(0, Note::DriverAsks { action });
+    }
     account
 }
 
@@ -1045,7 +1202,11 @@ fn finding(account: &GpuAccount) -> Finding {
 /// What gives orphaned memory back, in order: end the culprits; say "cannot tell" when
 /// a holder may hide behind what could not be read; wait for an exiting owner; stop the
 /// live owners that alone hold the device; else only a reset frees it.
-fn remedy(account: &GpuAccount, scan: Option<ScanSummary>) -> Remedy {
+fn remedy(
+    account: &GpuAccount,
+    scan: Option<ScanSummary>,
+    recovery: Option<RecoveryAction>,
+) -> Remedy {
     if account.finding != Finding::Orphaned {
         return Remedy::None;
     }
@@ -1094,7 +1255,16 @@ fn remedy(account: &GpuAccount, scan: Option<ScanSummary>) -> Remedy {
     if !live.is_empty() {
         return Remedy::StopOwners { pids: live };
     }
-    Remedy::ResetGpu
+    if recovery.is_some_and(RecoveryAction::needs_reboot) {
+        return Remedy::Reboot;
+    }
+    Remedy::ResetGpu {
+        blockers: account
+            .bystanders
+            .iter()
+            .map(|bystander| bystander.process.pid)
+            .collect(),
+    }
 }
 
 /// What a holder scan could not see, if anything.
@@ -1122,7 +1292,9 @@ fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
     if account.unattributed_bytes > 0
         && matches!(
             account.unattributed_trust,
-            UnattributedTrust::Blind | UnattributedTrust::OwnersUncertain
+            UnattributedTrust::Blind
+                | UnattributedTrust::OwnersUncertain
+                | UnattributedTrust::OsManaged
         )
     {
         notes.push(Note::UnattributedNotCounted {

@@ -79,6 +79,20 @@ pub enum Evidence {
     KnownAgent,
     /// Its mappings could not be read (root, or CAP_SYS_PTRACE, is needed).
     MappingsUnreadable,
+    /// It maps the GPU, but which MIG instance its context is in cannot be told: the
+    /// driver's table of instance capabilities could not be read.
+    InstanceUnknown,
+}
+
+/// What a verdict covers: a whole GPU, or one MIG instance of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Within {
+    /// The whole GPU.
+    Gpu,
+    /// One MIG instance, whose contexts hold its capability nodes (these minors) open.
+    Instance(Vec<u32>),
+    /// One MIG instance whose capability nodes are not known.
+    UnknownInstance,
 }
 
 /// A process holding a GPU's device file, with its role and the evidence for it.
@@ -99,6 +113,8 @@ pub(super) struct Scene<'a> {
     pub minor: u32,
     /// Its NVML index.
     pub index: u32,
+    /// The whole GPU or one of its MIG instances.
+    pub within: &'a Within,
     /// Its owners, judged.
     pub owners: &'a [Owner],
     /// NVML index of every GPU each PID (ours) is a live owner of.
@@ -116,11 +132,26 @@ pub(super) fn suspects(
     let mut found: Vec<Suspect> = holders
         .iter()
         .filter(|holder| holder.touches_gpu(scene.minor))
+        .filter(|holder| in_instance(holder, scene.within))
         .filter(|holder| !is_live_owner_here(holder, scene))
         .map(|holder| judge(holder, scene, settings, frame))
         .collect();
     found.sort_by_key(|suspect| (suspect.role != Role::Culprit, suspect.process.pid));
     found
+}
+
+/// Whether a holder may be in the instance judged: a context in a MIG instance holds the
+/// instance's capability nodes open.
+fn in_instance(holder: &ProcessFacts, within: &Within) -> bool {
+    match within {
+        Within::Gpu | Within::UnknownInstance => true,
+        Within::Instance(capabilities) => holder.descriptors.nodes().is_some_and(|nodes| {
+            nodes
+                .capabilities
+                .iter()
+                .any(|minor| capabilities.contains(minor))
+        }),
+    }
 }
 
 fn is_live_owner_here(holder: &ProcessFacts, scene: &Scene<'_>) -> bool {
@@ -140,6 +171,13 @@ fn judge(holder: &ProcessFacts, scene: &Scene<'_>, settings: &Settings, frame: &
         .cloned()
         .unwrap_or_default();
     let role = match &holder.mappings {
+        References::Read(nodes)
+            if nodes.gpus.contains(&scene.minor) && *scene.within == Within::UnknownInstance =>
+        {
+            evidence.push(Evidence::MapsGpu);
+            evidence.push(Evidence::InstanceUnknown);
+            Role::Undetermined
+        }
         References::Read(nodes) if nodes.gpus.contains(&scene.minor) => {
             evidence.push(Evidence::MapsGpu);
             if other_gpus.is_empty() {

@@ -4,7 +4,7 @@
 use super::*;
 use crate::observe::{
     GpuHealth, GpuReading, HolderScan, Identity, NodeSet, OwnerLookup, ProcessList, ProcessLookup,
-    References,
+    RecoveryAction, References,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -559,7 +559,7 @@ fn used_memory_without_any_owner_is_orphaned_as_unattributed() {
     let account = Host::idle().used(4 * GIB).scanned().account();
     assert_eq!(account.unattributed_bytes, 4 * GIB);
     assert_eq!(account.orphaned_unattributed_bytes(), 4 * GIB);
-    assert_eq!(account.remedy, Remedy::ResetGpu);
+    assert_eq!(account.remedy, Remedy::ResetGpu { blockers: vec![] });
 }
 
 #[test]
@@ -853,7 +853,7 @@ fn with_no_holder_and_a_complete_scan_only_a_reset_frees_it() {
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
         .scanned()
         .account();
-    assert_eq!(account.remedy, Remedy::ResetGpu);
+    assert_eq!(account.remedy, Remedy::ResetGpu { blockers: vec![] });
 }
 
 #[test]
@@ -1095,4 +1095,199 @@ fn nvml_down_is_its_own_status_with_no_gpus() {
     let report = classify(&observation, &Settings::default());
     assert!(report.gpus.is_empty());
     assert_eq!(report.check_status(&[]), CheckStatus::NvmlDown);
+}
+
+// What the driver says the GPU needs.
+
+impl Host {
+    fn health(mut self, health: GpuHealth) -> Host {
+        self.gpus[0].health = health;
+        self
+    }
+}
+
+fn recovery(action: RecoveryAction) -> GpuHealth {
+    GpuHealth {
+        recovery_action: Some(action),
+        ..GpuHealth::default()
+    }
+}
+
+#[test]
+fn an_unheld_orphan_names_the_nvml_clients_a_reset_must_wait_for() {
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(nvml_client(1711, "nv-hostengine", &[0]))
+        .account();
+    assert!(account.culprits.is_empty());
+    assert_eq!(
+        account.remedy,
+        Remedy::ResetGpu {
+            blockers: vec![1711]
+        }
+    );
+}
+
+#[test]
+fn when_the_driver_asks_for_a_reboot_an_unheld_orphan_needs_one() {
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .scanned()
+        .health(recovery(RecoveryAction::NodeReboot))
+        .account();
+    assert_eq!(account.remedy, Remedy::Reboot);
+    assert_eq!(
+        account.notes[0],
+        Note::DriverAsks {
+            action: RecoveryAction::NodeReboot
+        }
+    );
+    // A culprit is still the first thing to end: its memory may come back without a reboot.
+    let account = fork_orphan()
+        .health(recovery(RecoveryAction::NodeReboot))
+        .account();
+    assert!(matches!(account.remedy, Remedy::Kill { .. }));
+}
+
+#[test]
+fn a_gpu_reset_action_on_a_healthy_gpu_is_a_note_not_an_orphan() {
+    let account = Host::idle()
+        .scanned()
+        .health(recovery(RecoveryAction::GpuReset))
+        .account();
+    assert_eq!(account.finding, Finding::Idle);
+    assert_eq!(
+        account.notes,
+        vec![Note::DriverAsks {
+            action: RecoveryAction::GpuReset
+        }]
+    );
+    // None is nothing to say.
+    let account = Host::idle()
+        .health(recovery(RecoveryAction::NoneNeeded))
+        .account();
+    assert!(account.notes.is_empty());
+}
+
+#[test]
+fn memory_the_operating_system_manages_is_never_called_orphaned() {
+    // A GH200 in NUMA mode keeps pages after a process exits: 4 GiB charged to nobody
+    // there is normal, and cannot be told from an orphan.
+    let account = Host::idle()
+        .used(4 * GIB)
+        .health(GpuHealth {
+            numa_node: Some(1),
+            ..GpuHealth::default()
+        })
+        .account();
+    assert_eq!(account.unattributed_bytes, 4 * GIB);
+    assert_eq!(account.unattributed_trust, UnattributedTrust::OsManaged);
+    assert_eq!(account.orphaned_bytes(), 0);
+    assert_eq!(account.finding, Finding::CannotTell);
+}
+
+// MIG instances.
+
+/// GPU 0 in MIG mode with GPU instances 1 and 2 (capability minors 12/13 and 21/22); NVML
+/// charges PID 503, gone, in instance 2.
+fn mig_host(capabilities: bool) -> Host {
+    use crate::observe::{MigCapabilities, MigDeviceReading, MigReading};
+    let device =
+        |index: u32, gi: u32, minors: (u32, u32), processes: Vec<NvmlProcess>| MigDeviceReading {
+            index,
+            uuid: format!("MIG-{gi}"),
+            name: "NVIDIA H200 MIG 1g.18gb".into(),
+            profile: "1g.18gb".into(),
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(0),
+            capabilities: capabilities.then_some(MigCapabilities {
+                gpu_instance: Some(minors.0),
+                compute_instance: Some(minors.1),
+            }),
+            state: GpuState::Ok {
+                memory: memory(if processes.is_empty() {
+                    0
+                } else {
+                    USED_ONE_OWNER
+                }),
+                processes: ProcessList::Listed(processes),
+            },
+        };
+    let dead = NvmlProcess {
+        pid: 503,
+        used_bytes: Some(CHARGED_ONE_OWNER),
+        mps_only: false,
+    };
+    let mut host = Host::idle().used(USED_ONE_OWNER).owner(
+        503,
+        Some(CHARGED_ONE_OWNER),
+        ProcessLookup::Missing,
+    );
+    host.gpus[0].mig = Some(MigReading {
+        enabled: true,
+        pending: true,
+        devices: vec![
+            device(0, 1, (12, 13), vec![]),
+            device(1, 2, (21, 22), vec![dead]),
+        ],
+        error: None,
+    });
+    host
+}
+
+/// A fork child of 503 mapping GPU 0 and holding the capability nodes `caps`.
+fn instance_child(pid: u32, caps: &[u32]) -> ProcessFacts {
+    let mut child = cuda(pid, &[0]).child_of(503);
+    child.descriptors = References::Read(NodeSet {
+        gpus: vec![0],
+        control: true,
+        capabilities: caps.to_vec(),
+        ..NodeSet::default()
+    });
+    child
+}
+
+#[test]
+fn a_mig_culprit_is_named_in_the_instance_whose_capabilities_it_holds() {
+    let report = mig_host(true)
+        .holder(instance_child(524, &[21, 22]))
+        .report();
+    let gpu = &report.gpus[0];
+    let instance = |gi: u32| {
+        gpu.instances
+            .iter()
+            .find(|instance| instance.gpu_instance_id == Some(gi))
+            .and_then(InstanceVerdict::account)
+            .unwrap()
+    };
+    assert_eq!(instance(1).finding, Finding::Idle);
+    assert!(instance(1).culprits.is_empty());
+    assert_eq!(instance(2).finding, Finding::Orphaned);
+    assert_eq!(pids(&instance(2).culprits), vec![524]);
+    assert_eq!(gpu.status(), CheckStatus::Orphaned);
+}
+
+#[test]
+fn a_process_of_another_instance_is_no_candidate_there() {
+    let report = mig_host(true)
+        .holder(instance_child(600, &[12, 13]))
+        .report();
+    let orphaned = report.gpus[0].instances[1].account().unwrap();
+    assert!(orphaned.culprits.is_empty() && orphaned.bystanders.is_empty());
+    assert_eq!(orphaned.remedy, Remedy::ResetGpu { blockers: vec![] });
+}
+
+#[test]
+fn without_capability_minors_a_mig_holder_is_undetermined() {
+    let report = mig_host(false)
+        .holder(instance_child(524, &[21, 22]))
+        .report();
+    let orphaned = report.gpus[0].instances[1].account().unwrap();
+    assert_eq!(pids(&orphaned.undetermined), vec![524]);
+    assert!(orphaned.undetermined[0]
+        .evidence
+        .contains(&Evidence::InstanceUnknown));
+    assert!(matches!(orphaned.remedy, Remedy::CannotTell { .. }));
 }

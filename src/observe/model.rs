@@ -406,6 +406,14 @@ pub enum RecoveryAction {
 }
 
 impl RecoveryAction {
+    /// Whether the driver asks for a reboot of the node or system.
+    pub fn needs_reboot(self) -> bool {
+        matches!(
+            self,
+            RecoveryAction::NodeReboot | RecoveryAction::SystemReboot
+        )
+    }
+
     /// Every named action, in the order metrics list them.
     pub const NAMED: [RecoveryAction; 8] = [
         RecoveryAction::NoneNeeded,

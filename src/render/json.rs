@@ -1,7 +1,7 @@
 //! Render a [`Report`] as JSON for scripts (`check --json`): the classifier's verdict as
 //! data, with the same words `check` prints.
 
-use super::text::{verdict, Verdict};
+use super::text::{instance_verdict, verdict, Verdict};
 use crate::classify::{
     AssignedPod, CheckStatus, Finding, GpuOutcome, GpuVerdict, Note, Owner, OwnerState, Remedy,
     Report, ScanSummary, Suspect,
@@ -87,6 +87,31 @@ pub struct GpuDocument<'a> {
     pub exited_container_processes: u64,
     /// The verdict in words.
     pub verdict: Verdict,
+    /// The verdict on each MIG instance, while MIG is enabled.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceDocument<'a>>,
+}
+
+/// One MIG instance: the same verdict as a GPU's, for its own memory and processes.
+#[derive(Debug, Serialize)]
+pub struct InstanceDocument<'a> {
+    /// Index among the GPU's MIG devices.
+    pub index: u32,
+    /// `MIG-...`.
+    pub uuid: &'a str,
+    /// Profile, e.g. `1g.18gb`.
+    pub profile: &'a str,
+    /// GPU instance id.
+    pub gpu_instance_id: Option<u32>,
+    /// Compute instance id.
+    pub compute_instance_id: Option<u32>,
+    /// The account and verdict, or the failure.
+    #[serde(flatten)]
+    pub outcome: &'a GpuOutcome,
+    /// All orphaned bytes.
+    pub orphaned_bytes: u64,
+    /// The verdict in words.
+    pub verdict: Verdict,
 }
 
 /// Count and bytes of owners in one state.
@@ -163,6 +188,22 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
         exited_container_processes: account
             .map_or(0, |account| account.exited_container_processes()),
         verdict: verdict(gpu),
+        instances: gpu
+            .instances
+            .iter()
+            .map(|instance| InstanceDocument {
+                index: instance.index,
+                uuid: &instance.uuid,
+                profile: &instance.profile,
+                gpu_instance_id: instance.gpu_instance_id,
+                compute_instance_id: instance.compute_instance_id,
+                outcome: &instance.outcome,
+                orphaned_bytes: instance
+                    .account()
+                    .map_or(0, crate::classify::GpuAccount::orphaned_bytes),
+                verdict: instance_verdict(gpu, instance),
+            })
+            .collect(),
     }
 }
 

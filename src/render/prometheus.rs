@@ -1,7 +1,9 @@
 //! Render a [`Report`] as Prometheus metrics through prometheus-client's encoders, one
 //! function per group of metric families.
 
-use crate::classify::{GoneReason, GpuAccount, GpuOutcome, GpuVerdict, OwnerState, Report, Role};
+use crate::classify::{
+    GoneReason, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, OwnerState, Report, Role,
+};
 use crate::observe::kubernetes::{KubeletSource, KubernetesView};
 use crate::observe::pods::PodName;
 use crate::observe::{
@@ -134,6 +136,7 @@ pub fn encode_report(
         encode_kubernetes(encoder, kubernetes)?;
     }
     encode_mig(encoder, &report.gpus)?;
+    encode_instance_verdicts(encoder, &report.gpus)?;
     encode_gpu_health(encoder, &report.gpus)?;
     gauge(
         encoder,
@@ -535,6 +538,70 @@ fn mig_labels(gpu: &GpuVerdict, device: &MigDeviceReading) -> Labels {
     let labels = with(gpu_labels(gpu), "GPU_I_ID", id(device.gpu_instance_id));
     let labels = with(labels, "GPU_CI_ID", id(device.compute_instance_id));
     with(labels, "GPU_I_PROFILE", device.profile.clone())
+}
+
+/// The labels of a MIG instance's verdict, the same as its device's.
+fn instance_labels(gpu: &GpuVerdict, instance: &InstanceVerdict) -> Labels {
+    let id = |id: Option<u32>| id.map(|id| id.to_string()).unwrap_or_default();
+    let labels = with(gpu_labels(gpu), "GPU_I_ID", id(instance.gpu_instance_id));
+    let labels = with(labels, "GPU_CI_ID", id(instance.compute_instance_id));
+    with(labels, "GPU_I_PROFILE", instance.profile.clone())
+}
+
+/// The verdict on each MIG instance: owners by state, orphaned memory by reason, and the
+/// holders of its capability nodes by role.
+fn encode_instance_verdicts(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Result {
+    let measured: Vec<(&GpuVerdict, &InstanceVerdict, &GpuAccount)> = gpus
+        .iter()
+        .flat_map(|gpu| {
+            gpu.instances
+                .iter()
+                .filter_map(move |instance| Some((gpu, instance, instance.account()?)))
+        })
+        .collect();
+    gauge(
+        encoder,
+        "vram_mig_owner_processes",
+        "Processes NVML charges memory to in this MIG instance, by state (as vram_owner_processes).",
+        measured.iter().flat_map(|(gpu, instance, account)| {
+            OwnerState::ALL.into_iter().map(move |state| {
+                (
+                    with(instance_labels(gpu, instance), "state", state.as_str()),
+                    account.tally.processes(state),
+                )
+            })
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_mig_orphaned_bytes",
+        "Memory of this MIG instance held without a live owner, by reason (as vram_orphaned_bytes).",
+        measured.iter().flat_map(|(gpu, instance, account)| {
+            [
+                (
+                    with(instance_labels(gpu, instance), "reason", "owner_gone"),
+                    account.orphaned_owner_gone_bytes,
+                ),
+                (
+                    with(instance_labels(gpu, instance), "reason", "unattributed"),
+                    account.orphaned_unattributed_bytes(),
+                ),
+            ]
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_mig_holder_processes",
+        "Processes holding this MIG instance's capability nodes while it has orphaned memory, by role (as vram_holder_processes).",
+        measured.iter().flat_map(|(gpu, instance, account)| {
+            Role::ALL.into_iter().map(move |role| {
+                (
+                    with(instance_labels(gpu, instance), "role", role.as_str()),
+                    account.holders(role).len() as u64,
+                )
+            })
+        }),
+    )
 }
 
 /// Every MIG device of every GPU with MIG enabled.

@@ -4,13 +4,17 @@
 //! puts it into words.
 
 use crate::classify::{
-    Blindness, Evidence, Finding, GpuAccount, GpuOutcome, GpuVerdict, Note, Owner, OwnerDetail,
-    OwnerState, Process, Remedy, Report, Suspect, UnattributedTrust,
+    Blindness, Evidence, Finding, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, Note, Owner,
+    OwnerDetail, OwnerState, Process, Remedy, Report, Suspect, UnattributedTrust,
 };
 use crate::observe::cgroup::short_container_id;
+use crate::observe::RecoveryAction;
 use crate::units::format_bytes;
 use serde::Serialize;
 use std::fmt::Write;
+
+/// What the driver requires of a GPU reset, said beside every suggestion of one.
+const RESET_CONDITIONS: &str = "as root, once no process uses the GPU (stop nvidia-persistenced, DCGM and other agents holding it); it ends every MIG instance, and on NVSwitch systems the GPUs reset together";
 
 /// Most PIDs a sentence names before it says how many more there are.
 const MAX_PIDS_NAMED: usize = 8;
@@ -189,6 +193,9 @@ fn evidence_words(suspect: &Suspect, gpu: u32) -> Vec<String> {
                 ),
                 Evidence::KnownAgent => "a known NVML client".into(),
                 Evidence::MappingsUnreadable => "its mappings could not be read".into(),
+                Evidence::InstanceUnknown => {
+                    "which MIG instance its context is in cannot be told".into()
+                }
             })
         })
         .collect()
@@ -248,13 +255,26 @@ fn plural(count: u64, suffix: &str) -> &str {
 
 /// The verdict for one GPU.
 pub fn verdict(gpu: &GpuVerdict) -> Verdict {
-    let account = match &gpu.outcome {
+    verdict_of(&format!("GPU {}", gpu.index), gpu.index, &gpu.outcome)
+}
+
+/// The verdict for one MIG instance of `gpu`.
+pub fn instance_verdict(gpu: &GpuVerdict, instance: &InstanceVerdict) -> Verdict {
+    verdict_of(
+        &format!("GPU {} MIG ({})", gpu.index, instance.label()),
+        gpu.index,
+        &instance.outcome,
+    )
+}
+
+/// The verdict on what `label` names (a GPU or one of its MIG instances) of GPU `index`.
+fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
+    let account = match outcome {
         GpuOutcome::Measured(account) => account,
         GpuOutcome::Failed { error, message } => {
             return Verdict {
                 sentence: format!(
-                    "GPU {}: cannot tell: NVML cannot read it ({}: {message}); its memory is unknown.",
-                    gpu.index,
+                    "{label}: cannot tell: NVML cannot read it ({}: {message}); its memory is unknown.",
                     error.as_str()
                 ),
                 notes: vec![
@@ -267,14 +287,14 @@ pub fn verdict(gpu: &GpuVerdict) -> Verdict {
     let notes: Vec<String> = account
         .notes
         .iter()
-        .map(|note| note_words(note, gpu.index))
-        .chain(bystander_note(account, gpu.index))
+        .map(|note| note_words(note, index))
+        .chain(bystander_note(account, index))
         .collect();
     let (sentence, suggestion) = match account.finding {
-        Finding::Idle => (format!("GPU {}: idle; nothing orphaned.", gpu.index), None),
-        Finding::Owned => (owned_sentence(gpu.index, account), None),
-        Finding::CannotTell => (cannot_tell_sentence(gpu.index, account), None),
-        Finding::Orphaned => orphaned_sentence(gpu.index, account),
+        Finding::Idle => (format!("{label}: idle; nothing orphaned."), None),
+        Finding::Owned => (owned_sentence(label, account), None),
+        Finding::CannotTell => (cannot_tell_sentence(label, account), None),
+        Finding::Orphaned => orphaned_sentence(label, index, account),
     };
     Verdict {
         sentence,
@@ -283,13 +303,13 @@ pub fn verdict(gpu: &GpuVerdict) -> Verdict {
     }
 }
 
-fn owned_sentence(index: u32, account: &GpuAccount) -> String {
+fn owned_sentence(label: &str, account: &GpuAccount) -> String {
     let live: Vec<&Owner> = account.live_owners().collect();
     if live.is_empty() {
         // Used memory under the noise floor with no owner: "0 B owned by 0 processes"
         // would hide the memory.
         return format!(
-            "GPU {index}: {} used, within the driver's overhead; nothing orphaned.",
+            "{label}: {} used, within the driver's overhead; nothing orphaned.",
             size_words(account.memory.used)
         );
     }
@@ -298,14 +318,14 @@ fn owned_sentence(index: u32, account: &GpuAccount) -> String {
         .filter_map(|owner| owner.used_bytes)
         .fold(0, u64::saturating_add);
     format!(
-        "GPU {index}: {} owned by {} live process{}; nothing orphaned.",
+        "{label}: {} owned by {} live process{}; nothing orphaned.",
         size_words(owned),
         live.len(),
         plural(live.len() as u64, "es")
     )
 }
 
-fn cannot_tell_sentence(index: u32, account: &GpuAccount) -> String {
+fn cannot_tell_sentence(label: &str, account: &GpuAccount) -> String {
     let unknown: Vec<u32> = account
         .owners
         .iter()
@@ -330,20 +350,23 @@ fn cannot_tell_sentence(index: u32, account: &GpuAccount) -> String {
                 UnattributedTrust::OwnersUncertain =>
                     ", and it may belong to an owner that cannot be judged",
                 UnattributedTrust::Inconsistent => ", and NVML's figures contradict each other",
+                UnattributedTrust::OsManaged => {
+                    ", and the operating system manages this GPU's memory, where pages stay allocated after a process exits"
+                }
                 UnattributedTrust::Counted => "",
             }
         ));
     }
     format!(
-        "GPU {index}: cannot tell: {}; nothing is called orphaned.",
+        "{label}: cannot tell: {}; nothing is called orphaned.",
         reasons.join("; ")
     )
 }
 
-fn orphaned_sentence(index: u32, account: &GpuAccount) -> (String, Option<String>) {
+fn orphaned_sentence(label: &str, index: u32, account: &GpuAccount) -> (String, Option<String>) {
     let gone: Vec<&Owner> = account.gone_owners().collect();
     let gone_pids: Vec<u32> = gone.iter().map(|owner| owner.pid).collect();
-    let mut sentence = format!("GPU {index}: {} held", size_words(account.orphaned_bytes()));
+    let mut sentence = format!("{label}: {} held", size_words(account.orphaned_bytes()));
     match gone.len() {
         0 => sentence.push_str(" but charged to no process"),
         1 => {
@@ -430,14 +453,31 @@ fn orphaned_sentence(index: u32, account: &GpuAccount) -> (String, Option<String
                 pid_list(pids)
             ))
         }
-        Remedy::ResetGpu => {
+        Remedy::ResetGpu { blockers } if blockers.is_empty() => {
             let _ = write!(
                 sentence,
                 "; no process holds GPU {index}'s device file: only a GPU reset can free it."
             );
             Some(format!(
-                "nvidia-smi --gpu-reset -i {index}   # only once nothing uses this GPU"
+                "nvidia-smi --gpu-reset -i {index}   # {RESET_CONDITIONS}"
             ))
+        }
+        Remedy::ResetGpu { blockers } => {
+            let _ = write!(
+                sentence,
+                "; no process holds a context on GPU {index}, and only NVML clients hold its device file (PID {}): only a GPU reset can free it, once they are stopped.",
+                pid_list(blockers)
+            );
+            Some(format!(
+                "nvidia-smi --gpu-reset -i {index}   # after stopping PID {}; {RESET_CONDITIONS}",
+                pid_list(blockers)
+            ))
+        }
+        Remedy::Reboot => {
+            sentence.push_str(
+                "; the driver asks for a reboot of the node: no kill or GPU reset frees it.",
+            );
+            Some("systemctl reboot   # after draining the node's workloads".to_string())
         }
         Remedy::CannotTell { reason } => {
             let _ = write!(
@@ -492,8 +532,30 @@ fn bystander_note(account: &GpuAccount, gpu: u32) -> Option<String> {
     ))
 }
 
+/// What a recovery action asks of the operator.
+fn recovery_words(action: RecoveryAction) -> &'static str {
+    match action {
+        RecoveryAction::NoneNeeded => "nothing is needed",
+        RecoveryAction::GpuReset => "end every process on the GPU and reset it",
+        RecoveryAction::NodeReboot => "reboot the node",
+        RecoveryAction::DrainP2p => "stop peer-to-peer traffic, then read the action again",
+        RecoveryAction::DrainAndReset => "stop peer-to-peer traffic, then reset the GPU",
+        RecoveryAction::RecoverImexDomain => "recover the IMEX domain (multi-node NVLink)",
+        RecoveryAction::BusReset => "reset the GPU's PCIe bus",
+        RecoveryAction::SystemReboot => "reboot the whole system",
+        RecoveryAction::Unrecognised(_) => {
+            "a value this build does not know; see the driver's documentation"
+        }
+    }
+}
+
 fn note_words(note: &Note, gpu: u32) -> String {
     match note {
+        Note::DriverAsks { action } => format!(
+            "The driver's recovery action for this GPU is {}: {}.",
+            action.as_str(),
+            recovery_words(*action)
+        ),
         Note::ProcessListDenied { message } => format!(
             "NVML refused this GPU's process list ({message}): owners may be missing, so memory charged to no listed process is not called orphaned (a MIG GPU's aggregate list needs root; run as root, or read each MIG device)."
         ),
@@ -501,6 +563,10 @@ fn note_words(note: &Note, gpu: u32) -> String {
         Note::UnattributedNotCounted { bytes, trust } => match trust {
             UnattributedTrust::Blind => format!(
                 "{} is charged to no visible process, but this process is not in the host PID namespace, where NVML hides other namespaces' processes: not called orphaned.",
+                size_words(*bytes)
+            ),
+            UnattributedTrust::OsManaged => format!(
+                "{} is charged to no process, but the operating system manages this GPU's memory (a coherent GPU in NUMA mode), where pages stay allocated after a process exits: not called orphaned.",
                 size_words(*bytes)
             ),
             _ => format!(
@@ -596,6 +662,20 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
         size_words(memory.free),
         size_words(memory.total)
     );
+    for instance in &gpu.instances {
+        let _ = match instance.account() {
+            Some(instance_account) => writeln!(
+                out,
+                "  MIG {}: used {} of {}, {} owner{}",
+                instance.label(),
+                size_words(instance_account.memory.used),
+                size_words(instance_account.memory.total),
+                instance_account.owners.len(),
+                plural(instance_account.owners.len() as u64, "s")
+            ),
+            None => writeln!(out, "  MIG {}: (no readings)", instance.label()),
+        };
+    }
     if account.owners.is_empty() {
         let _ = writeln!(out, "  no processes listed by NVML");
     } else {
@@ -766,13 +846,19 @@ pub fn check_text(report: &Report, gpus: &[&GpuVerdict]) -> String {
         out.push('\n');
     }
     for gpu in gpus {
-        let verdict = verdict(gpu);
-        let _ = writeln!(out, "{}", verdict.sentence);
-        for note in &verdict.notes {
-            let _ = writeln!(out, "  note: {note}");
-        }
-        if let Some(suggestion) = &verdict.suggestion {
-            let _ = writeln!(out, "  suggested: {suggestion}");
+        let verdicts = std::iter::once(verdict(gpu)).chain(
+            gpu.instances
+                .iter()
+                .map(|instance| instance_verdict(gpu, instance)),
+        );
+        for verdict in verdicts {
+            let _ = writeln!(out, "{}", verdict.sentence);
+            for note in &verdict.notes {
+                let _ = writeln!(out, "  note: {note}");
+            }
+            if let Some(suggestion) = &verdict.suggestion {
+                let _ = writeln!(out, "  suggested: {suggestion}");
+            }
         }
     }
     out

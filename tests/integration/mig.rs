@@ -237,10 +237,123 @@ fn a_mig_gpu_whose_lists_are_refused_stays_up_and_reports_no_orphan() {
     assert_eq!(metrics.value("vram_mig_process_list_denied", &busy), 1.0);
     assert_eq!(metrics.value("vram_mig_processes", &busy), 0.0);
 
-    // `check` does not call it orphaned either.
+    // `check` does not call it orphaned, nor fine: it cannot tell, and says why.
     let check = rig.run(&["check"]);
-    assert_ne!(check.status, Some(1), "{}{}", check.stdout, check.stderr);
-    assert_ne!(check.status, Some(2), "{}{}", check.stdout, check.stderr);
+    assert_eq!(check.status, Some(3), "{}{}", check.stdout, check.stderr);
+    let sentence = verdict_line(&check.stdout, 0);
+    assert!(sentence.starts_with("GPU 0: cannot tell: "), "{sentence}");
+    assert!(
+        check
+            .stdout
+            .contains("note: NVML refused this GPU's process list"),
+        "{}",
+        check.stdout
+    );
+    let busy_line = check
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("GPU 0 MIG (GI 1, CI 0, 1g.18gb): "))
+        .unwrap_or_else(|| panic!("no verdict for GI 1:\n{}", check.stdout));
+    assert!(busy_line.contains(": cannot tell: "), "{busy_line}");
+}
+
+#[test]
+fn each_mig_instance_has_its_own_verdict_and_culprit() {
+    // GI 1: a live owner; GI 2: the fork orphan, whose child holds GI 2's capability
+    // nodes and maps the GPU; GI 3: empty. The child is GI 2's culprit and no other's.
+    let world = ThreeInstances::new();
+    let minors = path(&world.mig_minors);
+    let outcome = world
+        .rig
+        .run(&["check", "--json", "--test.mig-minors", minors]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
+    let document = outcome.json();
+    let instances = document["gpus"][0]["instances"].as_array().unwrap();
+    assert_eq!(instances.len(), 3, "{document:#}");
+    let by_gi = |gi: u64| {
+        instances
+            .iter()
+            .find(|instance| instance["gpu_instance_id"] == gi)
+            .unwrap_or_else(|| panic!("no GI {gi}: {document:#}"))
+    };
+    let (owned, orphaned, empty) = (by_gi(1), by_gi(2), by_gi(3));
+    assert_eq!(owned["finding"], "owned");
+    assert_eq!(owned["owners"][0]["pid"], world.owner.pid);
+    assert_eq!(owned["owners"][0]["state"], "running");
+    assert_eq!(orphaned["finding"], "orphaned");
+    assert_eq!(orphaned["orphaned_bytes"], INSTANCE_CHARGED);
+    assert_eq!(orphaned["owners"][0]["state"], "gone");
+    let culprits: Vec<u64> = orphaned["culprits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|culprit| culprit["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(culprits, [u64::from(world.culprit.pid)]);
+    assert_eq!(orphaned["remedy"]["action"], "kill");
+    // GI 1's live owner holds GI 1's capabilities, not GI 2's: not even a bystander there.
+    assert_eq!(orphaned["bystanders"], serde_json::json!([]));
+    assert_eq!(empty["finding"], "idle");
+    assert_eq!(empty["culprits"], serde_json::json!([]));
+
+    let text = world.rig.run(&["check", "--test.mig-minors", minors]);
+    let line = text
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("GPU 0 MIG (GI 2, CI 0, 1g.18gb): "))
+        .unwrap_or_else(|| panic!("no verdict for GI 2:\n{}", text.stdout));
+    assert!(
+        line.contains(&format!(
+            "still held by PID {} (dataloader",
+            world.culprit.pid
+        )) && line.ends_with(&format!("- killing {} should free it.", world.culprit.pid)),
+        "{line}"
+    );
+
+    let metrics = world.start().scrape();
+    assert_eq!(
+        metrics.value(
+            "vram_mig_orphaned_bytes",
+            &[&instance("2")[..], &[("reason", "owner_gone")]].concat()
+        ),
+        INSTANCE_CHARGED as f64
+    );
+    assert_eq!(
+        metrics.value(
+            "vram_mig_orphaned_bytes",
+            &[&instance("1")[..], &[("reason", "owner_gone")]].concat()
+        ),
+        0.0
+    );
+    assert_eq!(
+        metrics.value(
+            "vram_mig_holder_processes",
+            &[&instance("2")[..], &[("role", "culprit")]].concat()
+        ),
+        1.0
+    );
+    assert_promtool_clean(&metrics.text);
+}
+
+#[test]
+fn without_the_capability_table_a_mig_culprit_is_not_guessed() {
+    // Which instance a process's context is in comes from the driver's capability table;
+    // without it the child is undetermined on GI 2, and nothing is suggested there.
+    let world = ThreeInstances::new();
+    let missing = world.rig.dir.path().join("no-mig-minors");
+    let outcome = world
+        .rig
+        .run(&["check", "--json", "--test.mig-minors", path(&missing)]);
+    let document = outcome.json();
+    let orphaned = document["gpus"][0]["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|instance| instance["gpu_instance_id"] == 2)
+        .unwrap();
+    assert_eq!(orphaned["culprits"], serde_json::json!([]), "{orphaned:#}");
+    assert_eq!(orphaned["undetermined"][0]["pid"], world.culprit.pid);
+    assert_eq!(orphaned["remedy"]["action"], "cannot_tell");
 }
 
 #[test]
