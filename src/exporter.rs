@@ -130,6 +130,12 @@ impl Exporter {
         }
     }
 
+    /// Whether the exporter runs in the host's PID namespace (`Some(None)`: it cannot
+    /// tell); `None` for a replay.
+    pub fn host_pid_namespace(&self) -> Option<Option<bool>> {
+        self.source.host_pid_namespace()
+    }
+
     /// The name of the host observed.
     pub fn hostname(&self) -> String {
         self.source.hostname()

@@ -77,7 +77,7 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
         observe::read_snapshot(path)?;
     }
     if matches!(config.mode, Mode::Serve(_)) {
-        warn_if_blind(&config);
+        warn_if_blind(&exporter, &config);
     }
     match config.mode {
         Mode::Serve(serve) => {
@@ -121,20 +121,14 @@ fn source(config: &Config) -> Source {
 }
 
 /// Outside the host PID namespace NVML hides other processes; say so once, loudly.
-fn warn_if_blind(config: &Config) {
-    if config.replay.is_some() {
-        return;
-    }
-    let root = ProcRoot {
-        root: config.procfs.clone(),
-        device_prefix: config.device_prefix.clone(),
-    };
-    match root.host_pid_namespace() {
-        Some(true) => {}
-        Some(false) => tracing::warn!(
+fn warn_if_blind(exporter: &Exporter, config: &Config) {
+    match exporter.host_pid_namespace() {
+        // A replay has nothing live to look at.
+        None | Some(Some(true)) => {}
+        Some(Some(false)) => tracing::warn!(
             "not in the host PID namespace: NVML hides processes of other namespaces, so memory without a visible owner is reported as unattributed, never as orphaned (vram_host_pid_namespace 0); run with the host's PID namespace (hostPID: true, --pid=host)"
         ),
-        None => tracing::warn!(
+        Some(None) => tracing::warn!(
             procfs = %config.procfs.display(),
             "cannot read the PID namespace of this process; treating the exporter as blind"
         ),

@@ -347,6 +347,15 @@ impl Source {
         }
     }
 
+    /// Whether we run in the host's PID namespace (`Some(None)`: it cannot be read);
+    /// `None` for a replay.
+    pub fn host_pid_namespace(&self) -> Option<Option<bool>> {
+        match self {
+            Source::Live(host) => Some(host.proc_root.host_pid_namespace()),
+            Source::Replay(_) => None,
+        }
+    }
+
     /// The name of the host observed, for a snapshot.
     pub fn hostname(&self) -> String {
         match self {
