@@ -85,7 +85,7 @@ pub fn free(set: EventSet) -> Result<(), Error> {
 pub fn wait(set: EventSet, timeout: Duration) -> Result<EventData, Error> {
     // A registered GPU's `delays_ms` for the wait holds the call first, however short
     // its timeout: a driver stuck in the wait.
-    let stuck = registered_delay(set, &Scenario::load()?)?;
+    let stuck = registered_delay(set, &*Scenario::load()?)?;
     if !stuck.is_zero() {
         thread::sleep(stuck);
     }

@@ -577,7 +577,7 @@ pub extern "C" fn nvmlDeviceGetNumaNodeId(device: Device, node: Option<&mut c_ui
 pub extern "C" fn nvmlEventSetCreate(set: Option<&mut EventSet>) -> Return {
     call("nvmlEventSetCreate", || {
         let out = set.ok_or(Error::InvalidArg)?;
-        *out = events::create(&Scenario::load()?);
+        *out = events::create(&*Scenario::load()?);
         Ok(())
     })
 }
