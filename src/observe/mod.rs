@@ -76,6 +76,9 @@ pub struct LiveHost {
     scan_budget: Duration,
     /// The exporter's place in the procfs, found once.
     placement: Placement,
+    /// When the host booted: read once, since it does not change (and reading
+    /// `/proc/stat` renders every CPU's counters).
+    boot_time_unix_seconds: Option<u64>,
     /// The process first seen under each PID that NVML lists: a PID names a process only
     /// with its start time, so a later process under the same number is someone else.
     first_seen: Mutex<HashMap<u32, Identity>>,
@@ -99,6 +102,7 @@ impl LiveHost {
         LiveHost {
             nvml: NvmlSource::new(nvml_library, long_running),
             placement: Placement::locate(&proc_root),
+            boot_time_unix_seconds: proc_root.boot_time(),
             mig_minors: proc_root.root.join(mig::MIG_MINORS),
             proc_root,
             scan_budget,
@@ -218,7 +222,7 @@ impl LiveHost {
             nvml,
             host_pid_namespace,
             procfs_view,
-            boot_time_unix_seconds: self.proc_root.boot_time(),
+            boot_time_unix_seconds: self.boot_time_unix_seconds,
             clock_ticks_per_second: clock_ticks_per_second(),
             owners,
             holder_scan: None,
