@@ -13,7 +13,7 @@ use crate::cli::ServeConfig;
 use crate::exporter::{encode, Exporter, Format};
 use crate::sync::lock;
 use crate::web::auth::Authenticator;
-use crate::web::connections::{Admission, Slot, Slots};
+use crate::web::connections::{Slot, Slots, Tracked};
 use crate::web::{WebConfig, WebSettings};
 use anyhow::Context;
 use http_body_util::Full;
@@ -105,15 +105,6 @@ pub async fn serve(
     drop(settings);
     let mut limit_logged: Option<Instant> = None;
     loop {
-        // Stop accepting while every slot is serving a request: new connections wait in
-        // the kernel's backlog rather than pile up here.
-        tokio::select! {
-            _ = slots.wait_for_room() => {}
-            signal = &mut shutdown => {
-                tracing::info!(signal, "shutting down");
-                break;
-            }
-        }
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
@@ -129,25 +120,28 @@ pub async fn serve(
                 break;
             }
         };
-        let slot = match slots.admit() {
-            Admission::Admitted { slot, evicted } => {
-                if evicted && limit_logged.is_none_or(|at| at.elapsed() >= LIMIT_LOG_INTERVAL) {
-                    limit_logged = Some(Instant::now());
-                    tracing::warn!(
-                        max_connections = config.max_connections,
-                        "connection limit reached: closing the oldest idle connections to make room (logged once a minute at most)"
-                    );
-                }
-                slot
-            }
-            Admission::Refused => {
-                tracing::debug!("every connection is serving a request; closing a new one");
-                continue;
+        // At the cap, the connection waits here (and later ones in the kernel's
+        // backlog) until an idle connection can make way or a slot frees: it is never
+        // closed unanswered.
+        let admitted = tokio::select! {
+            admitted = slots.admit() => admitted,
+            signal = &mut shutdown => {
+                tracing::info!(signal, "shutting down");
+                break;
             }
         };
+        if (admitted.evicted || admitted.waited)
+            && limit_logged.is_none_or(|at| at.elapsed() >= LIMIT_LOG_INTERVAL)
+        {
+            limit_logged = Some(Instant::now());
+            tracing::warn!(
+                max_connections = config.max_connections,
+                "connection limit reached: a new connection waits until another has been idle for a second, then takes its slot (logged once a minute at most)"
+            );
+        }
         tokio::spawn(connection(
             stream,
-            slot,
+            admitted.slot,
             Arc::clone(&shared),
             graceful.watcher(),
         ));
@@ -195,6 +189,7 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service_slot = Arc::clone(&slot);
+    let io = Tracked::new(io, Arc::clone(&slot));
     let connection = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)

@@ -1,0 +1,194 @@
+//! How the server treats well-behaved clients under load: keep-alive connections at the
+//! `--web.max-connections` cap are never cut off between requests, and a connection beyond
+//! the cap waits for room instead of being closed unanswered.
+
+use crate::helpers::*;
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A keep-alive client that sends its next request as soon as a response is complete,
+/// as `wrk` does.
+struct KeepAlive {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl KeepAlive {
+    fn open(address: SocketAddr) -> KeepAlive {
+        let stream = TcpStream::connect(address).expect("connect");
+        stream.set_nodelay(true).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        KeepAlive {
+            writer: stream.try_clone().unwrap(),
+            reader: BufReader::new(stream),
+        }
+    }
+
+    /// One request and its whole response: the status, or what went wrong.
+    fn get(&mut self, path: &str) -> Result<u16, String> {
+        self.writer
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+            .map_err(|error| format!("sending the request: {error}"))?;
+        let mut status = None;
+        let mut length = None;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match self.reader.read_line(&mut line) {
+                Ok(0) if status.is_none() => {
+                    return Err(
+                        "the server closed the connection with the request unanswered".into(),
+                    )
+                }
+                Ok(0) => return Err("the server closed the connection mid-head".into()),
+                Ok(_) => {}
+                Err(error) if error.kind() == ErrorKind::ConnectionReset => {
+                    return Err("the server reset the connection".into())
+                }
+                Err(error) => return Err(format!("reading the response: {error}")),
+            }
+            if line == "\r\n" {
+                break;
+            }
+            if status.is_none() {
+                status = line
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|code| code.parse().ok());
+                if status.is_none() {
+                    return Err(format!("not a status line: {line:?}"));
+                }
+            } else if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse::<usize>().ok();
+                }
+            }
+        }
+        let length = length.ok_or("a response without Content-Length")?;
+        let mut body = vec![0; length];
+        self.reader
+            .read_exact(&mut body)
+            .map_err(|error| format!("response cut off mid-body ({length} bytes): {error}"))?;
+        status.ok_or_else(|| "no status".to_string())
+    }
+}
+
+/// `connections` keep-alive clients fill every slot and send requests back to back,
+/// while `late` more connections arrive; before they finish, each client must have done
+/// `rounds` requests after the late ones came.
+fn keep_alive_at_the_cap(connections: usize, late: usize, rounds: usize) {
+    let rig = Rig::new();
+    let exporter = rig.start(&["--web.max-connections", &connections.to_string()]);
+    let address = exporter.address;
+    let stop = Arc::new(AtomicBool::new(false));
+    let done: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..connections).map(|_| AtomicUsize::new(0)).collect());
+    let failed = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..connections)
+        .map(|index| {
+            let (stop, done, failed) = (Arc::clone(&stop), Arc::clone(&done), Arc::clone(&failed));
+            std::thread::spawn(move || -> Result<usize, String> {
+                let mut client = KeepAlive::open(address);
+                // Scrapes and health checks, so both large and tiny responses are in flight.
+                let paths = ["/metrics", "/-/healthy"];
+                let mut requests = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let path = paths[requests % paths.len()];
+                    match client.get(path) {
+                        Ok(200) => {}
+                        Ok(status) => {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                            return Err(format!("client {index}: {path} answered {status} after {requests} requests"));
+                        }
+                        Err(error) => {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                            return Err(format!("client {index}, request {}: {error}", requests + 1));
+                        }
+                    }
+                    requests += 1;
+                    done[index].store(requests, Ordering::SeqCst);
+                }
+                Ok(requests)
+            })
+        })
+        .collect();
+    wait_until(
+        "every keep-alive client has its connection and an answer",
+        Duration::from_secs(30),
+        || done.iter().all(|count| count.load(Ordering::SeqCst) > 0),
+    );
+
+    // More connections than the cap allows: each must be answered in the end, not closed.
+    let late_clients: Vec<_> = (0..late)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut stream = TcpStream::connect(address).expect("connect");
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(120)))
+                    .unwrap();
+                stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: late\r\nConnection: close\r\n\r\n")
+                    .map_err(|error| format!("sending: {error}"))?;
+                let mut raw = Vec::new();
+                stream
+                    .read_to_end(&mut raw)
+                    .map_err(|error| format!("reading: {error}"))?;
+                let text = String::from_utf8_lossy(&raw);
+                if !text.starts_with("HTTP/1.1 200") || !text.contains("vram_build_info") {
+                    return Err(format!("a late connection got {:?}", text.lines().next()));
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    // The late connections are now in the backlog or waiting for a slot; the clients go
+    // on for many more requests, every gap between two of them a chance to be cut off.
+    let before: Vec<usize> = done
+        .iter()
+        .map(|count| count.load(Ordering::SeqCst))
+        .collect();
+    wait_until(
+        "every keep-alive client has done its rounds beside the late connections (or failed)",
+        Duration::from_secs(120),
+        || {
+            failed.load(Ordering::SeqCst) > 0
+                || done
+                    .iter()
+                    .zip(&before)
+                    .all(|(count, start)| count.load(Ordering::SeqCst) >= start + rounds)
+        },
+    );
+    stop.store(true, Ordering::SeqCst);
+    let mut errors = Vec::new();
+    for client in clients {
+        if let Err(error) = client.join().unwrap() {
+            errors.push(error);
+        }
+    }
+    // The clients have closed their connections: the late ones get the slots.
+    for late in late_clients {
+        if let Err(error) = late.join().unwrap() {
+            errors.push(error);
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "{errors:#?}\nexporter log:\n{}",
+        exporter.log()
+    );
+}
+
+#[test]
+fn keep_alive_clients_at_the_connection_cap_are_never_cut_off() {
+    keep_alive_at_the_cap(4, 3, 300);
+}
+
+#[test]
+fn at_the_default_cap_of_64_a_scraper_beside_a_load_test_breaks_nothing() {
+    keep_alive_at_the_cap(64, 1, 20);
+}
