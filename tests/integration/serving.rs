@@ -1,8 +1,10 @@
 //! How the server treats well-behaved clients under load: keep-alive connections at the
-//! `--web.max-connections` cap are never cut off between requests, and a connection beyond
-//! the cap waits for room instead of being closed unanswered.
+//! `--web.max-connections` cap are never cut off between requests, a connection beyond
+//! the cap waits for room instead of being closed unanswered, and Prometheus's
+//! `X-Prometheus-Scrape-Timeout-Seconds` decides how long a scrape waits.
 
 use crate::helpers::*;
+use serde_json::json;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -191,4 +193,43 @@ fn keep_alive_clients_at_the_connection_cap_are_never_cut_off() {
 #[test]
 fn at_the_default_cap_of_64_a_scraper_beside_a_load_test_breaks_nothing() {
     keep_alive_at_the_cap(64, 1, 20);
+}
+
+// ---------------------------------------------------------------------------------------
+// X-Prometheus-Scrape-Timeout-Seconds
+
+#[test]
+fn prometheus_scrape_timeout_decides_how_long_a_scrape_waits() {
+    let rig = Rig::new();
+    // Every collection hangs in NVML far longer than any scrape waits.
+    let mut gpu = Gpu::idle(0);
+    gpu.0["delays_ms"]["nvmlDeviceGetMemoryInfo_v2"] = json!(120_000);
+    rig.write_scenario(&Gpus::new().gpu(gpu).into_json());
+    let exporter = rig.start(&["--web.collection-timeout", "1s"]);
+    // What the scrape waited for, from the 503's reason: `(WAIT s)`.
+    let waited = |header: Option<&str>| -> String {
+        let headers: Vec<String> = header
+            .map(|value| format!("X-Prometheus-Scrape-Timeout-Seconds: {value}"))
+            .into_iter()
+            .collect();
+        let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+        let response = exporter.request("GET", "/metrics", &headers);
+        assert_eq!(response.status, 503, "{header:?}: {}", response.body);
+        let (_, after) = response
+            .body
+            .split_once("longer than this scrape waits (")
+            .unwrap_or_else(|| panic!("{header:?}: {}", response.body));
+        after.split_once(')').unwrap().0.to_string()
+    };
+    // Half a second before Prometheus gives up.
+    assert_eq!(waited(Some("1")), "0.5s");
+    // Under a second: halfway, so the 503 still arrives in time.
+    assert_eq!(waited(Some("0.4")), "0.2s");
+    // Later than --web.collection-timeout, absent, or not a positive number of seconds:
+    // --web.collection-timeout.
+    assert_eq!(waited(Some("60")), "1.0s");
+    assert_eq!(waited(None), "1.0s");
+    for malformed in ["0", "-2", "soon", "NaN"] {
+        assert_eq!(waited(Some(malformed)), "1.0s", "{malformed}");
+    }
 }
