@@ -123,8 +123,7 @@ pub async fn serve(
             }
         };
         // At the cap, the connection waits here (and later ones in the kernel's
-        // backlog) until an idle connection can make way or a slot frees: it is never
-        // closed unanswered.
+        // backlog) until a connection makes way: it is never closed unanswered.
         let admitted = tokio::select! {
             admitted = slots.admit() => admitted,
             signal = &mut shutdown => {
@@ -138,7 +137,7 @@ pub async fn serve(
             limit_logged = Some(Instant::now());
             tracing::warn!(
                 max_connections = config.max_connections,
-                "connection limit reached: a new connection waits until another has been idle for a second, then takes its slot (logged once a minute at most)"
+                "connection limit reached: making room by closing a connection idle for a second, or the oldest one after its next response (logged once a minute at most)"
             );
         }
         tokio::spawn(connection(
@@ -206,8 +205,14 @@ where
             service_fn(move |request| {
                 let serving = service_slot.serving();
                 let shared = Arc::clone(&shared);
+                let slot = Arc::clone(&service_slot);
                 async move {
-                    let response = handle(shared, request).await;
+                    let mut response = handle(shared, request).await;
+                    // A newer connection waits for this one's slot: this response is the
+                    // last, and the client knows it before it sends another request.
+                    if slot.asked_to_close() {
+                        response = response.map(close_after);
+                    }
                     drop(serving);
                     response
                 }

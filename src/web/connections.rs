@@ -3,18 +3,21 @@
 //! When every slot is taken, a new connection takes the slot of the connection that has
 //! been idle longest (not serving a request, nothing written to its client: still in its
 //! TLS handshake, still sending its headers, or between keep-alive requests), but only
-//! once that connection has been idle for [`EVICTABLE_AFTER`]. Slow and idle clients make
-//! way, so a scraper is served promptly even while many of them hold connections open;
-//! a client sending requests back to back on a kept-alive connection is never cut off
-//! between a response and its next request, which it may already have sent. While no
-//! connection can make way, the new one waits, unanswered but open, until one can or a
-//! slot frees; later ones wait in the kernel's backlog.
+//! once that connection has been idle for [`EVICTABLE_AFTER`]: slow and idle clients
+//! make way, so a scraper is served promptly even while many of them hold connections
+//! open. A connection in use is never closed under its client (between a response and
+//! the next request, which may already be on the wire, the server cannot tell it was not
+//! sent): when no connection has been idle that long, the oldest one is asked to close
+//! after its current or next response (`Connection: close`, which HTTP clients follow
+//! by reconnecting), so busy clients take turns instead of locking newcomers out. Until
+//! a slot frees, the new connection waits, unanswered but open; later ones wait in the
+//! kernel's backlog.
 
 use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -36,6 +39,8 @@ struct SlotState {
     /// serving a request, wrote a byte of a response): milliseconds since the table's
     /// epoch.
     active_ms: AtomicU64,
+    /// Set to have the connection close after the response it sends next, making room.
+    close_after_response: AtomicBool,
     /// Fired to close the connection and free its slot for a newer one.
     evict: Notify,
 }
@@ -61,6 +66,11 @@ impl Slot {
             state: Arc::clone(&self.state),
             slots: Arc::clone(&self.slots),
         }
+    }
+
+    /// Whether the response being sent should be the connection's last, to make room.
+    pub fn asked_to_close(&self) -> bool {
+        self.state.close_after_response.load(Ordering::SeqCst)
     }
 
     /// The connection did something for its client just now.
@@ -193,7 +203,7 @@ pub struct Admitted {
 enum Full {
     /// An idle connection may make way at this instant, if it stays idle.
     Until(Instant),
-    /// Every connection is serving a request: wait until one finishes.
+    /// Every connection is serving a request: wait until one finishes or closes.
     Busy,
 }
 
@@ -220,7 +230,8 @@ impl Slots {
 
     /// Admit a connection that was just accepted, once there is room for it: a free
     /// slot, or one whose connection has been idle for [`EVICTABLE_AFTER`] (that one is
-    /// told to close). The connection is never turned away.
+    /// told to close); meanwhile the oldest connection is asked to close after its next
+    /// response. The connection is never turned away.
     pub async fn admit(self: &Arc<Self>) -> Admitted {
         let mut waited = false;
         loop {
@@ -259,16 +270,29 @@ impl Slots {
                 .filter(|(_, slot)| slot.busy.load(Ordering::SeqCst) == 0)
                 .map(|(id, slot)| (slot.active_ms.load(Ordering::SeqCst), *id))
                 .min();
-            let Some((active_ms, id)) = idle_longest else {
-                return Err(Full::Busy);
-            };
-            let evictable_ms = active_ms.saturating_add(millis(EVICTABLE_AFTER));
             let now_ms = self.now_ms(now);
-            if now_ms < evictable_ms {
-                return Err(Full::Until(
-                    now + Duration::from_millis(evictable_ms - now_ms),
-                ));
-            }
+            let evictable_ms = idle_longest
+                .map(|(active_ms, _)| active_ms.saturating_add(millis(EVICTABLE_AFTER)));
+            let evictable = match (idle_longest, evictable_ms) {
+                (Some((_, id)), Some(at)) if at <= now_ms => Some(id),
+                _ => None,
+            };
+            let Some(id) = evictable else {
+                // Nobody idle long enough: the oldest connection closes after its current
+                // or next response, unless one is already on its way out.
+                let leaving = open
+                    .values()
+                    .any(|slot| slot.close_after_response.load(Ordering::SeqCst));
+                if !leaving {
+                    if let Some(oldest) = open.values().next() {
+                        oldest.close_after_response.store(true, Ordering::SeqCst);
+                    }
+                }
+                return Err(match evictable_ms {
+                    Some(at) => Full::Until(now + Duration::from_millis(at - now_ms)),
+                    None => Full::Busy,
+                });
+            };
             if let Some(slot) = open.remove(&id) {
                 slot.evict.notify_one();
             }
@@ -417,6 +441,32 @@ mod tests {
             .unwrap();
         assert!(!admitted.evicted);
         assert!(admitted.waited);
+    }
+
+    #[test]
+    fn a_table_in_use_asks_its_oldest_connection_to_close_after_a_response() {
+        let slots = Slots::new(2);
+        let now = Instant::now();
+        let (oldest, _) = admitted(&slots, now);
+        let (newer, _) = admitted(&slots, now);
+        let _serving = newer.serving();
+        // The oldest is idle, but not for long: it is not closed under its client, it is
+        // asked to make its next response the last.
+        assert_eq!(
+            slots.try_admit(now).err(),
+            Some(Full::Until(now + EVICTABLE_AFTER))
+        );
+        assert!(oldest.asked_to_close());
+        assert!(!newer.asked_to_close());
+        // One connection on its way out at a time.
+        let _also_serving = oldest.serving();
+        assert_eq!(slots.try_admit(now).err(), Some(Full::Busy));
+        assert!(!newer.asked_to_close());
+        // Once it has sent that response and closed, the new connection gets its slot.
+        drop(_also_serving);
+        drop(oldest);
+        let (_new, evicted) = admitted(&slots, now);
+        assert!(!evicted);
     }
 
     #[test]

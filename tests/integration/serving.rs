@@ -1,7 +1,8 @@
 //! How the server treats well-behaved clients under load: keep-alive connections at the
 //! `--web.max-connections` cap are never cut off between requests, a connection beyond
-//! the cap waits for room instead of being closed unanswered, and Prometheus's
-//! `X-Prometheus-Scrape-Timeout-Seconds` decides how long a scrape waits.
+//! the cap is answered while they go on (they take turns) instead of being closed
+//! unanswered, and Prometheus's `X-Prometheus-Scrape-Timeout-Seconds` decides how long a
+//! scrape waits.
 
 use crate::helpers::*;
 use serde_json::json;
@@ -12,23 +13,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A keep-alive client that sends its next request as soon as a response is complete,
-/// as `wrk` does.
+/// and reconnects when a response says `Connection: close`, as `wrk` does.
 struct KeepAlive {
+    address: SocketAddr,
     reader: BufReader<TcpStream>,
     writer: TcpStream,
+    /// New connections opened after a `Connection: close`.
+    reconnects: usize,
 }
 
 impl KeepAlive {
     fn open(address: SocketAddr) -> KeepAlive {
+        let (reader, writer) = KeepAlive::connect(address);
+        KeepAlive {
+            address,
+            reader,
+            writer,
+            reconnects: 0,
+        }
+    }
+
+    fn connect(address: SocketAddr) -> (BufReader<TcpStream>, TcpStream) {
         let stream = TcpStream::connect(address).expect("connect");
         stream.set_nodelay(true).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(60)))
             .unwrap();
-        KeepAlive {
-            writer: stream.try_clone().unwrap(),
-            reader: BufReader::new(stream),
-        }
+        (BufReader::new(stream.try_clone().unwrap()), stream)
     }
 
     /// One request and its whole response: the status, or what went wrong.
@@ -38,6 +49,7 @@ impl KeepAlive {
             .map_err(|error| format!("sending the request: {error}"))?;
         let mut status = None;
         let mut length = None;
+        let mut last = false;
         let mut line = String::new();
         loop {
             line.clear();
@@ -68,6 +80,8 @@ impl KeepAlive {
             } else if let Some((name, value)) = line.split_once(':') {
                 if name.eq_ignore_ascii_case("content-length") {
                     length = value.trim().parse::<usize>().ok();
+                } else if name.eq_ignore_ascii_case("connection") {
+                    last = value.trim().eq_ignore_ascii_case("close");
                 }
             }
         }
@@ -76,13 +90,38 @@ impl KeepAlive {
         self.reader
             .read_exact(&mut body)
             .map_err(|error| format!("response cut off mid-body ({length} bytes): {error}"))?;
+        if last {
+            (self.reader, self.writer) = KeepAlive::connect(self.address);
+            self.reconnects += 1;
+        }
         status.ok_or_else(|| "no status".to_string())
     }
 }
 
+/// One request on a connection of its own, `Connection: close`, read to the end.
+fn late_scrape(address: SocketAddr) -> Result<(), String> {
+    let mut stream = TcpStream::connect(address).map_err(|error| format!("connect: {error}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: late\r\nConnection: close\r\n\r\n")
+        .map_err(|error| format!("a late connection, sending: {error}"))?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .map_err(|error| format!("a late connection, reading: {error}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    if !text.starts_with("HTTP/1.1 200") || !text.contains("vram_build_info") {
+        return Err(format!("a late connection got {:?}", text.lines().next()));
+    }
+    Ok(())
+}
+
 /// `connections` keep-alive clients fill every slot and send requests back to back,
-/// while `late` more connections arrive; before they finish, each client must have done
-/// `rounds` requests after the late ones came.
+/// while `late` more connections arrive. The late ones must be answered while the
+/// clients go on, each client doing `rounds` requests after they came, and no client
+/// may ever be cut off.
 fn keep_alive_at_the_cap(connections: usize, late: usize, rounds: usize) {
     let rig = Rig::new();
     let exporter = rig.start(&["--web.max-connections", &connections.to_string()]);
@@ -101,21 +140,19 @@ fn keep_alive_at_the_cap(connections: usize, late: usize, rounds: usize) {
                 let mut requests = 0;
                 while !stop.load(Ordering::SeqCst) {
                     let path = paths[requests % paths.len()];
-                    match client.get(path) {
-                        Ok(200) => {}
-                        Ok(status) => {
-                            failed.fetch_add(1, Ordering::SeqCst);
-                            return Err(format!("client {index}: {path} answered {status} after {requests} requests"));
-                        }
-                        Err(error) => {
-                            failed.fetch_add(1, Ordering::SeqCst);
-                            return Err(format!("client {index}, request {}: {error}", requests + 1));
-                        }
+                    let outcome = match client.get(path) {
+                        Ok(200) => Ok(()),
+                        Ok(status) => Err(format!("{path} answered {status}")),
+                        Err(error) => Err(error),
+                    };
+                    if let Err(error) = outcome {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                        return Err(format!("client {index}, request {}: {error}", requests + 1));
                     }
                     requests += 1;
                     done[index].store(requests, Ordering::SeqCst);
                 }
-                Ok(requests)
+                Ok(client.reconnects)
             })
         })
         .collect();
@@ -125,54 +162,46 @@ fn keep_alive_at_the_cap(connections: usize, late: usize, rounds: usize) {
         || done.iter().all(|count| count.load(Ordering::SeqCst) > 0),
     );
 
-    // More connections than the cap allows: each must be answered in the end, not closed.
-    let late_clients: Vec<_> = (0..late)
-        .map(|_| {
-            std::thread::spawn(move || {
-                let mut stream = TcpStream::connect(address).expect("connect");
-                stream
-                    .set_read_timeout(Some(Duration::from_secs(120)))
-                    .unwrap();
-                stream
-                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: late\r\nConnection: close\r\n\r\n")
-                    .map_err(|error| format!("sending: {error}"))?;
-                let mut raw = Vec::new();
-                stream
-                    .read_to_end(&mut raw)
-                    .map_err(|error| format!("reading: {error}"))?;
-                let text = String::from_utf8_lossy(&raw);
-                if !text.starts_with("HTTP/1.1 200") || !text.contains("vram_build_info") {
-                    return Err(format!("a late connection got {:?}", text.lines().next()));
-                }
-                Ok(())
-            })
-        })
-        .collect();
-    // The late connections are now in the backlog or waiting for a slot; the clients go
-    // on for many more requests, every gap between two of them a chance to be cut off.
+    // More connections than the cap allows, while every slot is in use.
+    let answered = Arc::new(AtomicUsize::new(0));
     let before: Vec<usize> = done
         .iter()
         .map(|count| count.load(Ordering::SeqCst))
         .collect();
+    let late_clients: Vec<_> = (0..late)
+        .map(|_| {
+            let (answered, failed) = (Arc::clone(&answered), Arc::clone(&failed));
+            std::thread::spawn(move || {
+                let result = late_scrape(address);
+                match result {
+                    Ok(()) => answered.fetch_add(1, Ordering::SeqCst),
+                    Err(_) => failed.fetch_add(1, Ordering::SeqCst),
+                };
+                result
+            })
+        })
+        .collect();
     wait_until(
-        "every keep-alive client has done its rounds beside the late connections (or failed)",
+        "the late connections are answered while the keep-alive clients go on for their rounds (or something failed)",
         Duration::from_secs(120),
         || {
             failed.load(Ordering::SeqCst) > 0
-                || done
-                    .iter()
-                    .zip(&before)
-                    .all(|(count, start)| count.load(Ordering::SeqCst) >= start + rounds)
+                || (answered.load(Ordering::SeqCst) == late
+                    && done
+                        .iter()
+                        .zip(&before)
+                        .all(|(count, start)| count.load(Ordering::SeqCst) >= start + rounds))
         },
     );
     stop.store(true, Ordering::SeqCst);
     let mut errors = Vec::new();
+    let mut reconnects = 0;
     for client in clients {
-        if let Err(error) = client.join().unwrap() {
-            errors.push(error);
+        match client.join().unwrap() {
+            Ok(count) => reconnects += count,
+            Err(error) => errors.push(error),
         }
     }
-    // The clients have closed their connections: the late ones get the slots.
     for late in late_clients {
         if let Err(error) = late.join().unwrap() {
             errors.push(error);
@@ -182,6 +211,12 @@ fn keep_alive_at_the_cap(connections: usize, late: usize, rounds: usize) {
         errors.is_empty(),
         "{errors:#?}\nexporter log:\n{}",
         exporter.log()
+    );
+    // Every late connection got its slot from a client told to reconnect, none by
+    // cutting one off.
+    assert!(
+        reconnects >= late,
+        "{late} late connections answered, but only {reconnects} clients were asked to reconnect"
     );
 }
 
