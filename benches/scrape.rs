@@ -693,8 +693,10 @@ fn interval(rig: &Rig, gpus: u32, pids: &[u32], seconds: usize) {
     wait_for_open_files(pid, with_connection - 1);
     let ticks_per_second = clock_ticks_per_second();
     let idle_before = cpu_seconds(pid);
+    let threads_before = thread_ticks(pid);
     std::thread::sleep(Duration::from_secs(seconds as u64));
     let idle = cpu_seconds(pid) - idle_before;
+    let idle_threads = thread_ticks(pid);
     let (rss_before, _) = memory_kib(pid);
     let cpu_before = cpu_seconds(pid);
     let started = Instant::now();
@@ -736,6 +738,23 @@ fn interval(rig: &Rig, gpus: u32, pids: &[u32], seconds: usize) {
         scraping / seconds as f64 * 1e3,
         mib(rss_after)
     );
+    let busy_while_idle: Vec<String> = idle_threads
+        .iter()
+        .map(|(tid, (name, ticks))| {
+            let before = threads_before.get(tid).map_or(0, |(_, ticks)| *ticks);
+            (name, ticks - before)
+        })
+        .filter(|(_, ticks)| *ticks > 0)
+        .map(|(name, ticks)| format!("{name} {ticks}"))
+        .collect();
+    println!(
+        "CPU ticks of each thread while idle (threads that ended are not listed): {}",
+        if busy_while_idle.is_empty() {
+            "none".to_string()
+        } else {
+            busy_while_idle.join(", ")
+        }
+    );
     println!(
         "CPU per scrape (scraping minus idle): {:.2} ms; at one scrape a second {:.2} CPU s per hour ({:.3}% of one core); \
          in-exporter scrape duration median {} us",
@@ -744,6 +763,22 @@ fn interval(rig: &Rig, gpus: u32, pids: &[u32], seconds: usize) {
         per_scrape * 100.0,
         micros(summarize(inside).median)
     );
+}
+
+/// Each thread of `pid`: its name and CPU ticks (user and system) so far.
+fn thread_ticks(pid: u32) -> std::collections::BTreeMap<u32, (String, u64)> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|task| {
+            let tid = task.file_name().to_str()?.parse().ok()?;
+            let name = fs::read_to_string(task.path().join("comm")).ok()?;
+            let stat = fs::read_to_string(task.path().join("stat")).ok()?;
+            let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+            let ticks = fields[11].parse::<u64>().ok()? + fields[12].parse::<u64>().ok()?;
+            Some((tid, (name.trim().to_string(), ticks)))
+        })
+        .collect()
 }
 
 fn clock_ticks_per_second() -> f64 {
