@@ -1,20 +1,28 @@
 //! The release binary against the fake NVML, measured from outside as Prometheus sees it:
 //! scrape latency end to end, where the time of a scrape goes, steady memory and CPU
-//! over 100,000 scrapes, and 64 concurrent connections under `wrk`.
+//! over 128,000 scrapes, the CPU cost of one scrape a second, and 64 concurrent
+//! connections under `wrk` with one more connection a second beside them.
 //!
 //! `cargo bench --bench scrape` (the binary and the fake NVML are built with the release
 //! settings). Without `--bench` (as `cargo test --benches` runs it) it only checks that
 //! every scenario serves a correct body.
 //!
-//! The owners are real `sleep` processes holding a stand-in device file, so every owner
-//! is live, nothing is orphaned, and the holder scan never runs: these figures exclude it
-//! (see `benches/holders.rs` for the scan).
+//! The owners are real processes (model CUDA processes) holding a stand-in device file,
+//! so every owner is live, nothing is orphaned, and the holder scan never runs: these
+//! figures exclude it (see `benches/holders.rs` for the scan).
 //!
 //! Environment: `SCRAPE_SAMPLES` (scrapes timed per scenario, default 2000),
-//! `SCRAPE_SOAK` (scrapes of the memory soak, default 100000) on `SCRAPE_SOAK_GPUS` GPUs
-//! (default 1) with `SCRAPE_SOAK_OWNERS` owners (default 8, at most 64),
-//! `SCRAPE_WRK_SECONDS` (default 30) and `SCRAPE_WRK_CONNECTIONS` (default 64). A
-//! positional argument filters the sections by name: latency, breakdown, soak, wrk.
+//! `SCRAPE_SOAK` (scrapes of the memory soak, default 128000) on `SCRAPE_SOAK_GPUS` GPUs
+//! (default 1) with `SCRAPE_SOAK_OWNERS` owners (default 8, at most 64; the interval
+//! section uses the same scenario), `SCRAPE_INTERVAL_SECONDS` (how long the interval
+//! section scrapes once a second, and first idles, default 180),
+//! `SCRAPE_WRK_SECONDS` (default 30), `SCRAPE_WRK_CONNECTIONS` (default 64),
+//! `SCRAPE_WRK_BESIDE` (default 1: one more connection a second beside wrk's, as a
+//! Prometheus server beside a load test; 0: wrk alone) and
+//! `SCRAPE_BASELINE_BINARY` (an earlier build of the exporter: the wrk section then
+//! measures it the same way, alternating with this build over two rounds, for a
+//! before-and-after in one run). A positional argument filters the sections by name:
+//! latency, breakdown, soak, interval, wrk.
 
 #[path = "../tests/integration/helpers.rs"]
 mod helpers;
@@ -51,7 +59,7 @@ fn main() {
                 .iter()
                 .any(|filter| format!("scrape/{section}").contains(filter))
     };
-    if !["latency", "breakdown", "soak", "wrk"]
+    if !["latency", "breakdown", "soak", "interval", "wrk"]
         .iter()
         .any(|section| wanted(section))
     {
@@ -60,12 +68,10 @@ fn main() {
 
     let rig = Rig::new();
     for minor in 4..MAX_GPUS {
-        fs::write(rig.device(minor), b"").unwrap();
+        // A page, as the rig gives its own nodes, so that the model owners can map it.
+        fs::write(rig.device(minor), [0u8; 4096]).unwrap();
     }
-    let owners: Vec<Holder> = (0..MAX_OWNERS)
-        .map(|index| Holder::spawn(&rig.device(index as u32 % MAX_GPUS)))
-        .collect();
-    let pids: Vec<u32> = owners.iter().map(|owner| owner.pid).collect();
+    let mut owners = Owners::default();
     machine();
 
     let mut medians = Vec::new();
@@ -75,34 +81,91 @@ fn main() {
         } else {
             20
         };
-        medians = latency(&rig, &pids, samples, measure);
+        medians = latency(&rig, &mut owners, samples, measure);
     }
     if !measure {
         println!("scrape: smoke run passed (run `cargo bench --bench scrape` to measure)");
         return;
     }
     if wanted("breakdown") {
-        breakdown(&rig, &pids, &medians);
+        breakdown(&rig, &mut owners, &medians);
     }
     if wanted("soak") {
         let gpus = env_number("SCRAPE_SOAK_GPUS", 1) as u32;
-        let owners = env_number("SCRAPE_SOAK_OWNERS", 8).min(MAX_OWNERS);
+        let count = env_number("SCRAPE_SOAK_OWNERS", 8).min(MAX_OWNERS);
         soak(
             &rig,
             gpus,
-            &pids[..owners],
-            env_number("SCRAPE_SOAK", 100_000),
+            &owners.pids(&rig, gpus)[..count],
+            env_number("SCRAPE_SOAK", 128_000),
+        );
+    }
+    if wanted("interval") {
+        let gpus = env_number("SCRAPE_SOAK_GPUS", 1) as u32;
+        let count = env_number("SCRAPE_SOAK_OWNERS", 8).min(MAX_OWNERS);
+        interval(
+            &rig,
+            gpus,
+            &owners.pids(&rig, gpus)[..count],
+            env_number("SCRAPE_INTERVAL_SECONDS", 180),
         );
     }
     if wanted("wrk") {
-        wrk(
-            &rig,
-            &pids,
-            env_number("SCRAPE_WRK_SECONDS", 30),
-            env_number("SCRAPE_WRK_CONNECTIONS", 64),
-        );
+        let seconds = env_number("SCRAPE_WRK_SECONDS", 30);
+        let connections = env_number("SCRAPE_WRK_CONNECTIONS", 64);
+        let beside = env_number("SCRAPE_WRK_BESIDE", 1) != 0;
+        let pids = owners.pids(&rig, MAX_GPUS);
+        let mut runs = Vec::new();
+        match std::env::var_os("SCRAPE_BASELINE_BINARY") {
+            // Two rounds, alternating, so that what else loads the machine falls on both.
+            Some(baseline) => {
+                let baseline = std::path::PathBuf::from(baseline);
+                for _ in 0..2 {
+                    runs.push(wrk(&rig, &pids, &baseline, seconds, connections, beside));
+                    runs.push(wrk(
+                        &rig,
+                        &pids,
+                        &exporter_binary(),
+                        seconds,
+                        connections,
+                        beside,
+                    ));
+                }
+            }
+            None => runs.push(wrk(
+                &rig,
+                &pids,
+                &exporter_binary(),
+                seconds,
+                connections,
+                beside,
+            )),
+        }
+        wrk_summary(&runs);
     }
-    drop(owners);
+}
+
+/// The owners of each scenario: for `gpus` GPUs, 64 live model CUDA processes, owner k
+/// holding GPU k % `gpus` (the verdict checks that an owner maps the GPU it is charged
+/// on), started the first time a section needs them and ended with the bench.
+#[derive(Default)]
+struct Owners {
+    by_gpus: std::collections::BTreeMap<u32, Vec<Holder>>,
+}
+
+impl Owners {
+    fn pids(&mut self, rig: &Rig, gpus: u32) -> Vec<u32> {
+        self.by_gpus
+            .entry(gpus)
+            .or_insert_with(|| {
+                (0..MAX_OWNERS)
+                    .map(|index| Holder::spawn(&rig.device(index as u32 % gpus)))
+                    .collect()
+            })
+            .iter()
+            .map(|owner| owner.pid)
+            .collect()
+    }
 }
 
 fn env_number(name: &str, default: usize) -> usize {
@@ -157,6 +220,20 @@ fn scenario(gpus: u32, pids: &[u32]) -> serde_json::Value {
 fn start(rig: &Rig, gpus: u32, pids: &[u32]) -> Exporter {
     rig.write_scenario(&scenario(gpus, pids));
     rig.start(&[])
+}
+
+/// Like [`start`], with another build of the exporter (an earlier one, to compare).
+fn start_binary(rig: &Rig, binary: &Path, gpus: u32, pids: &[u32]) -> Exporter {
+    rig.write_scenario(&scenario(gpus, pids));
+    let mut command = Command::new(binary);
+    command
+        .env("FAKE_NVML_SCENARIO", &rig.scenario)
+        .arg("--nvml.library")
+        .arg(&rig.library)
+        .arg("--test.device-prefix")
+        .arg(rig.device_prefix())
+        .args(["--web.listen-address", "127.0.0.1:0"]);
+    helpers::start(command)
 }
 
 /// One HTTP/1.1 connection kept alive across scrapes, as Prometheus keeps it.
@@ -299,13 +376,14 @@ fn micros(duration: Duration) -> String {
     format!("{:.0}", duration.as_secs_f64() * 1e6)
 }
 
-fn latency(rig: &Rig, pids: &[u32], samples: usize, measure: bool) -> Vec<Latency> {
+fn latency(rig: &Rig, all: &mut Owners, samples: usize, measure: bool) -> Vec<Latency> {
     let mut medians = Vec::new();
     let warm_up = if measure { 200 } else { 2 };
     println!("\n## scrape latency, keep-alive connection, request to last byte ({samples} scrapes per scenario, after {warm_up} warm-up)");
     println!("| GPUs | owners | body bytes | median us | p90 us | p99 us | max us | mean us | in-exporter median us | new connection median us | new connection p99 us | bodies equal to the previous |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (gpus, owners) in SHAPES {
+        let pids = all.pids(rig, gpus);
         let exporter = start(rig, gpus, &pids[..owners]);
         let mut connection = Connection::open(exporter.address);
         let mut body = Vec::new();
@@ -390,7 +468,7 @@ const REAL_NVML_PER_GPU: Duration = Duration::from_micros(40);
 /// Where the time of a scrape goes, per scenario: the fake NVML answering the calls a
 /// scrape makes, and the `/proc` lookups of the owners, each timed in this process; and
 /// what a scrape would cost with real NVML instead of the fake.
-fn breakdown(rig: &Rig, pids: &[u32], latencies: &[Latency]) {
+fn breakdown(rig: &Rig, all: &mut Owners, latencies: &[Latency]) {
     const RUNS: usize = 500;
     println!("\n## where a scrape's time goes (medians; the parts timed in this process, {RUNS} runs each)");
     println!("| GPUs | owners | NVML calls | fake NVML answering them us | /proc lookups of the owners us | in-exporter (vram_scrape_duration_seconds) us | end to end us | end to end with real NVML (projected) us |");
@@ -408,7 +486,8 @@ fn breakdown(rig: &Rig, pids: &[u32], latencies: &[Latency]) {
         device_prefix: rig.device_prefix().into_os_string().into_encoded_bytes(),
     };
     for (gpus, owners) in SHAPES {
-        let pids = &pids[..owners];
+        let spawned = all.pids(rig, gpus);
+        let pids = &spawned[..owners];
         rig.write_scenario(&scenario(gpus, pids));
         let _ = fs::remove_file(&calls);
         std::env::set_var("FAKE_NVML_CALL_LOG", &calls);
@@ -551,7 +630,8 @@ fn soak(rig: &Rig, gpus: u32, pids: &[u32], scrapes: usize) {
     println!("| --- | --- | --- | --- | --- |");
     let cpu_before = cpu_seconds(pid);
     let wall = Instant::now();
-    let step = (scrapes / 10).max(1);
+    // Sixteen rows: for 128,000 scrapes, every 8,000 (32,000, 64,000 and 128,000 among them).
+    let step = (scrapes / 16).max(1);
     let mut done = 0;
     while done < scrapes {
         for _ in 0..step.min(scrapes - done) {
@@ -593,21 +673,209 @@ fn stripped_size(binary: &Path) -> Option<u64> {
     status.success().then_some(size).flatten()
 }
 
-fn wrk(rig: &Rig, pids: &[u32], seconds: usize, connections: usize) {
-    let (gpus, owners) = (MAX_GPUS, MAX_OWNERS);
-    let Some(wrk) = helpers_tool("wrk") else {
-        println!("\n## wrk: not installed (apt-get install -y wrk); skipped");
-        return;
-    };
+/// CPU per scrape at one scrape a second, as Prometheus scrapes a node: the exporter idles
+/// for `seconds`, then is scraped once a second on one keep-alive connection for
+/// `seconds`; CPU (`utime + stime`) of each phase from `/proc/PID/stat`.
+fn interval(rig: &Rig, gpus: u32, pids: &[u32], seconds: usize) {
+    let owners = pids.len();
     let exporter = start(rig, gpus, pids);
+    let pid = exporter.child.id();
+    let mut connection = Connection::open(exporter.address);
+    let mut body = Vec::new();
+    // NVML loaded and the blocking thread started before anything is counted.
+    for _ in 0..10 {
+        connection.scrape(&mut body);
+    }
+    check_body(std::str::from_utf8(&body).unwrap(), gpus, owners);
+    // The exporter closes a connection idle for 10 s; the scrapes get a new one.
+    let with_connection = open_files(pid);
+    drop(connection);
+    wait_for_open_files(pid, with_connection - 1);
+    let ticks_per_second = clock_ticks_per_second();
+    let idle_before = cpu_seconds(pid);
+    let threads_before = thread_ticks(pid);
+    std::thread::sleep(Duration::from_secs(seconds as u64));
+    let idle = cpu_seconds(pid) - idle_before;
+    let idle_threads = thread_ticks(pid);
+    let (rss_before, _) = memory_kib(pid);
+    let cpu_before = cpu_seconds(pid);
+    let started = Instant::now();
+    let mut connection = Connection::open(exporter.address);
+    let mut inside = Vec::with_capacity(seconds);
+    for tick in 0..seconds {
+        // Paced by the clock, as Prometheus paces its scrapes; not a synchronisation.
+        let next = started + Duration::from_secs(tick as u64);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        connection.scrape(&mut body);
+        inside.push(Duration::from_secs_f64(sample_sum(
+            std::str::from_utf8(&body).unwrap(),
+            "vram_scrape_duration_seconds",
+            "",
+        )));
+    }
+    std::thread::sleep(
+        (started + Duration::from_secs(seconds as u64)).saturating_duration_since(Instant::now()),
+    );
+    let scraping = cpu_seconds(pid) - cpu_before;
+    let (rss_after, _) = memory_kib(pid);
+    check_body(std::str::from_utf8(&body).unwrap(), gpus, owners);
+    let per_scrape = (scraping - idle).max(0.0) / seconds as f64;
+    println!("\n## CPU at one scrape a second, {gpus} GPUs and {owners} owners, {seconds} s idle then {seconds} scrapes over {seconds} s");
+    println!(
+        "(CPU time is counted in clock ticks of {:.0} ms: each figure is within {:.0} ms of the truth)",
+        1000.0 / ticks_per_second,
+        1000.0 / ticks_per_second
+    );
+    println!("| phase | CPU s (user+system) | CPU per second of wall time | RSS MiB at its end |");
+    println!("| --- | --- | --- | --- |");
+    println!(
+        "| idle, {seconds} s | {idle:.2} | {:.3} ms | {} |",
+        idle / seconds as f64 * 1e3,
+        mib(rss_before)
+    );
+    println!(
+        "| one scrape a second, {seconds} s | {scraping:.2} | {:.3} ms | {} |",
+        scraping / seconds as f64 * 1e3,
+        mib(rss_after)
+    );
+    let busy_while_idle: Vec<String> = idle_threads
+        .iter()
+        .map(|(tid, (name, ticks))| {
+            let before = threads_before.get(tid).map_or(0, |(_, ticks)| *ticks);
+            (name, ticks - before)
+        })
+        .filter(|(_, ticks)| *ticks > 0)
+        .map(|(name, ticks)| format!("{name} {ticks}"))
+        .collect();
+    println!(
+        "CPU ticks of each thread while idle (threads that ended are not listed): {}",
+        if busy_while_idle.is_empty() {
+            "none".to_string()
+        } else {
+            busy_while_idle.join(", ")
+        }
+    );
+    println!(
+        "CPU per scrape (scraping minus idle): {:.2} ms; at one scrape a second {:.2} CPU s per hour ({:.3}% of one core); \
+         in-exporter scrape duration median {} us",
+        per_scrape * 1e3,
+        per_scrape * 3600.0,
+        per_scrape * 100.0,
+        micros(summarize(inside).median)
+    );
+}
+
+/// Each thread of `pid`: its name and CPU ticks (user and system) so far.
+fn thread_ticks(pid: u32) -> std::collections::BTreeMap<u32, (String, u64)> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|task| {
+            let tid = task.file_name().to_str()?.parse().ok()?;
+            let name = fs::read_to_string(task.path().join("comm")).ok()?;
+            let stat = fs::read_to_string(task.path().join("stat")).ok()?;
+            let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+            let ticks = fields[11].parse::<u64>().ok()? + fields[12].parse::<u64>().ok()?;
+            Some((tid, (name.trim().to_string(), ticks)))
+        })
+        .collect()
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) as f64 }
+}
+
+/// What one wrk run against one build gave.
+struct WrkRun {
+    label: String,
+    requests: u64,
+    per_second: f64,
+    /// The exporter's CPU seconds (user and system) during the run.
+    cpu: f64,
+    /// connect, read, write, timeout, non-2xx.
+    errors: [u64; 5],
+    side: Vec<SideScrape>,
+}
+
+/// One scrape on a connection of its own, sent beside wrk's connections.
+struct SideScrape {
+    result: Result<(), String>,
+    waited: Duration,
+}
+
+/// A new connection, one `GET /metrics`, `Connection: close`: what it got.
+fn side_scrape(address: SocketAddr) -> SideScrape {
+    let started = Instant::now();
+    let result = (|| -> Result<(), String> {
+        let mut stream =
+            TcpStream::connect(address).map_err(|error| format!("connect: {error}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .unwrap();
+        stream
+            .write_all(
+                format!("GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .map_err(|error| format!("send: {error}"))?;
+        let mut raw = Vec::new();
+        stream
+            .read_to_end(&mut raw)
+            .map_err(|error| format!("read: {error}"))?;
+        if raw.is_empty() {
+            return Err("closed unanswered".into());
+        }
+        if !raw.starts_with(b"HTTP/1.1 200") {
+            return Err(format!(
+                "{:?}",
+                String::from_utf8_lossy(&raw).lines().next()
+            ));
+        }
+        Ok(())
+    })();
+    SideScrape {
+        result,
+        waited: started.elapsed(),
+    }
+}
+
+/// The number after `key` in wrk's report, if the report has it.
+fn wrk_number(report: &str, key: &str) -> Option<f64> {
+    let rest = &report[report.find(key)? + key.len()..];
+    let number: String = rest
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    number.parse().ok()
+}
+
+fn wrk(
+    rig: &Rig,
+    pids: &[u32],
+    binary: &Path,
+    seconds: usize,
+    connections: usize,
+    beside: bool,
+) -> WrkRun {
+    let (gpus, owners) = (MAX_GPUS, MAX_OWNERS);
+    let wrk = helpers::require_tool("wrk", "wrk");
+    let label = if binary == exporter_binary() {
+        "this build".to_string()
+    } else {
+        "baseline (SCRAPE_BASELINE_BINARY)".to_string()
+    };
+    let exporter = start_binary(rig, binary, gpus, pids);
     let pid = exporter.child.id();
     let mut connection = Connection::open(exporter.address);
     let mut body = Vec::new();
     for _ in 0..100 {
         connection.scrape(&mut body);
     }
+    let with_connection = open_files(pid);
     drop(connection);
-    std::thread::sleep(Duration::from_millis(200));
+    wait_for_open_files(pid, with_connection - 1);
     let (rss_before, _) = memory_kib(pid);
     let fds_before = open_files(pid);
     let threads_before = threads(pid);
@@ -624,35 +892,50 @@ fn wrk(rig: &Rig, pids: &[u32], seconds: usize, connections: usize) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run wrk");
-    // RSS and descriptors while the load runs: they should level off, not climb.
+    // RSS and descriptors while the load runs: they should level off, not climb. Once a
+    // second, one more connection than wrk's, as a Prometheus server beside the load.
     let mut during = Vec::new();
+    let mut side = Vec::new();
     let started = Instant::now();
     while run.try_wait().unwrap().is_none() {
         std::thread::sleep(Duration::from_millis(100));
-        if started.elapsed().as_secs() as usize / 5 > during.len() {
+        let elapsed = started.elapsed().as_secs() as usize;
+        if beside && elapsed >= 1 && elapsed > side.len() && elapsed < seconds {
+            let address = exporter.address;
+            side.push(std::thread::spawn(move || side_scrape(address)));
+        }
+        if elapsed / 5 > during.len() {
             let (rss, _) = memory_kib(pid);
             during.push((started.elapsed().as_secs(), rss, open_files(pid)));
         }
     }
     let output = run.wait_with_output().unwrap();
     let cpu = cpu_seconds(pid) - cpu_before;
-    std::thread::sleep(Duration::from_secs(1));
+    let side: Vec<SideScrape> = side
+        .into_iter()
+        .map(|scrape| scrape.join().unwrap())
+        .collect();
+    wait_for_open_files(pid, fds_before);
     let (rss_after, hwm) = memory_kib(pid);
     let fds_after = open_files(pid);
     let threads_after = threads(pid);
     let mut connection = Connection::open(exporter.address);
     connection.scrape(&mut body);
     check_body(std::str::from_utf8(&body).unwrap(), gpus, owners);
-    let report = String::from_utf8_lossy(&output.stdout);
-    println!("\n## wrk -t2 -c{connections} -d{seconds}s --latency against /metrics, {gpus} GPUs and {owners} owners");
+    assert!(
+        output.status.success(),
+        "wrk failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!(
+        "\n## {label}: wrk -t2 -c{connections} -d{seconds}s --latency against /metrics, {gpus} GPUs and {owners} owners{}",
+        if beside { ", plus one more connection a second" } else { "" }
+    );
     println!("```");
     print!("{report}");
     println!("```");
-    let errors = report.contains("Socket errors") || report.contains("Non-2xx");
-    println!(
-        "errors: {}; exporter CPU during the run: {cpu:.1} s",
-        if errors { "SEE ABOVE" } else { "none" }
-    );
+    println!("exporter CPU during the run: {cpu:.1} s");
     println!("| when | RSS MiB | open fds | threads |");
     println!("| --- | --- | --- | --- |");
     println!(
@@ -663,25 +946,82 @@ fn wrk(rig: &Rig, pids: &[u32], seconds: usize, connections: usize) {
         println!("| at {second} s | {} | {fds} | |", mib(rss));
     }
     println!(
-        "| 1 s after | {} | {fds_after} | {threads_after} |",
+        "| after, once the connections closed | {} | {fds_after} | {threads_after} |",
         mib(rss_after)
     );
     println!(
         "peak RSS (VmHWM) over the exporter's life: {} MiB",
         mib(hwm)
     );
-    assert!(
-        output.status.success(),
-        "wrk failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+    // wrk prints these lines only when something went wrong.
+    let socket_errors = report
+        .lines()
+        .find(|line| line.contains("Socket errors:"))
+        .unwrap_or_default();
+    let number = |text: &str, key: &str| wrk_number(text, key).unwrap_or(0.0) as u64;
+    WrkRun {
+        label,
+        requests: report
+            .split_once(" requests in ")
+            .and_then(|(before, _)| before.split_whitespace().last())
+            .and_then(|count| count.parse().ok())
+            .unwrap_or(0),
+        per_second: wrk_number(&report, "Requests/sec:").unwrap_or(0.0),
+        cpu,
+        errors: [
+            number(socket_errors, "connect"),
+            number(socket_errors, "read"),
+            number(socket_errors, "write"),
+            number(socket_errors, "timeout"),
+            number(&report, "Non-2xx or 3xx responses:"),
+        ],
+        side,
+    }
+}
+
+/// Wait until `pid` has at most `count` descriptors open (closed connections are let go).
+fn wait_for_open_files(pid: u32, count: usize) {
+    helpers::wait_until(
+        "the exporter has closed the finished connections",
+        Duration::from_secs(30),
+        || open_files(pid) <= count,
     );
 }
 
-/// A program on PATH, if there is one.
-fn helpers_tool(program: &str) -> Option<std::path::PathBuf> {
-    std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .map(|folder| Path::new(folder).join(program))
-        .find(|candidate| candidate.is_file())
+fn wrk_summary(runs: &[WrkRun]) {
+    println!("\n## wrk, side by side");
+    println!("| build | requests | requests/s | exporter CPU s | exporter CPU per request | socket errors: connect, read, write, timeout | non-2xx | connections beside wrk: answered 200 / sent | their failures | longest wait of one |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for run in runs {
+        let answered = run
+            .side
+            .iter()
+            .filter(|scrape| scrape.result.is_ok())
+            .count();
+        let mut failures: Vec<String> = run
+            .side
+            .iter()
+            .filter_map(|scrape| scrape.result.clone().err())
+            .collect();
+        failures.sort();
+        failures.dedup();
+        let longest = run
+            .side
+            .iter()
+            .map(|scrape| scrape.waited)
+            .max()
+            .unwrap_or_default();
+        let [connect, read, write, timeout, non_2xx] = run.errors;
+        println!(
+            "| {} | {} | {:.0} | {:.1} | {:.3} ms | {connect}, {read}, {write}, {timeout} | {non_2xx} | {answered} / {} | {} | {:.1} s |",
+            run.label,
+            run.requests,
+            run.per_second,
+            run.cpu,
+            run.cpu / run.requests.max(1) as f64 * 1e3,
+            run.side.len(),
+            if failures.is_empty() { "none".to_string() } else { failures.join("; ") },
+            longest.as_secs_f64(),
+        );
+    }
 }

@@ -192,8 +192,9 @@ pub struct WebArgs {
     #[arg(long = "web.config.file", value_name = "FILE")]
     pub config_file: Option<PathBuf>,
 
-    /// Most connections open at once; when all are taken, the oldest connection that is
-    /// not serving a request is closed to make room.
+    /// Most connections open at once; when all are taken, the connection idle longest
+    /// (for a second at least) is closed to make room, or the oldest after its next
+    /// response.
     #[arg(long = "web.max-connections", value_name = "N", default_value_t = 64)]
     pub max_connections: usize,
 

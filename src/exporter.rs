@@ -17,6 +17,19 @@ pub enum HolderScanPolicy {
     WhenOrphaned,
     /// Every time (for `check` and `snapshot`).
     Always,
+    /// As `WhenOrphaned`, for a scrape that stops waiting at this instant: a scan must
+    /// end before it.
+    WhenOrphanedUntil(Instant),
+}
+
+impl HolderScanPolicy {
+    /// The instant by which the collection must be done, when a scrape waits for it.
+    pub fn deadline(self) -> Option<Instant> {
+        match self {
+            HolderScanPolicy::WhenOrphanedUntil(deadline) => Some(deadline),
+            HolderScanPolicy::WhenOrphaned | HolderScanPolicy::Always => None,
+        }
+    }
 }
 
 /// Exposition formats we can serve.
@@ -85,7 +98,9 @@ impl Exporter {
         let mut report = classify(&observation, &self.settings);
         let scan = match policy {
             HolderScanPolicy::Always => true,
-            HolderScanPolicy::WhenOrphaned => report.orphaned_bytes() > 0,
+            HolderScanPolicy::WhenOrphaned | HolderScanPolicy::WhenOrphanedUntil(_) => {
+                report.orphaned_bytes() > 0
+            }
         };
         let mut scan_seconds = None;
         if scan && observation.holder_scan.is_none() {
@@ -143,8 +158,20 @@ impl Exporter {
 
     /// A registry whose one collector observes the host afresh on every encode.
     pub fn registry(self: &Arc<Self>) -> Registry {
+        self.registry_with(HolderScanPolicy::WhenOrphaned)
+    }
+
+    /// Like [`Exporter::registry`], for one scrape that stops waiting at `deadline`.
+    pub fn registry_until(self: &Arc<Self>, deadline: Instant) -> Registry {
+        self.registry_with(HolderScanPolicy::WhenOrphanedUntil(deadline))
+    }
+
+    fn registry_with(self: &Arc<Self>, policy: HolderScanPolicy) -> Registry {
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(ScrapeCollector(Arc::clone(self))));
+        registry.register_collector(Box::new(ScrapeCollector {
+            exporter: Arc::clone(self),
+            policy,
+        }));
         registry
     }
 }
@@ -165,13 +192,16 @@ pub fn encode(registry: &Registry, format: Format) -> String {
 
 /// The prometheus-client collector: one fresh observation per encode.
 #[derive(Debug)]
-struct ScrapeCollector(Arc<Exporter>);
+struct ScrapeCollector {
+    exporter: Arc<Exporter>,
+    policy: HolderScanPolicy,
+}
 
 impl Collector for ScrapeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let started = Instant::now();
-        let exporter = &self.0;
-        let collected = exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned);
+        let exporter = &self.exporter;
+        let collected = exporter.observe_and_classify(self.policy);
         let timing = ScrapeTiming {
             total_seconds: started.elapsed().as_secs_f64(),
             scan_seconds: collected.scan_seconds,

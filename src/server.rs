@@ -13,7 +13,7 @@ use crate::cli::ServeConfig;
 use crate::exporter::{encode, Exporter, Format};
 use crate::sync::lock;
 use crate::web::auth::Authenticator;
-use crate::web::connections::{Admission, Slot, Slots};
+use crate::web::connections::{Slot, Slots, Tracked};
 use crate::web::{WebConfig, WebSettings};
 use anyhow::Context;
 use http_body_util::Full;
@@ -26,7 +26,6 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use prometheus_client::registry::Registry;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,8 +47,11 @@ const MAX_HEADERS: usize = 64;
 /// How often, at most, hitting the connection cap is logged.
 const LIMIT_LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// Prometheus says how long it will wait for a scrape; answering 503 this much before
-/// that deadline lets it record why the scrape failed.
+/// that deadline (or halfway to it, when it is closer) lets it record why the scrape
+/// failed.
 const SCRAPE_DEADLINE_MARGIN: Duration = Duration::from_millis(500);
+/// The shortest wait for a collection, whatever a scraper asks for.
+const SHORTEST_WAIT: Duration = Duration::from_millis(1);
 
 /// One collection in flight, shared by every scrape that arrives while it runs.
 #[derive(Clone)]
@@ -61,7 +63,7 @@ struct InFlight {
 }
 
 struct Shared {
-    registry: Registry,
+    exporter: Arc<Exporter>,
     telemetry_path: String,
     collection_timeout: Duration,
     in_flight: Mutex<HashMap<Format, InFlight>>,
@@ -85,7 +87,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let settings = web.current();
     let shared = Arc::new(Shared {
-        registry: exporter.registry(),
+        exporter,
         telemetry_path: config.telemetry_path,
         collection_timeout: config.collection_timeout,
         in_flight: Mutex::new(HashMap::new()),
@@ -105,15 +107,6 @@ pub async fn serve(
     drop(settings);
     let mut limit_logged: Option<Instant> = None;
     loop {
-        // Stop accepting while every slot is serving a request: new connections wait in
-        // the kernel's backlog rather than pile up here.
-        tokio::select! {
-            _ = slots.wait_for_room() => {}
-            signal = &mut shutdown => {
-                tracing::info!(signal, "shutting down");
-                break;
-            }
-        }
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
@@ -129,25 +122,27 @@ pub async fn serve(
                 break;
             }
         };
-        let slot = match slots.admit() {
-            Admission::Admitted { slot, evicted } => {
-                if evicted && limit_logged.is_none_or(|at| at.elapsed() >= LIMIT_LOG_INTERVAL) {
-                    limit_logged = Some(Instant::now());
-                    tracing::warn!(
-                        max_connections = config.max_connections,
-                        "connection limit reached: closing the oldest idle connections to make room (logged once a minute at most)"
-                    );
-                }
-                slot
-            }
-            Admission::Refused => {
-                tracing::debug!("every connection is serving a request; closing a new one");
-                continue;
+        // At the cap, the connection waits here (and later ones in the kernel's
+        // backlog) until a connection makes way: it is never closed unanswered.
+        let admitted = tokio::select! {
+            admitted = slots.admit() => admitted,
+            signal = &mut shutdown => {
+                tracing::info!(signal, "shutting down");
+                break;
             }
         };
+        if (admitted.evicted || admitted.waited)
+            && limit_logged.is_none_or(|at| at.elapsed() >= LIMIT_LOG_INTERVAL)
+        {
+            limit_logged = Some(Instant::now());
+            tracing::warn!(
+                max_connections = config.max_connections,
+                "connection limit reached: making room by closing a connection idle for a second, or the oldest one after its next response (logged once a minute at most)"
+            );
+        }
         tokio::spawn(connection(
             stream,
-            slot,
+            admitted.slot,
             Arc::clone(&shared),
             graceful.watcher(),
         ));
@@ -195,6 +190,7 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service_slot = Arc::clone(&slot);
+    let io = Tracked::new(io, Arc::clone(&slot));
     let connection = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -209,8 +205,14 @@ where
             service_fn(move |request| {
                 let serving = service_slot.serving();
                 let shared = Arc::clone(&shared);
+                let slot = Arc::clone(&service_slot);
                 async move {
-                    let response = handle(shared, request).await;
+                    let mut response = handle(shared, request).await;
+                    // A newer connection waits for this one's slot: this response is the
+                    // last, and the client knows it before it sends another request.
+                    if slot.asked_to_close() {
+                        response = response.map(close_after);
+                    }
                     drop(serving);
                     response
                 }
@@ -388,29 +390,38 @@ fn negotiate(request: &Request<Incoming>) -> Format {
 /// `--web.collection-timeout`, or less when Prometheus says it gives up sooner
 /// (`X-Prometheus-Scrape-Timeout-Seconds`), so that it sees the 503 and its reason.
 fn collection_timeout(request: &Request<Incoming>, configured: Duration) -> Duration {
-    scrape_deadline(
-        request
-            .headers()
-            .get("x-prometheus-scrape-timeout-seconds")
-            .and_then(|value| value.to_str().ok()),
-        configured,
-    )
+    let header = request
+        .headers()
+        .get("x-prometheus-scrape-timeout-seconds")
+        .map(|value| value.to_str().unwrap_or("(not text)"));
+    scrape_wait(header, configured)
 }
 
-fn scrape_deadline(header: Option<&str>, configured: Duration) -> Duration {
+/// How long a scrape waits for its collection: `configured`, or up to half a second
+/// before the deadline Prometheus announces, or halfway to that deadline when it is
+/// under a second away. A value that is not a positive number of seconds is ignored
+/// (and logged at debug level).
+fn scrape_wait(header: Option<&str>, configured: Duration) -> Duration {
+    let Some(header) = header else {
+        return configured;
+    };
     let Some(seconds) = header
-        .and_then(|value| value.trim().parse::<f64>().ok())
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|seconds| *seconds > 0.0)
         .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
     else {
+        tracing::debug!(
+            value = header,
+            "ignoring an X-Prometheus-Scrape-Timeout-Seconds that is not a positive number of seconds"
+        );
         return configured;
     };
     let before_deadline = seconds
-        .checked_sub(SCRAPE_DEADLINE_MARGIN)
-        .filter(|left| !left.is_zero())
-        .unwrap_or(seconds / 2);
-    configured
-        .min(before_deadline)
-        .max(Duration::from_millis(1))
+        .saturating_sub(SCRAPE_DEADLINE_MARGIN)
+        .max(seconds / 2);
+    configured.min(before_deadline).max(SHORTEST_WAIT)
 }
 
 /// What a scrape got from the collection it waited for.
@@ -443,13 +454,16 @@ async fn metrics(shared: &Arc<Shared>, format: Format, timeout: Duration) -> Col
                 let shared = Arc::clone(shared);
                 let overran = Arc::clone(&running.overran);
                 let started = running.started;
+                // Scrapes that join later may wait longer; the holder scan still has to
+                // end before the scrape that started the collection gives up on it.
+                let registry = shared.exporter.registry_until(started + timeout);
                 // NVML calls block: collect on the blocking pool, never on the async threads.
                 tokio::task::spawn_blocking(move || {
                     let done = InFlightGuard {
                         shared: &shared,
                         format,
                     };
-                    let body = Bytes::from(encode(&shared.registry, format));
+                    let body = Bytes::from(encode(&registry, format));
                     if overran.load(Ordering::SeqCst) {
                         tracing::info!(
                             seconds = started.elapsed().as_secs_f64(),
@@ -523,17 +537,63 @@ mod tests {
     #[test]
     fn prometheus_scrape_timeout_shortens_the_wait() {
         let ten = Duration::from_secs(10);
-        assert_eq!(scrape_deadline(None, ten), ten);
-        assert_eq!(scrape_deadline(Some("garbage"), ten), ten);
-        assert_eq!(scrape_deadline(Some("-3"), ten), ten);
-        assert_eq!(scrape_deadline(Some("60"), ten), ten);
-        assert_eq!(
-            scrape_deadline(Some("10"), ten),
-            Duration::from_millis(9_500)
-        );
-        assert_eq!(
-            scrape_deadline(Some("0.4"), ten),
-            Duration::from_millis(200)
-        );
+        let millis = Duration::from_millis;
+        assert_eq!(scrape_wait(None, ten), ten);
+        // Longer than the configured wait: the configured one.
+        assert_eq!(scrape_wait(Some("60"), ten), ten);
+        assert_eq!(scrape_wait(Some("10.5"), ten), ten);
+        // Half a second before Prometheus gives up.
+        assert_eq!(scrape_wait(Some("10"), ten), millis(9_500));
+        assert_eq!(scrape_wait(Some(" 2 "), ten), millis(1_500));
+        assert_eq!(scrape_wait(Some("1e0"), ten), millis(500));
+    }
+
+    #[test]
+    fn a_scrape_timeout_under_a_second_waits_half_of_it() {
+        let ten = Duration::from_secs(10);
+        let millis = Duration::from_millis;
+        assert_eq!(scrape_wait(Some("1"), ten), millis(500));
+        assert_eq!(scrape_wait(Some("0.8"), ten), millis(400));
+        assert_eq!(scrape_wait(Some("0.5"), ten), millis(250));
+        assert_eq!(scrape_wait(Some("0.4"), ten), millis(200));
+        assert_eq!(scrape_wait(Some("0.001"), ten), SHORTEST_WAIT);
+        assert_eq!(scrape_wait(Some("0.0001"), ten), SHORTEST_WAIT);
+        // The wait never shrinks as the timeout grows.
+        let mut previous = Duration::ZERO;
+        for thousandths in 1..3_000u64 {
+            let header = format!("{}", thousandths as f64 / 1000.0);
+            let wait = scrape_wait(Some(&header), ten);
+            assert!(wait >= previous, "{header} s: {wait:?} < {previous:?}");
+            assert!(
+                wait <= Duration::from_millis(thousandths).max(SHORTEST_WAIT),
+                "{header} s: waits {wait:?}, past the deadline"
+            );
+            previous = wait;
+        }
+    }
+
+    #[test]
+    fn a_malformed_scrape_timeout_is_ignored() {
+        let ten = Duration::from_secs(10);
+        for header in [
+            "",
+            " ",
+            "garbage",
+            "10s",
+            "-3",
+            "-0.5",
+            "0",
+            "0.0",
+            "-0",
+            "NaN",
+            "inf",
+            "-inf",
+            "1e400",
+            "(not text)",
+            "0x10",
+            "1,5",
+        ] {
+            assert_eq!(scrape_wait(Some(header), ten), ten, "{header:?}");
+        }
     }
 }
