@@ -50,8 +50,8 @@ pub fn stat(line: &[u8]) -> Option<Stat> {
     let mut fields = line[close + 2..].split(|&byte| byte == b' ');
     let state = *fields.next()?.first()?;
     let ppid = small(fields.next()?)?;
-    let pgrp = small(fields.next()?)?;
-    let session = small(fields.next()?)?;
+    let pgrp = group(fields.next()?)?;
+    let session = group(fields.next()?)?;
     // tty_nr, tpgid, then flags (field 9).
     let flags = small(fields.nth(2)?)?;
     // minflt .. itrealvalue lie between flags and num_threads (field 20).
@@ -251,6 +251,16 @@ fn small(digits: &[u8]) -> Option<u32> {
     number(digits).and_then(|value| u32::try_from(value).ok())
 }
 
+/// A process group or session id; a dead process (state X, being reaped) shows -1 for
+/// both, read as 0, which no user process has.
+fn group(digits: &[u8]) -> Option<u32> {
+    if digits == b"-1" {
+        Some(0)
+    } else {
+        small(digits)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +298,16 @@ mod tests {
     }
 
     #[test]
+    fn stat_of_a_process_being_reaped() {
+        // Read while its parent reaped it: dead, in no process group or session.
+        let line = b"9707 (sleep) X 0 -1 -1 0 -1 4227084 139 0 0 0 0 0 0 0 20 0 0 0 918943 0 0";
+        let fields = stat(line).unwrap();
+        assert_eq!(fields.state, b'X');
+        assert_eq!((fields.ppid, fields.pgrp, fields.session), (0, 0, 0));
+        assert_eq!(fields.start_time_ticks, 918_943);
+    }
+
+    #[test]
     fn malformed_stat_lines() {
         for line in [
             &b""[..],
@@ -296,6 +316,7 @@ mod tests {
             b"42 (sleep) S",
             b"42 (sleep) S 1 1 1 0 -1 0",
             b"42 (sleep) S x 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 6186",
+            b"42 (sleep) S 1 -2 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 6186",
             b"42 (sleep) S 1 1 1 0 -1 -5 0 0 0 0 0 0 0 0 20 0 1 0 6186",
             b"42 (sleep) S 99999999999 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 6186",
             b"42 (sleep) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 -6186",

@@ -356,7 +356,7 @@ impl<'a> Reader<'a> {
         refresh_from_stat(&mut facts, &stat);
         let mut errors = 0;
         if stale {
-            match self.references(&dir, stat.state == b'Z', None) {
+            match self.references(&dir, &stat, None) {
                 Ok((descriptors, mappings, failed)) => {
                     facts.descriptors = descriptors;
                     facts.mappings = mappings;
@@ -392,11 +392,11 @@ impl<'a> Reader<'a> {
             Err(error) => return Looked::failed(unread(error)),
         };
         let open_files = descriptors.as_ref().map(|found| found.open_files as u64);
-        let (descriptor_refs, mappings, mut errors) =
-            match self.references(dir, stat.state == b'Z', descriptors) {
-                Ok(references) => references,
-                Err(unread) => return Looked::failed(unread),
-            };
+        let (descriptor_refs, mappings, mut errors) = match self.references(dir, &stat, descriptors)
+        {
+            Ok(references) => references,
+            Err(unread) => return Looked::failed(unread),
+        };
         if status.uid.is_none() {
             errors += 1;
         }
@@ -441,9 +441,10 @@ impl<'a> Reader<'a> {
     fn references(
         &self,
         dir: &Path,
-        zombie_leader: bool,
+        stat: &Stat,
         descriptors: Option<Descriptors>,
     ) -> Result<(References, References, u64), Unread> {
+        let zombie_leader = stat.state == b'Z';
         let mut errors = 0;
         let descriptors = match descriptors {
             Some(descriptors) => Ok(descriptors),
@@ -451,7 +452,7 @@ impl<'a> Reader<'a> {
         };
         let (descriptor_refs, files) = match descriptors {
             Ok(descriptors) => (References::Read(descriptors.nodes()), descriptors.files),
-            Err(error) if gone(&error) => return Err(Unread::Missing),
+            Err(error) if self.exited(dir, stat, &error) => return Err(Unread::Missing),
             Err(_) => {
                 errors += 1;
                 (References::Unreadable, Vec::new())
@@ -459,13 +460,24 @@ impl<'a> Reader<'a> {
         };
         let mappings = match self.mappings(dir, &files, zombie_leader) {
             Ok(nodes) => References::Read(nodes),
-            Err(error) if gone(&error) => return Err(Unread::Missing),
+            Err(error) if self.exited(dir, stat, &error) => return Err(Unread::Missing),
             Err(_) => {
                 errors += 1;
                 References::Unreadable
             }
         };
         Ok((descriptor_refs, mappings, errors))
+    }
+
+    /// Whether a read of the process whose stat was `stat` failed because it exited: the
+    /// kernel denies reads of a process it is reaping, so a denial is an exit when the
+    /// process is gone (or its PID is another's) right after.
+    fn exited(&self, dir: &Path, stat: &Stat, error: &io::Error) -> bool {
+        gone(error)
+            || match self.root.stat(dir) {
+                Ok(now) => now.start_time_ticks != stat.start_time_ticks,
+                Err(error) => gone(&error),
+            }
     }
 
     /// The kernel function a process in uninterruptible sleep waits in.
@@ -517,7 +529,7 @@ impl<'a> Reader<'a> {
                 }
             }
             Ok(_) => Scanned::Nothing(remember(open_files)),
-            Err(error) if gone(&error) => Scanned::Gone,
+            Err(error) if self.exited(&dir, &stat, &error) => Scanned::Gone,
             Err(error) if error.kind() == io::ErrorKind::PermissionDenied => Scanned::Denied,
             Err(_) => Scanned::Gone,
         }
