@@ -17,13 +17,13 @@ pub enum HolderScanPolicy {
     WhenOrphaned,
     /// Every time (for `check` and `snapshot`).
     Always,
-    /// As `WhenOrphaned`, for a scrape that stops waiting at this instant: a scan must
-    /// end before it.
+    /// As `WhenOrphaned`, for a scrape that waits until shortly after this instant: a
+    /// scan stops at it, even within its own budget, and says it was cut short.
     WhenOrphanedUntil(Instant),
 }
 
 impl HolderScanPolicy {
-    /// The instant by which the collection must be done, when a scrape waits for it.
+    /// The instant by which a holder scan must be done, when a scrape waits for it.
     pub fn deadline(self) -> Option<Instant> {
         match self {
             HolderScanPolicy::WhenOrphanedUntil(deadline) => Some(deadline),
@@ -105,7 +105,8 @@ impl Exporter {
         let mut scan_seconds = None;
         if scan && observation.holder_scan.is_none() {
             let started = Instant::now();
-            self.source.scan_holders(&mut observation);
+            self.source
+                .scan_holders(&mut observation, policy.deadline());
             report = classify(&observation, &self.settings);
             scan_seconds = Some(started.elapsed().as_secs_f64());
         }

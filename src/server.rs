@@ -52,6 +52,8 @@ const LIMIT_LOG_INTERVAL: Duration = Duration::from_secs(60);
 const SCRAPE_DEADLINE_MARGIN: Duration = Duration::from_millis(500);
 /// The shortest wait for a collection, whatever a scraper asks for.
 const SHORTEST_WAIT: Duration = Duration::from_millis(1);
+/// How much of a scrape's wait a holder scan may take at most.
+const SCAN_SHARE_OF_WAIT: f64 = 0.9;
 
 /// One collection in flight, shared by every scrape that arrives while it runs.
 #[derive(Clone)]
@@ -455,8 +457,11 @@ async fn metrics(shared: &Arc<Shared>, format: Format, timeout: Duration) -> Col
                 let overran = Arc::clone(&running.overran);
                 let started = running.started;
                 // Scrapes that join later may wait longer; the holder scan still has to
-                // end before the scrape that started the collection gives up on it.
-                let registry = shared.exporter.registry_until(started + timeout);
+                // end before the scrape that started the collection gives up on it, with
+                // a tenth of the wait left to judge and encode what it found.
+                let registry = shared
+                    .exporter
+                    .registry_until(started + timeout.mul_f64(SCAN_SHARE_OF_WAIT));
                 // NVML calls block: collect on the blocking pool, never on the async threads.
                 tokio::task::spawn_blocking(move || {
                     let done = InFlightGuard {

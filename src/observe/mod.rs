@@ -232,10 +232,11 @@ impl LiveHost {
     }
 
     /// The holder scan, served from and adding to what earlier looks found.
-    fn scan(&self) -> HolderScan {
+    fn scan(&self, until: Option<Instant>) -> HolderScan {
         let mut memory = lock(&self.memory);
         let reader = Reader::with_memory(&self.proc_root, self.placement, &memory);
-        let (scan, learnt) = reader.scan_and_remember(Instant::now() + self.scan_budget);
+        let (scan, learnt) =
+            reader.scan_and_remember(scan_deadline(Instant::now(), self.scan_budget, until));
         drop(reader);
         // A complete scan saw every process: what it did not see has exited.
         if !scan.cut_short {
@@ -307,6 +308,13 @@ fn remember(memory: &mut Memory, learnt: Vec<(u32, Remembered)>) {
 }
 
 /// The kernel's `USER_HZ`, in which `/proc` gives start times.
+/// When a scan that starts `now` must stop: after `budget`, or at `until` when that is
+/// sooner (a scrape that stops waiting then; a scan already past it stops at once).
+fn scan_deadline(now: Instant, budget: Duration, until: Option<Instant>) -> Instant {
+    let own = now + budget;
+    until.map_or(own, |until| own.min(until))
+}
+
 fn clock_ticks_per_second() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
@@ -336,10 +344,11 @@ impl Source {
         }
     }
 
-    /// Adds the holder scan to `observation` (a replay keeps the scan it recorded).
-    pub fn scan_holders(&self, observation: &mut Observation) {
+    /// Adds the holder scan to `observation` (a replay keeps the scan it recorded); the
+    /// scan stops at its budget or at `until`, whichever comes first.
+    pub fn scan_holders(&self, observation: &mut Observation, until: Option<Instant>) {
         if let Source::Live(host) = self {
-            let scan = host.scan();
+            let scan = host.scan(until);
             if let (Some(watch), Some(reading)) = (&host.kubernetes, &mut observation.kubernetes) {
                 let uids = scan
                     .holders
@@ -387,4 +396,20 @@ pub fn read_snapshot(path: &Path) -> Result<Observation, ObserveError> {
         });
     }
     Ok(snapshot.observation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scan_stops_at_its_budget_or_the_scrapes_deadline_whichever_is_first() {
+        let now = Instant::now();
+        let budget = Duration::from_secs(2);
+        assert_eq!(scan_deadline(now, budget, None), now + budget);
+        let soon = now + Duration::from_millis(300);
+        assert_eq!(scan_deadline(now, budget, Some(soon)), soon);
+        let later = now + Duration::from_secs(9);
+        assert_eq!(scan_deadline(now, budget, Some(later)), now + budget);
+    }
 }

@@ -12,7 +12,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-const GIB: u64 = 1 << 30;
 const CAPACITY: u64 = TOTAL - RESERVED;
 
 fn gpu0(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> f64 {

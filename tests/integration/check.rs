@@ -5,7 +5,6 @@ use crate::helpers::*;
 use serde_json::{json, Value};
 use std::time::Duration;
 
-const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
 /// Whether `sentence` describes the model fork-orphan child `pid` (named `dataloader`,

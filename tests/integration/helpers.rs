@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 pub const CHARGED: u64 = 9_229_565_952;
 /// v2 `used` with that one process.
 pub const USED: u64 = 9_238_806_528;
+/// A gibibyte.
+pub const GIB: u64 = 1 << 30;
 /// The H200's memory.
 pub const TOTAL: u64 = 150_754_820_096;
 /// The driver's reservation on an idle H200.

@@ -268,3 +268,36 @@ fn prometheus_scrape_timeout_decides_how_long_a_scrape_waits() {
         assert_eq!(waited(Some(malformed)), "1.0s", "{malformed}");
     }
 }
+
+#[test]
+fn a_holder_scan_stops_in_time_for_the_scrape_that_waits_for_it() {
+    let rig = Rig::new();
+    // Memory held by a PID that runs nothing: every collection scans for holders, after
+    // NVML has taken five seconds to answer.
+    let mut gpu = Gpu::idle(0)
+        .used(USED)
+        .process(nonexistent_pid(), Some(GIB));
+    gpu.0["delays_ms"]["nvmlDeviceGetMemoryInfo_v2"] = json!(5_000);
+    rig.write_scenario(&Gpus::new().gpu(gpu).into_json());
+    let exporter = rig.start(&["--holders.scan-timeout", "30s"]);
+    let scrape = |timeout_seconds: &str| {
+        let header = format!("X-Prometheus-Scrape-Timeout-Seconds: {timeout_seconds}");
+        let response = exporter.request("GET", "/metrics", &[&header]);
+        assert_eq!(response.status, 200, "{timeout_seconds}: {}", response.body);
+        Metrics::parse(&response.body)
+    };
+    // Prometheus waits 6 s, so the scrape 5.5 s and the scan until 4.95 s: past by the
+    // time NVML answers. The scan stops at once and says so; the orphan is still served.
+    let hurried = scrape("6");
+    assert_eq!(hurried.value("vram_holder_scan_complete", &[]), 0.0);
+    assert_eq!(
+        hurried.value(
+            "vram_orphaned_bytes",
+            &[("gpu", "0"), ("reason", "owner_gone")]
+        ),
+        GIB as f64
+    );
+    // Waiting the default ten seconds leaves the scan time to finish.
+    let patient = scrape("60");
+    assert_eq!(patient.value("vram_holder_scan_complete", &[]), 1.0);
+}
