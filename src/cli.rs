@@ -139,7 +139,8 @@ pub struct JudgementArgs {
 #[derive(Debug, Default, Args)]
 #[command(next_help_heading = "Judging memory")]
 pub struct ScanArgs {
-    /// Time budget of one scan of /proc/*/fd for device-file holders [default: 2s].
+    /// Time budget of one scan of /proc/*/fd for device-file holders; a scrape's scan also
+    /// stops in time for the scrape (nine tenths of its wait) [default: 2s].
     #[arg(long = "holders.scan-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub scan_timeout: Option<Duration>,
 }
