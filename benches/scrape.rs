@@ -21,8 +21,10 @@
 //! Prometheus server beside a load test; 0: wrk alone) and
 //! `SCRAPE_BASELINE_BINARY` (an earlier build of the exporter: the wrk section then
 //! measures it the same way, alternating with this build over two rounds, for a
-//! before-and-after in one run). A positional argument filters the sections by name:
-//! latency, breakdown, soak, interval, wrk.
+//! before-and-after in one run; the targets section too). `SCRAPE_TARGET_SECONDS`
+//! (default 20) is how long each wrk run of the targets section lasts. A positional
+//! argument filters the sections by name: latency, breakdown, soak, interval, wrk,
+//! targets.
 
 #[path = "../tests/integration/helpers.rs"]
 mod helpers;
@@ -59,7 +61,7 @@ fn main() {
                 .iter()
                 .any(|filter| format!("scrape/{section}").contains(filter))
     };
-    if !["latency", "breakdown", "soak", "interval", "wrk"]
+    if !["latency", "breakdown", "soak", "interval", "wrk", "targets"]
         .iter()
         .any(|section| wanted(section))
     {
@@ -108,6 +110,16 @@ fn main() {
             gpus,
             &owners.pids(&rig, gpus)[..count],
             env_number("SCRAPE_INTERVAL_SECONDS", 180),
+        );
+    }
+    if wanted("targets") {
+        let baseline = std::env::var_os("SCRAPE_BASELINE_BINARY").map(std::path::PathBuf::from);
+        let pids = owners.pids(&rig, MAX_GPUS);
+        targets(
+            &rig,
+            &pids,
+            baseline.as_deref(),
+            env_number("SCRAPE_TARGET_SECONDS", 20),
         );
     }
     if wanted("wrk") {
@@ -200,6 +212,11 @@ fn machine() {
 
 /// `gpus` GPUs with `owners` of `pids` spread over them round-robin, all live.
 fn scenario(gpus: u32, pids: &[u32]) -> serde_json::Value {
+    scenario_with_orphan(gpus, pids, None)
+}
+
+/// Like [`scenario`], with GPU 0 also charging `dead_owner`, when given, for memory.
+fn scenario_with_orphan(gpus: u32, pids: &[u32], dead_owner: Option<u32>) -> serde_json::Value {
     let mut list = Gpus::new();
     for index in 0..gpus {
         let mine: Vec<u32> = pids
@@ -208,10 +225,16 @@ fn scenario(gpus: u32, pids: &[u32]) -> serde_json::Value {
             .filter(|(owner, _)| *owner as u32 % gpus == index)
             .map(|(_, pid)| *pid)
             .collect();
-        let mut gpu = Gpu::idle(index).used((CHARGED + OVERHEAD) * mine.len() as u64);
+        let mut used = (CHARGED + OVERHEAD) * mine.len() as u64;
+        let mut gpu = Gpu::idle(index);
         for pid in mine {
             gpu = gpu.process(pid, Some(CHARGED));
         }
+        if let (0, Some(dead_owner)) = (index, dead_owner) {
+            used += CHARGED;
+            gpu = gpu.process(dead_owner, Some(CHARGED));
+        }
+        gpu = gpu.used(used);
         list = list.gpu(gpu);
     }
     list.into_json()
@@ -1024,4 +1047,134 @@ fn wrk_summary(runs: &[WrkRun]) {
             longest.as_secs_f64(),
         );
     }
+}
+
+/// One wrk run of the targets section.
+struct TargetRun {
+    case: &'static str,
+    label: String,
+    p50: Duration,
+    p90: Duration,
+    p99: Duration,
+    requests: u64,
+    in_exporter: Duration,
+}
+
+/// A latency of wrk's distribution (`50%  241.00us`) as a duration.
+fn wrk_percentile(report: &str, percent: &str) -> Duration {
+    let line = report
+        .lines()
+        .find(|line| line.trim_start().starts_with(percent))
+        .unwrap_or_else(|| panic!("no {percent} line in wrk's report:\n{report}"));
+    let value = line.split_whitespace().nth(1).unwrap();
+    let (number, scale) = [("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+        .iter()
+        .find_map(|(unit, scale)| value.strip_suffix(unit).map(|number| (number, *scale)))
+        .unwrap();
+    Duration::from_secs_f64(number.parse::<f64>().unwrap() * scale)
+}
+
+/// The scrape targets, as it measured them (`wrk`, one connection, one thread):
+/// 8 GPUs with 8 live owners each, then the same during a fork-orphan episode (an owner
+/// killed while its forked child keeps the device file, so every scrape scans for
+/// holders). With a baseline, both builds alternate over two rounds.
+fn targets(rig: &Rig, pids: &[u32], baseline: Option<&Path>, seconds: usize) {
+    let wrk = helpers::require_tool("wrk", "wrk");
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
+    let mut builds: Vec<(String, std::path::PathBuf)> = Vec::new();
+    if let Some(baseline) = baseline {
+        builds.push(("baseline (SCRAPE_BASELINE_BINARY)".into(), baseline.into()));
+    }
+    builds.push(("this build".into(), exporter_binary()));
+    let live = scenario(MAX_GPUS, pids);
+    let episode = scenario_with_orphan(MAX_GPUS, pids, Some(dead_owner));
+    let mut runs = Vec::new();
+    for _round in 0..2 {
+        for (case, scenario) in [
+            ("8 GPUs x 8 live owners", &live),
+            ("the same during a fork-orphan episode", &episode),
+        ] {
+            for (label, binary) in &builds {
+                rig.write_scenario(scenario);
+                let mut command = Command::new(binary);
+                command
+                    .env("FAKE_NVML_SCENARIO", &rig.scenario)
+                    .arg("--nvml.library")
+                    .arg(&rig.library)
+                    .arg("--test.device-prefix")
+                    .arg(rig.device_prefix())
+                    .args(["--web.listen-address", "127.0.0.1:0"]);
+                let exporter = helpers::start(command);
+                let mut connection = Connection::open(exporter.address);
+                let mut body = Vec::new();
+                for _ in 0..200 {
+                    connection.scrape(&mut body);
+                }
+                let text = String::from_utf8(body.clone()).unwrap();
+                let orphaned = sample_sum(&text, "vram_orphaned_bytes", "");
+                if std::ptr::eq(scenario, &live) {
+                    check_body(&text, MAX_GPUS, MAX_OWNERS);
+                } else {
+                    // Both builds see the orphan, and this one names the child holding it.
+                    assert_eq!(orphaned, CHARGED as f64, "{text}");
+                    if binary == &exporter_binary() {
+                        assert!(text.contains(&format!("pid=\"{}\"", child.pid)), "{text}");
+                    }
+                }
+                // The exporter's own duration of a scrape, the median of 200.
+                let inside: Vec<Duration> = (0..200)
+                    .map(|_| {
+                        connection.scrape(&mut body);
+                        let text = std::str::from_utf8(&body).unwrap();
+                        Duration::from_secs_f64(sample_sum(
+                            text,
+                            "vram_scrape_duration_seconds",
+                            "",
+                        ))
+                    })
+                    .collect();
+                drop(connection);
+                let output = Command::new(&wrk)
+                    .args(["-t1", "-c1", &format!("-d{seconds}s"), "--latency"])
+                    .arg(format!("http://{}/metrics", exporter.address))
+                    .output()
+                    .expect("run wrk");
+                assert!(output.status.success(), "wrk failed");
+                let report = String::from_utf8_lossy(&output.stdout).into_owned();
+                assert!(
+                    !report.contains("Socket errors") && !report.contains("Non-2xx"),
+                    "{report}"
+                );
+                runs.push(TargetRun {
+                    case,
+                    label: label.clone(),
+                    p50: wrk_percentile(&report, "50%"),
+                    p90: wrk_percentile(&report, "90%"),
+                    p99: wrk_percentile(&report, "99%"),
+                    requests: report
+                        .split_once(" requests in ")
+                        .and_then(|(before, _)| before.split_whitespace().last())
+                        .and_then(|count| count.parse().ok())
+                        .unwrap_or(0),
+                    in_exporter: summarize(inside).median,
+                });
+            }
+        }
+    }
+    println!("\n## targets: wrk -t1 -c1 -d{seconds}s --latency against /metrics (two rounds)");
+    println!("| case | build | requests | p50 us | p90 us | p99 us | in-exporter median us |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for run in &runs {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            run.case,
+            run.label,
+            run.requests,
+            micros(run.p50),
+            micros(run.p90),
+            micros(run.p99),
+            micros(run.in_exporter),
+        );
+    }
+    drop(child);
 }

@@ -94,9 +94,16 @@ impl Reader<'_> {
             remembered.extend(part.remembered);
         }
         scan.holders.sort_by_key(|holder| holder.pid);
-        // Few processes hold a GPU: which containers have ended is asked of them alone.
+        // Few processes hold a GPU: which containers have ended is asked of them alone,
+        // and not of those known to share the procfs's PID namespace.
+        let nested: std::collections::HashMap<u32, Option<bool>> = remembered
+            .iter()
+            .map(|(pid, remember)| (*pid, remember.nested()))
+            .collect();
         for holder in &mut scan.holders {
-            holder.pid_namespace_init = inits.of(holder.pid);
+            if nested.get(&holder.pid).copied().flatten() != Some(false) {
+                holder.pid_namespace_init = inits.of(holder.pid);
+            }
         }
         scan.duration_seconds = started.elapsed().as_secs_f64();
         (scan, remembered)

@@ -19,7 +19,7 @@ pub use model::*;
 
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::NvmlSource;
-use self::procfs::{Memory, Placement, ProcRoot, Reader, Remembered, Unread};
+use self::procfs::{Memory, OwnersRead, Placement, ProcRoot, Reader, Remembered, Unread};
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -160,17 +160,21 @@ impl LiveHost {
         let mut nvml = self.nvml.read();
         mig::attach_capabilities(&mut nvml, &self.mig_minors);
         let mut memory = lock(&self.memory);
-        let reader = Reader::with_memory(&self.proc_root, self.placement, &memory);
+        let listed = listed_pids(&nvml);
+        let reader = Reader::with_memory(&self.proc_root, self.placement, &memory)
+            .holding_stat_files(listed.len() <= MAX_HELD_STAT_FILES);
         let mut procfs_errors = 0;
+        let mut read_as_owners = HashSet::new();
         let mut inits =
             pidns::NamespaceInits::new(&self.proc_root, Instant::now() + self.scan_budget);
         let mut owners = BTreeMap::new();
         let mut learnt = Vec::new();
         let mut gone = Vec::new();
-        for (pid, gpus) in listed_pids(&nvml) {
+        for (pid, gpus) in listed {
             let now = match reader.procfs_pid(pid) {
                 None => ProcessLookup::NotVisible,
                 Some(procfs_pid) => {
+                    read_as_owners.insert(procfs_pid);
                     let looked = reader.read_owner(procfs_pid, &gpus);
                     procfs_errors += looked.errors;
                     if let Some(remember) = looked.remember {
@@ -208,6 +212,11 @@ impl LiveHost {
             memory.remove(&pid);
         }
         remember(&mut memory, learnt);
+        for (pid, known) in memory.iter_mut() {
+            if !read_as_owners.contains(pid) {
+                known.let_go_of_stat_file();
+            }
+        }
         drop(memory);
         self.remember_identities(&nvml, &mut owners);
         let host_pid_namespace = self.proc_root.host_pid_namespace();
@@ -232,9 +241,10 @@ impl LiveHost {
     }
 
     /// The holder scan, served from and adding to what earlier looks found.
-    fn scan(&self, until: Option<Instant>) -> HolderScan {
+    fn scan(&self, until: Option<Instant>, owners_read: OwnersRead) -> HolderScan {
         let mut memory = lock(&self.memory);
-        let reader = Reader::with_memory(&self.proc_root, self.placement, &memory);
+        let reader = Reader::with_memory(&self.proc_root, self.placement, &memory)
+            .with_owners_read(owners_read);
         let (scan, learnt) =
             reader.scan_and_remember(scan_deadline(Instant::now(), self.scan_budget, until));
         drop(reader);
@@ -296,6 +306,22 @@ fn listed_pids(nvml: &NvmlReading) -> BTreeMap<u32, Vec<u32>> {
     listed
 }
 
+/// The owners this observation read, for the holder scan that follows it.
+fn owners_read(observation: &Observation) -> OwnersRead {
+    let listed = listed_pids(&observation.nvml);
+    observation
+        .owners
+        .iter()
+        .filter_map(|(pid, lookup)| match &lookup.now {
+            ProcessLookup::Present(facts) => Some((
+                facts.pid,
+                (facts.start_time_ticks, listed.get(pid)?.clone()),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Add what a look learnt to the memory, keeping a reading the look did not redo.
 fn remember(memory: &mut Memory, learnt: Vec<(u32, Remembered)>) {
     for (pid, newer) in learnt {
@@ -308,6 +334,10 @@ fn remember(memory: &mut Memory, learnt: Vec<(u32, Remembered)>) {
 }
 
 /// The kernel's `USER_HZ`, in which `/proc` gives start times.
+/// The most owners whose stat files are held open between scrapes (one descriptor each);
+/// beyond it, each is opened again on every scrape.
+const MAX_HELD_STAT_FILES: usize = 512;
+
 /// When a scan that starts `now` must stop: after `budget`, or at `until` when that is
 /// sooner (a scrape that stops waiting then; a scan already past it stops at once).
 fn scan_deadline(now: Instant, budget: Duration, until: Option<Instant>) -> Instant {
@@ -348,7 +378,7 @@ impl Source {
     /// scan stops at its budget or at `until`, whichever comes first.
     pub fn scan_holders(&self, observation: &mut Observation, until: Option<Instant>) {
         if let Source::Live(host) = self {
-            let scan = host.scan(until);
+            let scan = host.scan(until, owners_read(observation));
             if let (Some(watch), Some(reading)) = (&host.kubernetes, &mut observation.kubernetes) {
                 let uids = scan
                     .holders

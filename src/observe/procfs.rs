@@ -16,6 +16,7 @@ use std::os::linux::fs::MetadataExt;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::OnceLock;
 
 /// The inode of the initial PID namespace, fixed by the kernel (`PROC_PID_INIT_INO`).
@@ -190,9 +191,23 @@ pub struct Remembered {
     open_files: Option<u64>,
     /// Whether the last scan found NVIDIA files among its descriptors.
     held_nvidia: bool,
+    /// An owner's stat file, held open: reading it again is one system call instead of
+    /// three, and once the process is gone a read fails (ESRCH) rather than show another
+    /// process that got its PID.
+    stat_file: Option<Arc<fs::File>>,
 }
 
 impl Remembered {
+    /// Whether it lives in a PID namespace nested in the procfs's (`None`: not known).
+    pub fn nested(&self) -> Option<bool> {
+        self.nested
+    }
+
+    /// Close the held stat file of a process that is no longer an owner.
+    pub fn let_go_of_stat_file(&mut self) {
+        self.stat_file = None;
+    }
+
     /// This entry brought up to date by a newer look at the same PID: the newer wins, but
     /// a full reading it did not redo is kept while the process is the same.
     pub fn updated_by(self, newer: Remembered) -> Remembered {
@@ -203,6 +218,7 @@ impl Remembered {
             facts: newer.facts.or(self.facts),
             nested: newer.nested.or(self.nested),
             open_files: newer.open_files.or(self.open_files),
+            stat_file: newer.stat_file.or(self.stat_file),
             ..newer
         }
     }
@@ -239,7 +255,15 @@ pub struct Reader<'a> {
     passwd: OnceLock<Option<String>>,
     /// Our PIDs to the procfs's, when it shows another namespace; built on first need.
     translation: OnceLock<HashMap<u32, u32>>,
+    /// The owners read in this collection.
+    owners_read: OwnersRead,
+    /// Whether owners' stat files are held open between looks.
+    hold_stat_files: bool,
 }
+
+/// The NVML-listed owners read in this collection, by PID of the procfs: their start time
+/// and the minor numbers of the GPUs NVML lists them on.
+pub type OwnersRead = HashMap<u32, (u64, Vec<u32>)>;
 
 /// An empty memory, for a reader that starts from nothing.
 static NOTHING_REMEMBERED: std::sync::LazyLock<Memory> = std::sync::LazyLock::new(Memory::new);
@@ -263,7 +287,24 @@ impl<'a> Reader<'a> {
             previous,
             passwd: OnceLock::new(),
             translation: OnceLock::new(),
+            owners_read: OwnersRead::new(),
+            hold_stat_files: false,
         }
+    }
+
+    /// This reader, holding the stat files of the owners it reads open for the next look
+    /// (for a long-running exporter with a bounded number of owners).
+    pub fn holding_stat_files(mut self, hold: bool) -> Reader<'a> {
+        self.hold_stat_files = hold;
+        self
+    }
+
+    /// This reader, told which owners were read in this collection (with their readings
+    /// in its memory): the holder scan takes those readings as they are when they can
+    /// blame the owner for no GPU, instead of reading every owner's mappings again.
+    pub fn with_owners_read(mut self, owners_read: OwnersRead) -> Reader<'a> {
+        self.owners_read = owners_read;
+        self
     }
 
     /// The procfs this reader reads.
@@ -344,19 +385,36 @@ impl<'a> Reader<'a> {
     /// that a verdict against it always rests on a fresh reading.
     pub fn read_owner(&self, pid: u32, gpus: &[u32]) -> Looked {
         let dir = self.root.pid_dir(pid);
-        let stat = match self.root.stat(&dir) {
-            Ok(stat) => stat,
-            Err(error) => return Looked::failed(unread(error)),
+        let held = self
+            .previous
+            .get(&pid)
+            .and_then(|known| known.stat_file.as_ref());
+        let stat = match held.and_then(|file| read_held_stat(file)) {
+            Some(stat) => stat,
+            None => match self.root.stat(&dir) {
+                Ok(stat) => stat,
+                Err(error) => return Looked::failed(unread(error)),
+            },
         };
+        let mut looked = self.read_owner_with(pid, &dir, stat, gpus);
+        if let Some(remember) = looked.remember.as_mut() {
+            if remember.stat_file.is_none() && self.hold_stat_files {
+                remember.stat_file = open_stat_file(&dir, remember.start_time_ticks);
+            }
+        }
+        looked
+    }
+
+    fn read_owner_with(&self, pid: u32, dir: &Path, stat: Stat, gpus: &[u32]) -> Looked {
         let known = self.remembered(pid, &stat);
         let Some(mut facts) = known.and_then(|known| known.facts.clone()) else {
-            return self.read_afresh(pid, &dir, stat, None);
+            return self.read_afresh(pid, dir, stat, None);
         };
         let stale = stat.state == b'Z' || !gpus.iter().all(|&minor| facts.mappings.has_gpu(minor));
         refresh_from_stat(&mut facts, &stat);
         let mut errors = 0;
         if stale {
-            match self.references(&dir, &stat, None) {
+            match self.references(dir, &stat, None) {
                 Ok((descriptors, mappings, failed)) => {
                     facts.descriptors = descriptors;
                     facts.mappings = mappings;
@@ -365,7 +423,7 @@ impl<'a> Reader<'a> {
                 Err(unread) => return Looked::failed(unread),
             }
         }
-        facts.wchan = self.wchan(&dir, &stat);
+        facts.wchan = self.wchan(dir, &stat);
         let nested = known.and_then(|known| known.nested);
         Looked {
             remember: Some(Remembered {
@@ -429,6 +487,7 @@ impl<'a> Reader<'a> {
                 facts: Some(facts.clone()),
                 nested,
                 open_files,
+                stat_file: None,
             }),
             facts: Ok(facts),
             errors,
@@ -480,6 +539,34 @@ impl<'a> Reader<'a> {
             }
     }
 
+    /// The reading of an NVML-listed owner made in this collection (its stat included),
+    /// when the scan may take it as it is: the same process, holding NVIDIA files, its
+    /// descriptors and mappings read and showing no GPU but those NVML lists it on, so
+    /// that no verdict can blame it (a process with a context on another GPU, or a MIG
+    /// capability, is read afresh).
+    fn owner_reading(&self, pid: u32) -> Option<(&'a Remembered, &'a ProcessFacts)> {
+        let (start_time_ticks, listed) = self.owners_read.get(&pid)?;
+        let known = self.previous.get(&pid)?;
+        let facts = known.facts.as_ref()?;
+        let only_listed = |references: &References| {
+            references.nodes().is_some_and(|nodes| {
+                nodes.capabilities.is_empty()
+                    && nodes.gpus.iter().all(|minor| listed.contains(minor))
+            })
+        };
+        let holds = facts
+            .descriptors
+            .nodes()
+            .is_some_and(|nodes| !nodes.is_empty());
+        let usable = known.start_time_ticks == *start_time_ticks
+            && facts.start_time_ticks == *start_time_ticks
+            && facts.state != 'Z'
+            && holds
+            && only_listed(&facts.descriptors)
+            && only_listed(&facts.mappings);
+        usable.then_some((known, facts))
+    }
+
     /// The kernel function a process in uninterruptible sleep waits in.
     fn wchan(&self, dir: &Path, stat: &Stat) -> Option<String> {
         (stat.state == b'D')
@@ -492,6 +579,9 @@ impl<'a> Reader<'a> {
     /// else its facts; with what to remember of it. A process remembered with no NVIDIA
     /// file, the same start time and as many descriptors as then is not listed again.
     pub(super) fn scan_one(&self, pid: u32) -> Scanned {
+        if let Some((known, facts)) = self.owner_reading(pid) {
+            return Scanned::Holder(Box::new(facts.clone()), known.clone());
+        }
         let dir = self.root.pid_dir(pid);
         let stat = match self.root.stat(&dir) {
             Ok(stat) => stat,
@@ -505,6 +595,7 @@ impl<'a> Reader<'a> {
             nested: known.and_then(|known| known.nested),
             open_files,
             held_nvidia: false,
+            stat_file: None,
         };
         // A kernel thread holds no file, ever.
         if stat.flags & PF_KTHREAD != 0 {
@@ -745,6 +836,23 @@ impl Looked {
     }
 }
 
+/// The stat line read again through a held file; `None` once the process is gone.
+fn read_held_stat(file: &fs::File) -> Option<Stat> {
+    use std::os::unix::fs::FileExt;
+    let mut line = [0u8; 1024];
+    let length = file.read_at(&mut line, 0).ok()?;
+    // A line that fills the buffer may be cut: read it by path instead.
+    (length < line.len()).then(|| parse::stat(&line[..length]))?
+}
+
+/// A process's stat file, opened for holding, if it is still the process that started at
+/// `start_time_ticks`.
+fn open_stat_file(dir: &Path, start_time_ticks: u64) -> Option<Arc<fs::File>> {
+    let file = fs::File::open(dir.join("stat")).ok()?;
+    let stat = read_held_stat(&file)?;
+    (stat.start_time_ticks == start_time_ticks).then(|| Arc::new(file))
+}
+
 /// The fields of a remembered process that a new stat line brings up to date.
 fn refresh_from_stat(facts: &mut ProcessFacts, stat: &Stat) {
     facts.comm.clone_from(&stat.comm);
@@ -789,6 +897,38 @@ fn unread(error: io::Error) -> Unread {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    #[test]
+    fn a_held_stat_file_reads_fresh_and_fails_once_its_process_is_gone() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let dir = PathBuf::from(format!("/proc/{}", child.id()));
+        let first = parse::stat(&fs::read(dir.join("stat")).unwrap()).unwrap();
+        // Another start time under the PID is another process: not held.
+        assert!(open_stat_file(&dir, first.start_time_ticks + 1).is_none());
+        let file = open_stat_file(&dir, first.start_time_ticks).unwrap();
+        let again = read_held_stat(&file).unwrap();
+        assert_eq!(again.start_time_ticks, first.start_time_ticks);
+        // Stopped: the held file shows it, so it is read afresh each time.
+        let stop = std::process::Command::new("kill")
+            .args(["-STOP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(stop.success());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut state = read_held_stat(&file).unwrap().state;
+        while state != b'T' && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            state = read_held_stat(&file).unwrap().state;
+        }
+        assert_eq!(state, b'T');
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Reaped: whatever gets the PID next, the held file never shows it.
+        assert!(read_held_stat(&file).is_none());
+    }
 
     /// A procfs tree with the files the reader reads, for one process at a time.
     struct FakeProc {

@@ -256,6 +256,45 @@ fn a_live_job_of_gpu_0_holding_gpu_1s_node_is_not_gpu_1s_culprit() {
 }
 
 #[test]
+fn a_live_owner_of_gpu_0_with_a_context_on_gpu_1_stays_gpu_1s_culprit_scrape_after_scrape() {
+    // The scan takes an owner's reading of the same scrape as it is only when it can
+    // blame the owner for nothing: this one maps GPU 1's node too, where NVML charges a
+    // dead process, so every scan reads it afresh and names it.
+    let rig = Rig::new();
+    let job = Model::cuda("trainer", &rig.device(0))
+        .also_mapping(&rig.device(1))
+        .spawn();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(job.pid, Some(CHARGED)))
+            .gpu(
+                Gpu::idle(1)
+                    .used(USED)
+                    .process(nonexistent_pid(), Some(CHARGED)),
+            )
+            .into_json(),
+    );
+    let exporter = rig.start(&[]);
+    for scrape in 0..3 {
+        let metrics = exporter.scrape();
+        assert_eq!(
+            holder_info_pids(&metrics, "1"),
+            [job.pid.to_string()],
+            "scrape {scrape}:\n{}",
+            metrics.text
+        );
+        assert_eq!(
+            metrics.value(
+                "vram_owner_processes",
+                &[("gpu", "0"), ("state", "running")]
+            ),
+            1.0
+        );
+        assert_eq!(holder_info_pids(&metrics, "0"), Vec::<String>::new());
+    }
+}
+
+#[test]
 fn the_dead_owners_pid_reused_by_an_nvml_client_still_reports_the_orphan() {
     // The H200 case: the exporter called the owner live because its PID existed and held
     // /dev/nvidia0, reported nothing orphaned, and `check` exited 0.
