@@ -113,6 +113,9 @@ fn main() {
         );
     }
     if wanted("targets") {
+        // Only the 8-GPU owners may run: the other sections' owners would hold contexts
+        // NVML does not list, culprits of the orphan episode.
+        owners.by_gpus.retain(|&gpus, _| gpus == MAX_GPUS);
         let baseline = std::env::var_os("SCRAPE_BASELINE_BINARY").map(std::path::PathBuf::from);
         let pids = owners.pids(&rig, MAX_GPUS);
         targets(
@@ -1115,8 +1118,16 @@ fn targets(rig: &Rig, pids: &[u32], baseline: Option<&Path>, seconds: usize) {
                 if std::ptr::eq(scenario, &live) {
                     check_body(&text, MAX_GPUS, MAX_OWNERS);
                 } else {
-                    // Both builds see the orphan, and this one names the child holding it.
+                    // Both builds see the orphan, and this one names the child holding it,
+                    // the one culprit.
                     assert_eq!(orphaned, CHARGED as f64, "{text}");
+                    if binary == &exporter_binary() {
+                        assert_eq!(
+                            sample_sum(&text, "vram_holder_processes", "role=\"culprit\""),
+                            1.0,
+                            "{text}"
+                        );
+                    }
                     if binary == &exporter_binary() {
                         assert!(text.contains(&format!("pid=\"{}\"", child.pid)), "{text}");
                     }

@@ -1082,8 +1082,21 @@ def pid_reuse(suite):
 @scenario(15, "exporter-hostproc", "exporter ns, host /proc")
 def exporter_in_pid_namespace_with_host_proc(suite):
     """The exporter in its own PID namespace reading the host's /proc (a container without
-    hostPID that mounts the host's /proc), a live owner beside it in the namespace: NVML
-    names the owner by its namespace PID (2), which is the host's kthreadd in /proc."""
+    hostPID that mounts the host's /proc at another path and passes --path.procfs), a live
+    owner beside it in the namespace: NVML names the owner by its namespace PID (2), which
+    is the host's kthreadd in the host's /proc. The namespace has its own /proc too, as a
+    container has: CUDA reads /proc/<its own PID> and fails to start (error 304) where
+    /proc is another namespace's."""
+    host_proc = tempfile.mkdtemp(prefix="host-proc-")
+    subprocess.run(["mount", "--bind", "/proc", host_proc], check=True)
+    try:
+        run_exporter_in_pid_namespace_with_host_proc(suite, host_proc)
+    finally:
+        subprocess.run(["umount", "--lazy", host_proc], check=False)
+        os.rmdir(host_proc)
+
+
+def run_exporter_in_pid_namespace_with_host_proc(suite, host_proc):
     port = free_port()
     log_path = os.path.join(suite.out, "exporter-pidns.log")
     offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
@@ -1091,9 +1104,9 @@ def exporter_in_pid_namespace_with_host_proc(suite):
     script = ('python=$1 program=$2 bytes=$3 log=$4; shift 4; '
               '"$python" -c "$program" hold "$bytes" 0 sleep & exec "$@" >>"$log" 2>&1')
     proc = suite.spawned.add(subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--kill-child", "sh", "-c", script, "sh",
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script, "sh",
          sys.executable, suite.gpu.owner_program, str(2 * GiB), log_path]
-        + suite.argv("--web.listen-address", f"127.0.0.1:{port}"),
+        + suite.argv("--web.listen-address", f"127.0.0.1:{port}", "--path.procfs", host_proc),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, text=True,
         start_new_session=True, env=suite.gpu.env("hostproc")), group=True)
     owner = Owner(proc, stderr)

@@ -295,6 +295,53 @@ fn a_live_owner_of_gpu_0_with_a_context_on_gpu_1_stays_gpu_1s_culprit_scrape_aft
 }
 
 #[test]
+fn live_owners_of_other_gpus_are_never_counted_among_a_gpus_culprits() {
+    // Scrape after scrape the scan takes the live owners' readings of the same scrape:
+    // they must keep to their own GPUs.
+    let rig = Rig::new();
+    let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
+    let jobs: Vec<Holder> = (1..4).map(|gpu| Holder::spawn(&rig.device(gpu))).collect();
+    let mut gpus = Gpus::new().gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)));
+    for (index, job) in jobs.iter().enumerate() {
+        gpus = gpus.gpu(
+            Gpu::idle(index as u32 + 1)
+                .used(USED)
+                .process(job.pid, Some(CHARGED)),
+        );
+    }
+    rig.write_scenario(&gpus.into_json());
+    let exporter = rig.start(&[]);
+    for scrape in 0..3 {
+        let metrics = exporter.scrape();
+        let context = || format!("scrape {scrape}:\n{}", metrics.text);
+        assert_eq!(
+            metrics.value(
+                "vram_holder_processes",
+                &[("gpu", "0"), ("role", "culprit")]
+            ),
+            1.0,
+            "{}",
+            context()
+        );
+        assert_eq!(
+            holder_info_pids(&metrics, "0"),
+            [child.pid.to_string()],
+            "{}",
+            context()
+        );
+        for gpu in ["1", "2", "3"] {
+            assert_eq!(
+                metrics.value(
+                    "vram_owner_processes",
+                    &[("gpu", gpu), ("state", "running")]
+                ),
+                1.0
+            );
+        }
+    }
+}
+
+#[test]
 fn the_dead_owners_pid_reused_by_an_nvml_client_still_reports_the_orphan() {
     // The H200 case: the exporter called the owner live because its PID existed and held
     // /dev/nvidia0, reported nothing orphaned, and `check` exited 0.
