@@ -157,7 +157,9 @@ impl LiveHost {
     }
 
     fn observe(&self) -> Observation {
+        let started = Instant::now();
         let mut nvml = self.nvml.read();
+        let nvml_read = started.elapsed();
         mig::attach_capabilities(&mut nvml, &self.mig_minors);
         let mut memory = lock(&self.memory);
         let listed = listed_pids(&nvml);
@@ -227,6 +229,13 @@ impl LiveHost {
             .kubernetes
             .as_ref()
             .map(|watch| self.kubernetes_reading(watch, &owners));
+        // Where a slow scrape's time went, for whoever profiles one.
+        tracing::debug!(
+            nvml_seconds = nvml_read.as_secs_f64(),
+            rest_seconds = (started.elapsed() - nvml_read).as_secs_f64(),
+            owners = owners.len(),
+            "observed"
+        );
         Observation {
             nvml,
             host_pid_namespace,

@@ -46,7 +46,28 @@ enum Library {
 struct State {
     library: Option<Library>,
     identities: HashMap<u32, Identity>,
+    /// By device index, for the library loaded now.
+    answers: HashMap<u32, Answers>,
 }
+
+/// What a GPU cannot answer, and its MIG mode, which changes only at a reset: kept so
+/// that a scrape does not ask again. Measured on an H200 (driver 580), asked in a
+/// scrape's order: `nvmlDeviceGetMigMode` takes 170 to 360 us and
+/// `nvmlDeviceGetRetiredPagesPendingStatus` 90 to 300 us to say NotSupported, against
+/// about 80 us for everything else a scrape asks of a GPU.
+#[derive(Debug, Default)]
+struct Answers {
+    retired_pages_unsupported: bool,
+    numa_node_unsupported: bool,
+    /// The MIG mode (current, pending) and when it was read; `None` inside: no MIG.
+    mig_mode: Option<(Instant, Option<(u32, u32)>)>,
+}
+
+/// How long a GPU's MIG mode is served from memory. Enabling or disabling MIG takes
+/// effect only at a GPU reset, which ends every process on it, so a verdict made with a
+/// mode this old concerns a GPU with nothing running yet; a pending change shows this
+/// much later at most.
+const MIG_MODE_FOR: Duration = Duration::from_secs(30);
 
 /// A handle on NVML that loads it lazily and retries with back-off when it cannot.
 #[derive(Debug)]
@@ -70,6 +91,7 @@ impl NvmlSource {
             state: Mutex::new(State {
                 library: None,
                 identities: HashMap::new(),
+                answers: HashMap::new(),
             }),
             xid: long_running.then(|| Arc::new(XidCounter::default())),
         }
@@ -81,6 +103,7 @@ impl NvmlSource {
         let State {
             library,
             identities,
+            answers,
         } = &mut *state;
         let now = Instant::now();
         let must_load = match library {
@@ -95,6 +118,8 @@ impl NvmlSource {
             };
             *library = Some(match self.load() {
                 Ok(nvml) => {
+                    // Another library (a driver upgraded under us) may answer otherwise.
+                    answers.clear();
                     if previous_backoff.is_some() {
                         tracing::info!("NVML loaded after earlier failures");
                     }
@@ -120,23 +145,25 @@ impl NvmlSource {
             });
         }
         match library {
-            Some(Library::Loaded(nvml)) => match read_all(nvml, identities, self.xid.as_deref()) {
-                Ok(reading) => reading,
-                Err(error) => {
-                    // The driver went away under us (unloaded, upgraded): start over.
-                    let message = format!("NVML stopped answering: {error}");
-                    tracing::error!(error = %error, "NVML stopped answering; reloading on a later scrape");
-                    if let Some(xid) = &self.xid {
-                        xid.stop();
+            Some(Library::Loaded(nvml)) => {
+                match read_all(nvml, identities, answers, self.xid.as_deref()) {
+                    Ok(reading) => reading,
+                    Err(error) => {
+                        // The driver went away under us (unloaded, upgraded): start over.
+                        let message = format!("NVML stopped answering: {error}");
+                        tracing::error!(error = %error, "NVML stopped answering; reloading on a later scrape");
+                        if let Some(xid) = &self.xid {
+                            xid.stop();
+                        }
+                        *library = Some(Library::Failed {
+                            error: message.clone(),
+                            retry_at: now + FIRST_RETRY,
+                            backoff: FIRST_RETRY,
+                        });
+                        NvmlReading::Down { error: message }
                     }
-                    *library = Some(Library::Failed {
-                        error: message.clone(),
-                        retry_at: now + FIRST_RETRY,
-                        backoff: FIRST_RETRY,
-                    });
-                    NvmlReading::Down { error: message }
                 }
-            },
+            }
             Some(Library::Failed { error, .. }) => NvmlReading::Down {
                 error: error.clone(),
             },
@@ -183,6 +210,7 @@ impl NvmlSource {
 fn read_all(
     nvml: &Nvml,
     identities: &mut HashMap<u32, Identity>,
+    answers: &mut HashMap<u32, Answers>,
     xid: Option<&XidCounter>,
 ) -> Result<NvmlReading, NvmlError> {
     let count = nvml.device_count()?;
@@ -190,7 +218,7 @@ fn read_all(
     let gpus = (0..count)
         .map(|index| {
             let cached = identities.entry(index).or_default();
-            let mut gpu = read_gpu(nvml, index, cached);
+            let mut gpu = read_gpu(nvml, index, cached, answers.entry(index).or_default());
             gpu.health.xid = xid.map(|xid| xid.reading(&gpu.uuid));
             gpu
         })
@@ -201,16 +229,16 @@ fn read_all(
     })
 }
 
-fn read_gpu(nvml: &Nvml, index: u32, cached: &mut Identity) -> GpuReading {
+fn read_gpu(nvml: &Nvml, index: u32, cached: &mut Identity, answers: &mut Answers) -> GpuReading {
     let (state, mig, health) = match nvml.device_by_index(index) {
         Ok(device) => {
             refresh_identity(&device, cached);
             let mut state = read_state(&device);
-            let mig = read_mig(&device);
+            let mig = read_mig(&device, answers);
             if let Some(mig) = &mig {
                 complete_from_instances(&mut state, mig);
             }
-            (state, mig, read_health(&device))
+            (state, mig, read_health(&device, answers))
         }
         Err(error) => (failed(error), None, GpuHealth::default()),
     };
@@ -362,17 +390,25 @@ fn complete_from_instances(state: &mut GpuState, mig: &MigReading) {
 
 /// MIG mode and, while enabled, every MIG device through its own handle; `None` for a
 /// GPU (or driver) without MIG.
-fn read_mig(device: &Device) -> Option<MigReading> {
-    let mode = match device.mig_mode() {
-        Ok(mode) => mode,
-        Err(error) => {
-            tracing::debug!(error = %error, "no MIG mode");
-            return None;
+fn read_mig(device: &Device, answers: &mut Answers) -> Option<MigReading> {
+    let now = Instant::now();
+    let (current, pending) = match answers.mig_mode {
+        Some((read_at, mode)) if now.duration_since(read_at) < MIG_MODE_FOR => mode?,
+        _ => {
+            let mode = match device.mig_mode() {
+                Ok(mode) => Some((mode.current, mode.pending)),
+                Err(error) => {
+                    tracing::debug!(error = %error, "no MIG mode");
+                    None
+                }
+            };
+            answers.mig_mode = Some((now, mode));
+            mode?
         }
     };
     let mut mig = MigReading {
-        enabled: mode.current == MIG_ENABLED,
-        pending: mode.pending == MIG_ENABLED,
+        enabled: current == MIG_ENABLED,
+        pending: pending == MIG_ENABLED,
         devices: Vec::new(),
         error: None,
     };
@@ -457,15 +493,35 @@ fn instance_id(device: &Device, kind: InstanceKind) -> Option<u32> {
 
 /// What the driver says the GPU needs. Each reading that this driver or GPU cannot give
 /// is `None`: a missing feature is not a failure of the GPU.
-fn read_health(device: &Device) -> GpuHealth {
+fn read_health(device: &Device, answers: &mut Answers) -> GpuHealth {
     GpuHealth {
         recovery_action: recovery_action(
             device.field_values_for(&[FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)]),
         ),
         remapped_rows: remapped_rows(device),
-        retired_pages: retired_pages(device),
-        numa_node: device.numa_node_id().ok(),
+        retired_pages: unless_unsupported(&mut answers.retired_pages_unsupported, || {
+            retired_pages(device)
+        }),
+        numa_node: unless_unsupported(&mut answers.numa_node_unsupported, || device.numa_node_id()),
         xid: None,
+    }
+}
+
+/// The answer of `ask`, which is not asked again once it said NotSupported.
+fn unless_unsupported<T>(
+    unsupported: &mut bool,
+    ask: impl FnOnce() -> Result<T, NvmlError>,
+) -> Option<T> {
+    if *unsupported {
+        return None;
+    }
+    match ask() {
+        Ok(answer) => Some(answer),
+        Err(NvmlError::NotSupported) => {
+            *unsupported = true;
+            None
+        }
+        Err(_) => None,
     }
 }
 
@@ -517,15 +573,10 @@ fn remapped_rows(device: &Device) -> Option<RemappedRows> {
 }
 
 /// Page retirement, when the GPU retires pages at all.
-fn retired_pages(device: &Device) -> Option<RetiredPages> {
-    let pending = device.are_pages_pending_retired().ok()?;
-    let count = |cause| {
-        device
-            .retired_pages(cause)
-            .ok()
-            .map(|pages| pages.len() as u32)
-    };
-    Some(RetiredPages {
+fn retired_pages(device: &Device) -> Result<RetiredPages, NvmlError> {
+    let pending = device.are_pages_pending_retired()?;
+    let count = |cause| device.retired_pages(cause).map(|pages| pages.len() as u32);
+    Ok(RetiredPages {
         multiple_single_bit_ecc: count(RetirementCause::MultipleSingleBitEccErrors)?,
         double_bit_ecc: count(RetirementCause::DoubleBitEccError)?,
         pending,

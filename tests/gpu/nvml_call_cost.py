@@ -1,23 +1,33 @@
 #!/usr/bin/env python3
-"""What each NVML call of a scrape costs on a real GPU, with no owner and with N owners.
+"""What each NVML call of a scrape costs on a real GPU, and where the exporter's scrape
+time goes, with 0, 1 and N owners.
 
 Run by hand on a GPU host (never by CI), with PyTorch for the owners:
 
-    python3 tests/gpu/nvml_call_cost.py [--owners 64] [--calls 500]
+    python3 tests/gpu/nvml_call_cost.py [--owners 0,1,64] [--calls 500] [--exporter BINARY]
 
-For GPU 0 it times every call the exporter makes per GPU and scrape (the list a scrape
-of the fake NVML logs with FAKE_NVML_CALL_LOG), each --calls times after 20 warm-up
-calls, and prints the median and p99 in microseconds, then the sum of the medians: the
-NVML part of one GPU's scrape. It then starts --owners PyTorch processes holding 64 MiB
-each on GPU 0 and times the calls again, and kills them. It only reads.
+For each owner count it starts that many PyTorch processes holding 64 MiB each on GPU 0,
+times every call the exporter makes per GPU and scrape (the list a scrape of the fake
+NVML logs with FAKE_NVML_CALL_LOG) in --calls rounds of one call each, after 20 warm-up
+rounds, and prints the median and p99 in microseconds and the sum of the medians; then
+the same while another thread waits in nvmlEventSetWait_v2, as the exporter's Xid
+watcher does. With --exporter it then runs that exporter at debug level, scrapes it 300
+times on one kept-alive connection, and prints the medians of the time it spent in NVML
+and in the rest of its observation (its `observed` log lines) and of the whole scrape as
+the client saw it. It only reads.
 """
 
 import argparse
 import ctypes
+import http.client
 import json
+import re
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 OWNER = """
@@ -68,6 +78,7 @@ def calls(nvml, device):
         return call
 
     return {
+        "nvmlSystemGetDriverVersion": lambda: nvml.nvmlSystemGetDriverVersion(text, 80),
         "nvmlDeviceGetCount_v2": lambda: nvml.nvmlDeviceGetCount_v2(ctypes.byref(out[0])),
         "nvmlDeviceGetHandleByIndex_v2": lambda: nvml.nvmlDeviceGetHandleByIndex_v2(
             0, ctypes.byref(ctypes.c_void_p())),
@@ -91,19 +102,23 @@ def calls(nvml, device):
 
 
 def time_calls(nvml, device, count):
-    rows = {}
-    for name, call in calls(nvml, device).items():
-        status = call()
-        for _ in range(20):
-            call()
-        samples = []
-        for _ in range(count):
+    """Each call's median and p99 over `count` rounds, a round making every call once in
+    the order a scrape makes them (a call repeated back to back can be answered from
+    the driver's cache and look cheaper than in a scrape)."""
+    made = calls(nvml, device)
+    statuses = {name: call() for name, call in made.items()}
+    samples = {name: [] for name in made}
+    for turn in range(count + 20):
+        for name, call in made.items():
             started = time.perf_counter_ns()
             call()
-            samples.append((time.perf_counter_ns() - started) / 1000)
-        samples.sort()
-        rows[name] = {"status": status, "median_us": round(statistics.median(samples), 1),
-                      "p99_us": round(samples[int(len(samples) * 0.99) - 1], 1)}
+            if turn >= 20:
+                samples[name].append((time.perf_counter_ns() - started) / 1000)
+    rows = {}
+    for name, taken in samples.items():
+        taken.sort()
+        rows[name] = {"status": statuses[name], "median_us": round(statistics.median(taken), 1),
+                      "p99_us": round(taken[int(len(taken) * 0.99) - 1], 1)}
     return rows
 
 
@@ -118,25 +133,105 @@ def report(title, rows):
     return total
 
 
+class XidWaiter:
+    """A thread waiting in nvmlEventSetWait_v2 for GPU 0's critical Xid events, as the
+    exporter's Xid watcher does (one second at a time)."""
+
+    def __init__(self, nvml, device):
+        self.nvml, self.stop = nvml, threading.Event()
+        self.events = ctypes.c_void_p()
+        assert nvml.nvmlEventSetCreate(ctypes.byref(self.events)) == 0
+        critical_xid = 0x8
+        assert nvml.nvmlDeviceRegisterEvents(device, ctypes.c_ulonglong(critical_xid), self.events) == 0
+        self.thread = threading.Thread(target=self.wait)
+        self.thread.start()
+
+    def wait(self):
+        data = ctypes.create_string_buffer(64)
+        while not self.stop.is_set():
+            self.nvml.nvmlEventSetWait_v2(self.events, data, 1000)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.nvml.nvmlEventSetFree(self.events)
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def exporter_split(binary, scrapes=300):
+    """Medians of the exporter's NVML time, the rest of its observation, and the scrape."""
+    port = free_port()
+    log = tempfile.TemporaryFile(mode="w+")
+    exporter = subprocess.Popen([binary, "--web.listen-address", f"127.0.0.1:{port}",
+                                 "--log.level", "debug"], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                connection.request("GET", "/metrics")
+                connection.getresponse().read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the exporter did not answer"
+                time.sleep(0.1)
+        whole = []
+        for _ in range(scrapes):
+            started = time.perf_counter_ns()
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            response.read()
+            whole.append((time.perf_counter_ns() - started) / 1000)
+            assert response.status == 200
+    finally:
+        exporter.terminate()
+        exporter.wait()
+    log.seek(0)
+    lines = [line for line in log if "msg=observed" in line][-scrapes:]
+    field = lambda name: statistics.median(
+        float(re.search(name + r"=([0-9.e-]+)", line).group(1)) * 1e6 for line in lines)
+    return {"scrapes": len(lines), "nvml_us": round(field("nvml_seconds"), 1),
+            "rest_of_observation_us": round(field("rest_seconds"), 1),
+            "scrape_us": round(statistics.median(whole), 1)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--owners", type=int, default=64)
+    parser.add_argument("--owners", default="0,1,64")
     parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--exporter")
     args = parser.parse_args()
     nvml = ctypes.CDLL("libnvidia-ml.so.1")
     assert nvml.nvmlInit_v2() == 0, "nvmlInit_v2 failed"
     device = ctypes.c_void_p()
     assert nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(device)) == 0
-    figures = {"no owner": report("GPU 0, no owner", time_calls(nvml, device, args.calls))}
+    figures = {}
     owners = []
     try:
-        for _ in range(args.owners):
-            owners.append(subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE,
-                                           text=True))
-        for owner in owners:
-            assert owner.stdout.readline().strip() == "READY", "an owner did not start"
-        title = f"GPU 0, {args.owners} owners"
-        figures[title] = report(title, time_calls(nvml, device, args.calls))
+        for count in (int(word) for word in args.owners.split(",")):
+            started = [subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE,
+                                        text=True) for _ in range(count - len(owners))]
+            owners += started
+            for owner in started:
+                assert owner.stdout.readline().strip() == "READY", "an owner did not start"
+            title = f"GPU 0, {count} owners"
+            figures[title] = {"nvml_calls_us": report(title, time_calls(nvml, device, args.calls))}
+            waiter = XidWaiter(nvml, device)
+            try:
+                waiting = title + ", another thread waiting for Xid events"
+                figures[title]["while_waiting_for_xid_us"] = report(
+                    waiting, time_calls(nvml, device, args.calls))
+            finally:
+                waiter.close()
+            if args.exporter:
+                split = exporter_split(args.exporter)
+                print(f"exporter: {split}")
+                figures[title]["exporter"] = split
     finally:
         for owner in owners:
             owner.kill()

@@ -304,3 +304,46 @@ fn a_gpu_without_xid_events_is_not_watched_and_one_shot_commands_watch_nothing()
     let written = Metrics::parse(&fs::read_to_string(&output).unwrap());
     assert!(!written.has("vram_xid_watched"), "{}", written.text);
 }
+
+#[test]
+fn what_a_gpu_cannot_answer_and_its_mig_mode_are_not_asked_on_every_scrape() {
+    // An H200 answers NotSupported for retired pages (it remaps rows instead), slowly;
+    // its MIG mode changes only at a reset. Memory is asked on every scrape.
+    let rig = Rig::new();
+    let calls = rig.dir.path().join("calls.log");
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).mig_disabled())
+            .into_json(),
+    );
+    let mut command = rig.command();
+    command
+        .env("FAKE_NVML_CALL_LOG", &calls)
+        .args(["--web.listen-address", "127.0.0.1:0"]);
+    let exporter = start(command);
+    let count = |symbol: &str| {
+        fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| *line == symbol)
+            .count()
+    };
+    let first = exporter.scrape();
+    assert_eq!(first.value("vram_gpu_mig_mode", &[("gpu", "0")]), 0.0);
+    let asked = [
+        count("nvmlDeviceGetRetiredPagesPendingStatus"),
+        count("nvmlDeviceGetMigMode"),
+        count("nvmlDeviceGetMemoryInfo_v2"),
+    ];
+    assert!(asked.iter().all(|&times| times >= 1), "{asked:?}");
+    for _ in 0..3 {
+        let metrics = exporter.scrape();
+        assert_eq!(metrics.value("vram_gpu_mig_mode", &[("gpu", "0")]), 0.0);
+        assert!(metrics
+            .find("vram_gpu_retired_pages_pending", &[("gpu", "0")])
+            .is_empty());
+    }
+    assert_eq!(count("nvmlDeviceGetRetiredPagesPendingStatus"), asked[0]);
+    assert_eq!(count("nvmlDeviceGetMigMode"), asked[1]);
+    assert_eq!(count("nvmlDeviceGetMemoryInfo_v2"), asked[2] + 3);
+}
