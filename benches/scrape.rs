@@ -250,7 +250,12 @@ fn start(rig: &Rig, gpus: u32, pids: &[u32]) -> Exporter {
 
 /// Like [`start`], with another build of the exporter (an earlier one, to compare).
 fn start_binary(rig: &Rig, binary: &Path, gpus: u32, pids: &[u32]) -> Exporter {
-    rig.write_scenario(&scenario(gpus, pids));
+    start_with(rig, binary, &scenario(gpus, pids))
+}
+
+/// `binary` serving the fake NVML's `scenario`.
+fn start_with(rig: &Rig, binary: &Path, scenario: &serde_json::Value) -> Exporter {
+    rig.write_scenario(scenario);
     let mut command = Command::new(binary);
     command
         .env("FAKE_NVML_SCENARIO", &rig.scenario)
@@ -1098,16 +1103,7 @@ fn targets(rig: &Rig, pids: &[u32], baseline: Option<&Path>, seconds: usize) {
             ("the same during a fork-orphan episode", &episode),
         ] {
             for (label, binary) in &builds {
-                rig.write_scenario(scenario);
-                let mut command = Command::new(binary);
-                command
-                    .env("FAKE_NVML_SCENARIO", &rig.scenario)
-                    .arg("--nvml.library")
-                    .arg(&rig.library)
-                    .arg("--test.device-prefix")
-                    .arg(rig.device_prefix())
-                    .args(["--web.listen-address", "127.0.0.1:0"]);
-                let exporter = helpers::start(command);
+                let exporter = start_with(rig, binary, scenario);
                 let mut connection = Connection::open(exporter.address);
                 let mut body = Vec::new();
                 for _ in 0..200 {

@@ -206,18 +206,13 @@ fn xid_79_events_are_counted_while_scrapes_go_on() {
 #[test]
 fn a_scrape_answers_while_the_event_thread_is_stuck_in_the_driver() {
     let rig = Rig::new();
-    let calls = rig.dir.path().join("calls.log");
     // The event wait hangs for a minute: a driver stuck inside nvmlEventSetWait.
     rig.write_scenario(
         &Gpus::new()
             .gpu(Gpu::idle(0).used(USED).delay("nvmlEventSetWait_v2", 60_000))
             .into_json(),
     );
-    let mut command = rig.command();
-    command
-        .env("FAKE_NVML_CALL_LOG", &calls)
-        .args(["--web.listen-address", "127.0.0.1:0"]);
-    let exporter = start(command);
+    let (exporter, calls) = start_logging_calls(&rig);
     exporter.scrape();
     wait_until(
         "the event thread is inside the hung wait",
@@ -239,11 +234,26 @@ fn a_scrape_answers_while_the_event_thread_is_stuck_in_the_driver() {
 
 /// How many times the event thread has entered NVML's wait call.
 fn waits_entered(calls: &Path) -> usize {
+    calls_made(calls, "nvmlEventSetWait_v2")
+}
+
+/// How many times the exporter has called `symbol`, from the fake NVML's call log.
+fn calls_made(calls: &Path, symbol: &str) -> usize {
     fs::read_to_string(calls)
         .unwrap_or_default()
         .lines()
-        .filter(|line| *line == "nvmlEventSetWait_v2")
+        .filter(|line| *line == symbol)
         .count()
+}
+
+/// The exporter serving the rig's scenario, with the fake NVML logging its calls there.
+fn start_logging_calls(rig: &Rig) -> (Exporter, std::path::PathBuf) {
+    let calls = rig.dir.path().join("calls.log");
+    let mut command = rig.command();
+    command
+        .env("FAKE_NVML_CALL_LOG", &calls)
+        .args(["--web.listen-address", "127.0.0.1:0"]);
+    (start(command), calls)
 }
 
 #[test]
@@ -310,24 +320,13 @@ fn what_a_gpu_cannot_answer_and_its_mig_mode_are_not_asked_on_every_scrape() {
     // An H200 answers NotSupported for retired pages (it remaps rows instead), slowly;
     // its MIG mode changes only at a reset. Memory is asked on every scrape.
     let rig = Rig::new();
-    let calls = rig.dir.path().join("calls.log");
     rig.write_scenario(
         &Gpus::new()
             .gpu(Gpu::idle(0).used(USED).mig_disabled())
             .into_json(),
     );
-    let mut command = rig.command();
-    command
-        .env("FAKE_NVML_CALL_LOG", &calls)
-        .args(["--web.listen-address", "127.0.0.1:0"]);
-    let exporter = start(command);
-    let count = |symbol: &str| {
-        fs::read_to_string(&calls)
-            .unwrap_or_default()
-            .lines()
-            .filter(|line| *line == symbol)
-            .count()
-    };
+    let (exporter, calls) = start_logging_calls(&rig);
+    let count = |symbol: &str| calls_made(&calls, symbol);
     let first = exporter.scrape();
     assert_eq!(first.value("vram_gpu_mig_mode", &[("gpu", "0")]), 0.0);
     let asked = [
