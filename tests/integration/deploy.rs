@@ -2,11 +2,11 @@
 //! Kubernetes manifests of the expected kinds that keep the exporter's requirements
 //! (host PID namespace, the host's /proc, the two capabilities the holder scan needs),
 //! and a PrometheusRule generated from `alerts/vram-exporter.rules.yml`, the one source
-//! of the rules. The test only compares; regenerate the file after changing the rules
-//! with the ignored test that writes it:
+//! of the rules. The test compares; after changing the rules, the same test writes the
+//! file when asked to:
 //!
 //! ```sh
-//! cargo test --test integration deploy::regenerate_prometheusrule -- --ignored
+//! VRAM_REGENERATE=1 cargo test --test integration deploy::prometheusrule_is_generated_from_the_rules
 //! ```
 
 use crate::helpers::*;
@@ -20,7 +20,7 @@ const CAPABILITIES: [&str; 2] = ["DAC_READ_SEARCH", "SYS_PTRACE"];
 /// Highest `systemd-analyze security` exposure (0-10) the long-running unit may reach.
 const MAX_EXPOSURE: f64 = 2.5;
 const REGENERATE: &str =
-    "cargo test --test integration deploy::regenerate_prometheusrule -- --ignored";
+    "VRAM_REGENERATE=1 cargo test --test integration deploy::prometheusrule_is_generated_from_the_rules";
 
 fn repository() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -379,25 +379,14 @@ fn prometheus_rule(rules: &Value) -> String {
     )
 }
 
-/// Not a test: the command that writes the PrometheusRule, kept beside the test that
-/// checks it so both use one generator. Ignored, so a test run never rewrites the file
-/// it compares against.
-#[test]
-#[ignore = "writes deploy/kubernetes/prometheusrule.yaml; run it by hand after changing the rules"]
-fn regenerate_prometheusrule() {
-    let rules = read_yaml(&repository().join("alerts/vram-exporter.rules.yml"));
-    let target = kubernetes_dir().join("prometheusrule.yaml");
-    fs::write(&target, prometheus_rule(&rules)).unwrap();
-    assert_eq!(
-        fs::read_to_string(&target).unwrap(),
-        prometheus_rule(&rules)
-    );
-}
-
 #[test]
 fn prometheusrule_is_generated_from_the_rules() {
     let rules = read_yaml(&repository().join("alerts/vram-exporter.rules.yml"));
     let target = kubernetes_dir().join("prometheusrule.yaml");
+    // Asked to regenerate: write the file, then check it like any run.
+    if std::env::var_os("VRAM_REGENERATE").is_some() {
+        fs::write(&target, prometheus_rule(&rules)).unwrap();
+    }
     let shipped = read_yaml(&target);
     assert_eq!(
         get(&shipped, "spec.groups"),
