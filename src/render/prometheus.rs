@@ -630,7 +630,7 @@ fn encode_mig(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Resu
     gauge(
         encoder,
         "vram_gpu_mig_mode",
-        "1 when MIG is enabled on this GPU, 0 when disabled; absent for GPUs without MIG.",
+        "1 when MIG is enabled on this GPU, 0 when disabled; absent for GPUs without MIG. Read at most every 30 s: it changes only at a GPU reset.",
         with_mig
             .iter()
             .map(|(gpu, mig)| (gpu_labels(gpu), flag(mig.enabled))),
@@ -638,7 +638,7 @@ fn encode_mig(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Resu
     gauge(
         encoder,
         "vram_gpu_mig_mode_pending",
-        "The MIG mode this GPU takes at its next reset (1 enabled, 0 disabled); differs from vram_gpu_mig_mode while a change waits for the reset.",
+        "The MIG mode this GPU takes at its next reset (1 enabled, 0 disabled); differs from vram_gpu_mig_mode while a change waits for the reset, and shows a change within 30 s.",
         with_mig
             .iter()
             .map(|(gpu, mig)| (gpu_labels(gpu), flag(mig.pending))),
