@@ -743,3 +743,95 @@ fn an_exporter_in_its_own_pid_namespace_reading_the_hosts_proc() {
         0.0
     );
 }
+
+// Two GPUs of one host (issue 15's scenarios, on the fake NVML; the real two-GPU run
+// waits for a two-GPU machine).
+
+#[test]
+fn a_fork_orphan_of_a_job_on_both_gpus_has_the_same_one_culprit_on_both() {
+    // A job with tensors on GPU 0 and GPU 1 forks a DataLoader worker and is killed: the
+    // worker inherits both contexts, and NVML charges the dead job on both GPUs.
+    let rig = Rig::new();
+    let (dead_owner, children) = Model::cuda("trainer", &rig.device(0))
+        .also_mapping(&rig.device(1))
+        .fork_orphan(1, "dataloader");
+    let child = &children[0];
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(Gpu::idle(1).used(USED).process(dead_owner, Some(CHARGED)))
+            .into_json(),
+    );
+    let document = check_json(&rig, 1);
+    for gpu in 0..2 {
+        let verdict = &document["gpus"][gpu];
+        assert_eq!(
+            pids_of(&verdict["culprits"]),
+            [u64::from(child.pid)],
+            "GPU {gpu}: {document:#}"
+        );
+        assert_eq!(pids_of(&verdict["bystanders"]), Vec::<u64>::new());
+    }
+    let text = rig.run(&["check"]);
+    for gpu in 0..2 {
+        assert_eq!(kill_line(&text.stdout, gpu), Some(child.pid.to_string()));
+    }
+    let metrics = rig.start(&[]).scrape();
+    for gpu in ["0", "1"] {
+        assert_eq!(holder_info_pids(&metrics, gpu), [child.pid.to_string()]);
+        assert_eq!(
+            metrics.value(
+                "vram_orphaned_bytes",
+                &[("gpu", gpu), ("reason", "owner_gone")]
+            ),
+            CHARGED as f64
+        );
+    }
+}
+
+#[test]
+fn a_live_job_with_contexts_on_both_gpus_is_owned_on_both_and_blamed_nowhere() {
+    // Peer-to-peer copies: one process with a context on each GPU, which NVML lists on
+    // both; a second process's job on GPU 1 beside it.
+    let rig = Rig::new();
+    let job = Model::cuda("trainer", &rig.device(0))
+        .also_mapping(&rig.device(1))
+        .spawn();
+    let peer = Model::cuda("peer", &rig.device(1)).spawn();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).used(USED).process(job.pid, Some(CHARGED)))
+            .gpu(
+                Gpu::idle(1)
+                    .used(USED + CHARGED)
+                    .process(job.pid, Some(CHARGED))
+                    .process(peer.pid, Some(CHARGED)),
+            )
+            .into_json(),
+    );
+    let document = check_json(&rig, 0);
+    for gpu in 0..2 {
+        assert_eq!(document["gpus"][gpu]["finding"], "owned", "{document:#}");
+        assert_eq!(
+            pids_of(&document["gpus"][gpu]["culprits"]),
+            Vec::<u64>::new()
+        );
+    }
+    let metrics = rig.start(&[]).scrape();
+    assert_eq!(
+        metrics.value(
+            "vram_owner_processes",
+            &[("gpu", "1"), ("state", "running")]
+        ),
+        2.0
+    );
+    for gpu in ["0", "1"] {
+        assert_eq!(
+            metrics.value(
+                "vram_orphaned_bytes",
+                &[("gpu", gpu), ("reason", "owner_gone")]
+            ),
+            0.0
+        );
+    }
+}
