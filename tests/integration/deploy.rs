@@ -2,15 +2,16 @@
 //! Kubernetes manifests of the expected kinds that keep the exporter's requirements
 //! (host PID namespace, the host's /proc, the two capabilities the holder scan needs),
 //! and a PrometheusRule generated from `alerts/vram-exporter.rules.yml`, the one source
-//! of the rules. The test compares; after changing the rules, the same test writes the
-//! file when asked to:
+//! of the rules. The test only compares; after changing the rules, regenerate the file
+//! with the generator the test shares (`tests/integration/prometheusrule.rs`):
 //!
 //! ```sh
-//! VRAM_REGENERATE=1 cargo test --test integration deploy::prometheusrule_is_generated_from_the_rules
+//! cargo run --example prometheusrule
 //! ```
 
 use crate::helpers::*;
-use serde_norway::{Mapping, Value};
+use crate::prometheusrule::{prometheus_rule, REGENERATE};
+use serde_norway::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,8 +20,6 @@ use std::process::Command;
 const CAPABILITIES: [&str; 2] = ["DAC_READ_SEARCH", "SYS_PTRACE"];
 /// Highest `systemd-analyze security` exposure (0-10) the long-running unit may reach.
 const MAX_EXPOSURE: f64 = 2.5;
-const REGENERATE: &str =
-    "VRAM_REGENERATE=1 cargo test --test integration deploy::prometheusrule_is_generated_from_the_rules";
 
 fn repository() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -357,36 +356,10 @@ fn service_and_servicemonitor_find_the_daemonset_pods() {
     assert!(rules.contains(&format!("job=\"{}\"", text(&service, "metadata.name"))));
 }
 
-/// The PrometheusRule for `rules` (the parsed rules file), as the generator writes it.
-fn prometheus_rule(rules: &Value) -> String {
-    let mut labels = Mapping::new();
-    labels.insert("app.kubernetes.io/name".into(), "vram-exporter".into());
-    let mut metadata = Mapping::new();
-    metadata.insert("name".into(), "vram-exporter".into());
-    metadata.insert("labels".into(), Value::Mapping(labels));
-    let mut spec = Mapping::new();
-    spec.insert("groups".into(), rules["groups"].clone());
-    let mut document = Mapping::new();
-    document.insert("apiVersion".into(), "monitoring.coreos.com/v1".into());
-    document.insert("kind".into(), "PrometheusRule".into());
-    document.insert("metadata".into(), Value::Mapping(metadata));
-    document.insert("spec".into(), Value::Mapping(spec));
-    format!(
-        "# Generated from alerts/vram-exporter.rules.yml, the one source of these rules: edit\n\
-         # that file, then regenerate this one with\n\
-         #   {REGENERATE}\n{}",
-        serde_norway::to_string(&Value::Mapping(document)).unwrap()
-    )
-}
-
 #[test]
 fn prometheusrule_is_generated_from_the_rules() {
     let rules = read_yaml(&repository().join("alerts/vram-exporter.rules.yml"));
     let target = kubernetes_dir().join("prometheusrule.yaml");
-    // Asked to regenerate: write the file, then check it like any run.
-    if std::env::var_os("VRAM_REGENERATE").is_some() {
-        fs::write(&target, prometheus_rule(&rules)).unwrap();
-    }
     let shipped = read_yaml(&target);
     assert_eq!(
         get(&shipped, "spec.groups"),

@@ -17,6 +17,7 @@ mod image;
 mod kubelet;
 mod kubernetes;
 mod privilege;
+mod prometheusrule;
 mod serving;
 mod snapshot;
 mod textfile;
