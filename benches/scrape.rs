@@ -92,25 +92,18 @@ fn main() {
     if wanted("breakdown") {
         breakdown(&rig, &mut owners, &medians);
     }
+    // The soak and the interval sections share one scenario.
+    let soak_gpus = env_number("SCRAPE_SOAK_GPUS", 1) as u32;
+    let soak_owners = env_number("SCRAPE_SOAK_OWNERS", 8).min(MAX_OWNERS);
     if wanted("soak") {
-        let gpus = env_number("SCRAPE_SOAK_GPUS", 1) as u32;
-        let count = env_number("SCRAPE_SOAK_OWNERS", 8).min(MAX_OWNERS);
-        soak(
-            &rig,
-            gpus,
-            &owners.pids(&rig, gpus)[..count],
-            env_number("SCRAPE_SOAK", 128_000),
-        );
+        let pids = owners.pids(&rig, soak_gpus);
+        let scrapes = env_number("SCRAPE_SOAK", 128_000);
+        soak(&rig, soak_gpus, &pids[..soak_owners], scrapes);
     }
     if wanted("interval") {
-        let gpus = env_number("SCRAPE_SOAK_GPUS", 1) as u32;
-        let count = env_number("SCRAPE_SOAK_OWNERS", 8).min(MAX_OWNERS);
-        interval(
-            &rig,
-            gpus,
-            &owners.pids(&rig, gpus)[..count],
-            env_number("SCRAPE_INTERVAL_SECONDS", 180),
-        );
+        let pids = owners.pids(&rig, soak_gpus);
+        let seconds = env_number("SCRAPE_INTERVAL_SECONDS", 180);
+        interval(&rig, soak_gpus, &pids[..soak_owners], seconds);
     }
     if wanted("targets") {
         // Only the 8-GPU owners may run: the other sections' owners would hold contexts

@@ -19,7 +19,8 @@ const MIN_PROCESSES_PER_THREAD: usize = 32;
 /// What one thread of a scan found.
 #[derive(Default)]
 struct PartialScan {
-    holders: Vec<ProcessFacts>,
+    /// Each holder, with whether it lives in a nested PID namespace (`None`: not known).
+    holders: Vec<(ProcessFacts, Option<bool>)>,
     permission_errors: u64,
     cut_short: bool,
     remembered: Vec<(u32, Remembered)>,
@@ -87,24 +88,25 @@ impl Reader<'_> {
             duration_seconds: 0.0,
         };
         let mut remembered = Vec::new();
+        let mut holders = Vec::new();
         for part in parts {
-            scan.holders.extend(part.holders);
+            holders.extend(part.holders);
             scan.permission_errors += part.permission_errors;
             scan.cut_short |= part.cut_short;
             remembered.extend(part.remembered);
         }
-        scan.holders.sort_by_key(|holder| holder.pid);
+        holders.sort_by_key(|(holder, _)| holder.pid);
         // Few processes hold a GPU: which containers have ended is asked of them alone,
         // and not of those known to share the procfs's PID namespace.
-        let nested: std::collections::HashMap<u32, Option<bool>> = remembered
-            .iter()
-            .map(|(pid, remember)| (*pid, remember.nested()))
+        scan.holders = holders
+            .into_iter()
+            .map(|(mut holder, nested)| {
+                if nested != Some(false) {
+                    holder.pid_namespace_init = inits.of(holder.pid);
+                }
+                holder
+            })
             .collect();
-        for holder in &mut scan.holders {
-            if nested.get(&holder.pid).copied().flatten() != Some(false) {
-                holder.pid_namespace_init = inits.of(holder.pid);
-            }
-        }
         scan.duration_seconds = started.elapsed().as_secs_f64();
         (scan, remembered)
     }
@@ -119,7 +121,7 @@ impl Reader<'_> {
             }
             match self.scan_one(pid) {
                 Scanned::Holder(facts, remember) => {
-                    part.holders.push(*facts);
+                    part.holders.push((*facts, remember.nested()));
                     part.remembered.push((pid, remember));
                 }
                 Scanned::Nothing(remember) => part.remembered.push((pid, remember)),

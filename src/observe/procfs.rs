@@ -539,11 +539,12 @@ impl<'a> Reader<'a> {
             }
     }
 
-    /// The reading of an NVML-listed owner made in this collection (its stat included),
-    /// when the scan may take it as it is: the same process, holding NVIDIA files, its
-    /// descriptors and mappings read and showing no GPU but those NVML lists it on, so
-    /// that no verdict can blame it (a process with a context on another GPU, or a MIG
-    /// capability, is read afresh).
+    /// An NVML-listed owner's reading as [`Reader::read_owner`] left it in this
+    /// collection (its stat read now; its descriptors and mappings by that method's
+    /// rule), when the scan may take it as it is: the same process, holding NVIDIA files,
+    /// its descriptors and mappings read and showing no GPU but those NVML lists it on,
+    /// so that no verdict can blame it (a process with a context on another GPU, or a
+    /// MIG capability, is read afresh).
     fn owner_reading(&self, pid: u32) -> Option<(&'a Remembered, &'a ProcessFacts)> {
         let (start_time_ticks, listed) = self.owners_read.get(&pid)?;
         let known = self.previous.get(&pid)?;
@@ -559,7 +560,6 @@ impl<'a> Reader<'a> {
             .nodes()
             .is_some_and(|nodes| !nodes.is_empty());
         let usable = known.start_time_ticks == *start_time_ticks
-            && facts.start_time_ticks == *start_time_ticks
             && facts.state != 'Z'
             && holds
             && only_listed(&facts.descriptors)
