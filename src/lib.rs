@@ -7,6 +7,7 @@
 pub mod classify;
 pub mod cli;
 pub mod commands;
+pub mod dates;
 pub mod exit_codes;
 pub mod exporter;
 pub mod logging;

@@ -1,6 +1,7 @@
 //! Logging set-up: logfmt (as Prometheus components log) or JSON lines, on standard error.
 
 use crate::cli::{LogFormat, LogLevel};
+use crate::dates::rfc3339_millis;
 use std::fmt::{self, Write as _};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -43,7 +44,7 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let timestamp = humantime_utc(std::time::SystemTime::now());
+        let timestamp = rfc3339_millis(std::time::SystemTime::now());
         let level = event.metadata().level().as_str().to_ascii_lowercase();
         let mut fields = LogfmtFields::default();
         event.record(&mut fields);
@@ -100,42 +101,6 @@ fn quote(value: &str) -> String {
     quoted
 }
 
-/// RFC 3339 UTC with milliseconds, without pulling in a date crate.
-fn humantime_utc(time: std::time::SystemTime) -> String {
-    let since_epoch = time
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let seconds = since_epoch.as_secs();
-    let millis = since_epoch.subsec_millis();
-    let days = seconds / 86_400;
-    let (hour, minute, second) = (
-        (seconds % 86_400) / 3600,
-        (seconds % 3600) / 60,
-        seconds % 60,
-    );
-    let (year, month, day) = civil_from_days(days as i64);
-    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{millis:03}Z")
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u32;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    } as u32;
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,12 +112,5 @@ mod tests {
         assert_eq!(quote("a=b"), "\"a=b\"");
         assert_eq!(quote("say \"hi\""), "\"say \\\"hi\\\"\"");
         assert_eq!(quote(""), "\"\"");
-    }
-
-    #[test]
-    fn dates_are_civil() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_789), (2026, 12, 2));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
     }
 }

@@ -7,6 +7,7 @@ use crate::classify::{
     Blindness, Evidence, Finding, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, Note, Owner,
     OwnerDetail, OwnerState, Process, Remedy, Report, Suspect, UnattributedTrust,
 };
+use crate::dates::utc_words;
 use crate::observe::cgroup::short_container_id;
 use crate::observe::RecoveryAction;
 use crate::units::format_bytes;
@@ -51,33 +52,6 @@ fn thousands(value: u64) -> String {
         out.push(digit);
     }
     out
-}
-
-/// A moment in seconds since the Unix epoch as `2026-12-03 09:31:02 UTC`.
-pub fn utc_words(seconds: u64) -> String {
-    let days = seconds / 86_400;
-    let rest = seconds % 86_400;
-    // Days to a civil date (Howard Hinnant's algorithm), for dates after 1970.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let day_of_era = z % 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
 }
 
 /// `python3, started 2026-12-03 09:31:02 UTC` or, without a boot time, the start in ticks.
@@ -875,14 +849,5 @@ mod tests {
         assert_eq!(size_words(615 << 20), "615.0 MiB");
         assert_eq!(thousands(1_234_567), "1,234,567");
         assert_eq!(thousands(999), "999");
-    }
-
-    #[test]
-    fn dates_in_utc() {
-        assert_eq!(utc_words(0), "1970-01-01 00:00:00 UTC");
-        // 2026-12-03 09:31:02 UTC, worked out by `date -u -d @1796290262`.
-        assert_eq!(utc_words(1_796_290_262), "2026-12-03 09:31:02 UTC");
-        // A leap day.
-        assert_eq!(utc_words(951_782_400), "2000-02-29 00:00:00 UTC");
     }
 }
