@@ -72,9 +72,7 @@ fn fork_orphan_alert_reaches_alertmanager_resolves_and_the_dashboard_has_data() 
     rig_b.write_scenario(
         &Gpus::new()
             .gpu(
-                Gpu::idle(0)
-                    .used(USED)
-                    .process(1, Some(CHARGED))
+                Gpu::one_owner(0, 1)
                     .recovery_action(0)
                     .remapped_rows(0, 0, false, false),
             )

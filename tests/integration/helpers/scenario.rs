@@ -1,7 +1,7 @@
 //! The fake NVML's scenario: GPUs, MIG devices, what the driver says a GPU needs, Xid
 //! events, and NVML calls that fail or hang.
 
-use super::{RESERVED, TOTAL};
+use super::{CHARGED, RESERVED, TOTAL, USED};
 use serde_json::{json, Value};
 
 /// A scenario's GPU list being built.
@@ -51,6 +51,12 @@ impl Gpu {
             "memory": { "total": TOTAL, "reserved": RESERVED, "used": 0 },
             "compute_processes": [],
         }))
+    }
+
+    /// GPU `index` with the H200's figures for one 8 GiB owner: `USED` in use, `CHARGED`
+    /// charged to `pid`.
+    pub fn one_owner(index: u32, pid: u32) -> Gpu {
+        Gpu::idle(index).used(USED).process(pid, Some(CHARGED))
     }
 
     /// The UUID `idle(index)` gives.
