@@ -590,8 +590,8 @@ impl Server {
                 .spawn()
                 .unwrap_or_else(|err| panic!("cannot start {name}: {err}"));
             let log = Arc::new(Mutex::new(String::new()));
-            drain(child.stdout.take().unwrap(), Arc::clone(&log));
-            drain(child.stderr.take().unwrap(), Arc::clone(&log));
+            collect_lines(child.stdout.take().unwrap(), Arc::clone(&log));
+            collect_lines(child.stderr.take().unwrap(), Arc::clone(&log));
             let mut server = Server {
                 name,
                 child,
@@ -660,18 +660,6 @@ impl Drop for Server {
             eprintln!("--- {} log ---\n{}", self.name, self.log());
         }
     }
-}
-
-/// Append every line of `stream` to `log` until it closes.
-fn drain(stream: impl Read + Send + 'static, log: Arc<Mutex<String>>) {
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines() {
-            let Ok(line) = line else { break };
-            let mut text = log.lock().unwrap();
-            text.push_str(&line);
-            text.push('\n');
-        }
-    });
 }
 
 /// GET over HTTP/1.0 (so the body is neither chunked nor kept alive): the status and

@@ -158,33 +158,40 @@ pub fn http(address: SocketAddr, method: &str, path: &str, headers: &[&str]) -> 
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let mut request =
-        format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+    let request = request_head(method, path, &address.to_string(), headers);
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read response");
+    parse_response(&raw).expect("an HTTP response with a status line")
+}
+
+/// An HTTP/1.1 request without a body for `host`, with `headers` (whole header lines),
+/// asking the server to close the connection after answering.
+pub fn request_head(method: &str, path: &str, host: &str, headers: &[&str]) -> String {
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for header in headers {
         request.push_str(header);
         request.push_str("\r\n");
     }
     request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).expect("read response");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("response head");
+    request
+}
+
+/// `raw` as an HTTP response, or `None` when it is none (cut short, no status line).
+pub fn parse_response(raw: &[u8]) -> Option<Response> {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
     let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|line| line.split_whitespace().nth(1))
-        .and_then(|code| code.parse().ok())
-        .expect("status line");
+    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
     let headers = lines
         .filter_map(|line| line.split_once(':'))
         .map(|(key, value)| (key.trim().to_string(), value.trim().to_string()))
         .collect();
-    Response {
+    Some(Response {
         status,
         headers,
         body: body.to_string(),
-    }
+    })
 }
 
 /// A one-shot command still running, whose output is collected line by line, so a test
@@ -255,7 +262,8 @@ impl Drop for Running {
     }
 }
 
-fn collect_lines(
+/// Append every line of `stream` to `sink` until it closes.
+pub fn collect_lines(
     stream: impl Read + Send + 'static,
     sink: Arc<Mutex<String>>,
 ) -> std::thread::JoinHandle<()> {

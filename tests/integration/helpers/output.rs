@@ -1,7 +1,6 @@
 //! Reading what the exporter prints: Prometheus text (parsed, and checked by promtool) and
 //! `check`'s table and verdict lines.
 
-use super::require_tool;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -96,9 +95,35 @@ fn parse_sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
     (name.to_string(), parsed, value)
 }
 
-/// `promtool` from Debian's `prometheus` package; a missing one fails the test with the fix.
-fn promtool() -> PathBuf {
-    require_tool("promtool", "prometheus")
+/// The line that installs promtool (Debian's `prometheus` package ships it).
+const INSTALL_PROMTOOL: &str = "apt-get install -y prometheus";
+
+/// promtool: `$PROMTOOL` if set, else the first `promtool` on `PATH`, else
+/// `/usr/bin/promtool`. Panics (the test fails) with the install line when there is none.
+pub fn promtool() -> PathBuf {
+    if let Some(explicit) = std::env::var_os("PROMTOOL") {
+        let explicit = PathBuf::from(explicit);
+        assert!(
+            explicit.is_file(),
+            "PROMTOOL={} does not exist; unset it or install promtool with:\n{INSTALL_PROMTOOL}",
+            explicit.display()
+        );
+        return explicit;
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("promtool"))
+            .find(|candidate| candidate.is_file())
+    });
+    let found = on_path.or_else(|| {
+        let fallback = PathBuf::from("/usr/bin/promtool");
+        fallback.is_file().then_some(fallback)
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "promtool is not installed; these tests need it and do not skip. Install it with:\n{INSTALL_PROMTOOL}"
+        )
+    })
 }
 
 /// Run `promtool check metrics` on `text` and fail with its complaints.
