@@ -26,7 +26,10 @@
 //! argument filters the sections by name: latency, breakdown, soak, interval, wrk,
 //! targets.
 
-#[path = "../tests/integration/helpers.rs"]
+// The integration tests' rig, fake NVML scenario and model owners. The bench uses a few of
+// them; the tests use them all, and there the compiler finds any that nothing uses.
+#[path = "../tests/integration/helpers/mod.rs"]
+#[allow(dead_code, unused_imports)]
 mod helpers;
 
 use helpers::{exporter_binary, Exporter, Gpu, Gpus, Holder, Rig};

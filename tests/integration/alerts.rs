@@ -4,11 +4,9 @@
 //! metrics. promtool is required: a machine without it fails these tests, it never skips
 //! them.
 
+use crate::helpers::promtool;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// The line that installs promtool (Debian's `prometheus` package ships it).
-const INSTALL_PROMTOOL: &str = "apt-get install -y prometheus";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -21,34 +19,6 @@ fn rules_path() -> PathBuf {
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path)
         .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()))
-}
-
-/// promtool: `$PROMTOOL` if set, else the first `promtool` on `PATH`, else
-/// `/usr/bin/promtool`. Panics (the test fails) with the install line when there is none.
-pub(crate) fn promtool() -> PathBuf {
-    if let Some(explicit) = std::env::var_os("PROMTOOL") {
-        let explicit = PathBuf::from(explicit);
-        assert!(
-            explicit.is_file(),
-            "PROMTOOL={} does not exist; unset it or install promtool with:\n{INSTALL_PROMTOOL}",
-            explicit.display()
-        );
-        return explicit;
-    }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("promtool"))
-            .find(|candidate| candidate.is_file())
-    });
-    let found = on_path.or_else(|| {
-        let fallback = PathBuf::from("/usr/bin/promtool");
-        fallback.is_file().then_some(fallback)
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "promtool is not installed; these tests need it and do not skip. Install it with:\n{INSTALL_PROMTOOL}"
-        )
-    })
 }
 
 /// Run promtool in the repository root; (success, stdout and stderr together).
@@ -310,6 +280,17 @@ fn every_alert_has_severity_summary_description_and_runbook() {
     }
 }
 
+/// The Thresholds section of `docs/runbook.md` (empty when there is none).
+fn runbook_thresholds() -> String {
+    let runbook = read(&repo().join("docs/runbook.md"));
+    runbook
+        .split("## Thresholds")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// The runbook URL of the SITE SETTINGS block: the `runbook URL` row's value.
 pub(crate) fn runbook_url_setting() -> String {
     let rules = read(&rules_path());
@@ -329,12 +310,7 @@ pub(crate) fn runbook_url_setting() -> String {
 fn the_runbook_url_is_a_documented_site_setting() {
     let url = runbook_url_setting();
     // Documented in the runbook's thresholds table with the same default.
-    let runbook = read(&repo().join("docs/runbook.md"));
-    let table = runbook
-        .split("## Thresholds")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .unwrap_or_default();
+    let table = runbook_thresholds();
     let row = table
         .lines()
         .find(|line| line.contains("`runbook_url`"))
@@ -410,12 +386,7 @@ fn thresholds_are_documented_in_the_rules_file_and_the_runbook() {
         runbook_anchors().iter().any(|a| a == "thresholds"),
         "docs/runbook.md has no Thresholds section"
     );
-    let runbook = read(&repo().join("docs/runbook.md"));
-    let table = runbook
-        .split("## Thresholds")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .unwrap_or_default();
+    let table = runbook_thresholds();
     for alert in alerts() {
         assert!(
             settings.contains(&alert.name),

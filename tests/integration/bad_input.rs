@@ -331,7 +331,7 @@ fn processes_that_exit_during_the_scan_are_neither_errors_nor_missed_holders() {
             racing = racing.process(pid, Some(GIB / 64));
         }
         Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(Gpu::one_owner(0, dead_owner))
             .gpu(racing)
             .into_json()
     };

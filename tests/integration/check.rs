@@ -75,7 +75,7 @@ fn table_lists_each_owner_with_pid_command_state_and_memory() {
                     .process(stopped.pid, Some(4 * GIB))
                     .process(unmeasured.pid, None),
             )
-            .gpu(Gpu::idle(1).used(USED).process(gone, Some(CHARGED)))
+            .gpu(Gpu::one_owner(1, gone))
             .into_json(),
     );
 
@@ -251,7 +251,7 @@ fn orphan_that_no_process_holds_can_only_be_freed_by_a_gpu_reset() {
     rig.write_scenario(
         &Gpus::new()
             // NVML still charges a PID that no longer exists.
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(Gpu::one_owner(0, dead_owner))
             // NVML charges nobody at all: the story's GPU 2.
             .gpu(Gpu::idle(1).used(story))
             .into_json(),
@@ -400,7 +400,7 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
     let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(Gpu::one_owner(0, dead_owner))
             .gpu(Gpu::idle(1))
             .into_json(),
     );
@@ -661,11 +661,7 @@ fn gpu_flag_narrows_the_tables_the_verdicts_and_the_exit_status() {
     let rig = Rig::new();
     rig.write_scenario(
         &Gpus::new()
-            .gpu(
-                Gpu::idle(0)
-                    .used(USED)
-                    .process(nonexistent_pid(), Some(CHARGED)),
-            )
+            .gpu(Gpu::one_owner(0, nonexistent_pid()))
             .gpu(Gpu::idle(1))
             .gpu(Gpu::idle(2))
             .into_json(),

@@ -124,12 +124,8 @@ fn holder_in_a_pod_container_is_named_with_its_container_and_pod() {
     cgroup.add(child.pid);
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .gpu(
-                Gpu::idle(1)
-                    .used(USED)
-                    .process(other_dead_owner, Some(CHARGED)),
-            )
+            .gpu(Gpu::one_owner(0, dead_owner))
+            .gpu(Gpu::one_owner(1, other_dead_owner))
             .into_json(),
     );
 
@@ -354,16 +350,8 @@ fn holder_that_outlived_its_container_is_called_out() {
     // itself a listed owner.
     rig.write_scenario(
         &Gpus::new()
-            .gpu(
-                Gpu::idle(0)
-                    .used(USED)
-                    .process(nonexistent_pid(), Some(CHARGED)),
-            )
-            .gpu(
-                Gpu::idle(1)
-                    .used(USED)
-                    .process(namespace.holder, Some(CHARGED)),
-            )
+            .gpu(Gpu::one_owner(0, nonexistent_pid()))
+            .gpu(Gpu::one_owner(1, namespace.holder))
             .into_json(),
     );
 

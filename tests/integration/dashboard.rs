@@ -953,9 +953,7 @@ fn every_panel_has_data_from_a_real_prometheus_scraping_a_fork_orphan() {
     let (dead_owner, holder) = Holder::fork_orphan(&rig.device(0));
     let scenario = Gpus::new()
         .gpu(
-            Gpu::idle(0)
-                .used(USED)
-                .process(dead_owner, Some(CHARGED))
+            Gpu::one_owner(0, dead_owner)
                 .recovery_action(0)
                 .remapped_rows(0, 0, false, false),
         )

@@ -54,6 +54,25 @@ fn text<'a>(value: &'a Value, path: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{path} is not a string: {:?}", get(value, path)))
 }
 
+/// A sequence of strings.
+fn strings(sequence: &Value) -> Vec<&str> {
+    sequence
+        .as_sequence()
+        .unwrap_or_else(|| panic!("not a sequence: {sequence:?}"))
+        .iter()
+        .map(|item| item.as_str().unwrap())
+        .collect()
+}
+
+/// The volume of `pod` that `mount` mounts.
+fn volume_of<'a>(pod: &'a Value, mount: &Value) -> Option<&'a Value> {
+    pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|volume| volume["name"] == mount["name"])
+}
+
 /// The values of `key=` lines in a unit file, in order.
 fn directive(unit: &str, key: &str) -> Vec<String> {
     unit.lines()
@@ -273,12 +292,7 @@ fn daemonset_keeps_what_the_exporter_needs_and_no_more() {
     let containers = pod["containers"].as_sequence().unwrap();
     assert_eq!(containers.len(), 1);
     let container = &containers[0];
-    let args: Vec<&str> = container["args"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|arg| arg.as_str().unwrap())
-        .collect();
+    let args = strings(&container["args"]);
     assert!(args.contains(&"--path.procfs=/host/proc"), "{args:?}");
     assert!(args.contains(&"--web.listen-address=:9077"), "{args:?}");
     let mount = &container["volumeMounts"][0];
@@ -286,12 +300,7 @@ fn daemonset_keeps_what_the_exporter_needs_and_no_more() {
         (text(mount, "mountPath"), mount["readOnly"].as_bool()),
         ("/host/proc", Some(true))
     );
-    let volume = pod["volumes"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|volume| volume["name"] == mount["name"])
-        .expect("the /host/proc volume");
+    let volume = volume_of(pod, mount).expect("the /host/proc volume");
     assert_eq!(text(volume, "hostPath.path"), "/proc");
 
     let security = &container["securityContext"];
@@ -402,12 +411,7 @@ fn daemonset_mounts_the_kubelet_sources_read_only_as_directories() {
     let daemonset = manifest("DaemonSet");
     let pod = get(&daemonset, "spec.template.spec");
     let container = &pod["containers"][0];
-    let args: Vec<&str> = container["args"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|arg| arg.as_str().unwrap())
-        .collect();
+    let args = strings(&container["args"]);
     for (flag, mount_path, host_path) in [
         (
             "--kubelet.pod-resources-path=/var/lib/kubelet/pod-resources/kubelet.sock",
@@ -428,12 +432,7 @@ fn daemonset_mounts_the_kubelet_sources_read_only_as_directories() {
             .find(|mount| mount["mountPath"] == mount_path)
             .unwrap_or_else(|| panic!("no mount at {mount_path}"));
         assert_eq!(mount["readOnly"], Value::Bool(true), "{mount_path}");
-        let volume = pod["volumes"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .find(|volume| volume["name"] == mount["name"])
-            .unwrap();
+        let volume = volume_of(pod, mount).unwrap();
         // The directory, so a restarted kubelet's new socket is seen.
         assert_eq!(text(volume, "hostPath.path"), host_path);
         assert_eq!(text(volume, "hostPath.type"), "Directory");

@@ -72,9 +72,7 @@ fn fork_orphan_alert_reaches_alertmanager_resolves_and_the_dashboard_has_data() 
     rig_b.write_scenario(
         &Gpus::new()
             .gpu(
-                Gpu::idle(0)
-                    .used(USED)
-                    .process(1, Some(CHARGED))
+                Gpu::one_owner(0, 1)
                     .recovery_action(0)
                     .remapped_rows(0, 0, false, false),
             )
@@ -592,8 +590,8 @@ impl Server {
                 .spawn()
                 .unwrap_or_else(|err| panic!("cannot start {name}: {err}"));
             let log = Arc::new(Mutex::new(String::new()));
-            drain(child.stdout.take().unwrap(), Arc::clone(&log));
-            drain(child.stderr.take().unwrap(), Arc::clone(&log));
+            collect_lines(child.stdout.take().unwrap(), Arc::clone(&log));
+            collect_lines(child.stderr.take().unwrap(), Arc::clone(&log));
             let mut server = Server {
                 name,
                 child,
@@ -662,18 +660,6 @@ impl Drop for Server {
             eprintln!("--- {} log ---\n{}", self.name, self.log());
         }
     }
-}
-
-/// Append every line of `stream` to `log` until it closes.
-fn drain(stream: impl Read + Send + 'static, log: Arc<Mutex<String>>) {
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines() {
-            let Ok(line) = line else { break };
-            let mut text = log.lock().unwrap();
-            text.push_str(&line);
-            text.push('\n');
-        }
-    });
 }
 
 /// GET over HTTP/1.0 (so the body is neither chunked nor kept alive): the status and

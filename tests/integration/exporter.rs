@@ -116,9 +116,7 @@ fn zombie_main_thread_with_a_live_thread_is_a_live_owner() {
 fn fork_inherited_orphan_is_owner_gone_until_the_child_dies() {
     let rig = Rig::new();
     let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
-    let charged = Gpus::new()
-        .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-        .into_json();
+    let charged = Gpus::new().gpu(Gpu::one_owner(0, dead_owner)).into_json();
     rig.write_scenario(&charged);
     let exporter = rig.start(&[]);
 
@@ -153,11 +151,7 @@ fn owner_pid_that_no_longer_exists_is_gone() {
     let rig = Rig::new();
     rig.write_scenario(
         &Gpus::new()
-            .gpu(
-                Gpu::idle(0)
-                    .used(USED)
-                    .process(nonexistent_pid(), Some(CHARGED)),
-            )
+            .gpu(Gpu::one_owner(0, nonexistent_pid()))
             .into_json(),
     );
     let metrics = rig.start(&[]).scrape();
@@ -356,8 +350,8 @@ fn real_output_passes_promtool_check_metrics() {
     let live = Holder::spawn(&rig.device(1));
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .gpu(Gpu::idle(1).used(USED).process(live.pid, Some(CHARGED)))
+            .gpu(Gpu::one_owner(0, dead_owner))
+            .gpu(Gpu::one_owner(1, live.pid))
             .gpu(Gpu::idle(2).error("nvmlDeviceGetMemoryInfo_v2", "GpuLost"))
             .into_json(),
     );

@@ -14,7 +14,7 @@ use std::time::Duration;
 fn charged_to(rig: &Rig, dead_owner: u32) {
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(Gpu::one_owner(0, dead_owner))
             .gpu(Gpu::idle(1))
             .into_json(),
     );
@@ -217,8 +217,8 @@ fn a_live_job_of_gpu_0_holding_gpu_1s_node_is_not_gpu_1s_culprit() {
     let child = &child[0];
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(job.pid, Some(CHARGED)))
-            .gpu(Gpu::idle(1).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(Gpu::one_owner(0, job.pid))
+            .gpu(Gpu::one_owner(1, dead_owner))
             .into_json(),
     );
 
@@ -266,12 +266,8 @@ fn a_live_owner_of_gpu_0_with_a_context_on_gpu_1_stays_gpu_1s_culprit_scrape_aft
         .spawn();
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(job.pid, Some(CHARGED)))
-            .gpu(
-                Gpu::idle(1)
-                    .used(USED)
-                    .process(nonexistent_pid(), Some(CHARGED)),
-            )
+            .gpu(Gpu::one_owner(0, job.pid))
+            .gpu(Gpu::one_owner(1, nonexistent_pid()))
             .into_json(),
     );
     let exporter = rig.start(&[]);
@@ -301,7 +297,7 @@ fn live_owners_of_other_gpus_are_never_counted_among_a_gpus_culprits() {
     let rig = Rig::new();
     let (dead_owner, child) = Holder::fork_orphan(&rig.device(0));
     let jobs: Vec<Holder> = (1..4).map(|gpu| Holder::spawn(&rig.device(gpu))).collect();
-    let mut gpus = Gpus::new().gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)));
+    let mut gpus = Gpus::new().gpu(Gpu::one_owner(0, dead_owner));
     for (index, job) in jobs.iter().enumerate() {
         gpus = gpus.gpu(
             Gpu::idle(index as u32 + 1)
@@ -434,8 +430,8 @@ fn reuse_by_a_cuda_job_of_another_gpu_while_the_exporter_watches() {
     let reuser = Model::cuda("other-job", &rig.device(1)).spawn_at(pid);
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(pid, Some(CHARGED)))
-            .gpu(Gpu::idle(1).used(USED).process(pid, Some(CHARGED)))
+            .gpu(Gpu::one_owner(0, pid))
+            .gpu(Gpu::one_owner(1, pid))
             .into_json(),
     );
     let metrics = exporter.scrape();
@@ -758,8 +754,8 @@ fn a_fork_orphan_of_a_job_on_both_gpus_has_the_same_one_culprit_on_both() {
     let child = &children[0];
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .gpu(Gpu::idle(1).used(USED).process(dead_owner, Some(CHARGED)))
+            .gpu(Gpu::one_owner(0, dead_owner))
+            .gpu(Gpu::one_owner(1, dead_owner))
             .into_json(),
     );
     let document = check_json(&rig, 1);
@@ -800,7 +796,7 @@ fn a_live_job_with_contexts_on_both_gpus_is_owned_on_both_and_blamed_nowhere() {
     let peer = Model::cuda("peer", &rig.device(1)).spawn();
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(job.pid, Some(CHARGED)))
+            .gpu(Gpu::one_owner(0, job.pid))
             .gpu(
                 Gpu::idle(1)
                     .used(USED + CHARGED)

@@ -3,14 +3,19 @@
 //! real kubelet serves it (gRPC, no TLS, on `pod-resources/kubelet.sock`). What it
 //! answers is set by the test, like the fake NVML's scenario, and read on every call.
 //!
-//! Its answers are protobuf bytes encoded here by hand from the API's field numbers, not
-//! with the exporter's message types, so a wrong field number on either side shows.
+//! Its messages are its own prost definitions, written from the API's field numbers, not
+//! the exporter's message types, so a wrong field number on either side shows. tonic's
+//! prost codec carries them.
 
+use prost::bytes::{Buf, BufMut};
+use prost::encoding::{DecodeContext, WireType};
+use prost::{DecodeError, Message};
 use std::convert::Infallible;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use tonic::codec::ProstCodec;
 
 /// A pod and its containers, as the test describes the node.
 #[derive(Debug, Clone)]
@@ -200,21 +205,22 @@ async fn answer(
         );
     }
     let reply = match behaviour {
-        Behaviour::Answer(pods) => Ok(encode_response(&pods)),
-        Behaviour::Bytes(bytes) => Ok(bytes),
+        Behaviour::Answer(pods) => Ok(Answer::Message(response(&pods))),
+        Behaviour::Bytes(bytes) => Ok(Answer::Verbatim(bytes)),
         Behaviour::Status(code) => Err(tonic::Status::new(code, "the stand-in kubelet says no")),
         Behaviour::Hang => std::future::pending().await,
         Behaviour::NotHttp2 => unreachable!("refused at accept"),
     };
-    let mut grpc = tonic::server::Grpc::new(RawCodec);
+    let mut grpc =
+        tonic::server::Grpc::new(ProstCodec::<Answer, v1::ListPodResourcesRequest>::default());
     Ok(grpc.unary(Reply(reply), request).await)
 }
 
 /// The unary handler: checks the request is the empty `ListPodResourcesRequest`.
-struct Reply(Result<Vec<u8>, tonic::Status>);
+struct Reply(Result<Answer, tonic::Status>);
 
-impl tower_service::Service<tonic::Request<Vec<u8>>> for Reply {
-    type Response = tonic::Response<Vec<u8>>;
+impl tower_service::Service<tonic::Request<v1::ListPodResourcesRequest>> for Reply {
+    type Response = tonic::Response<Answer>;
     type Error = tonic::Status;
     type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
 
@@ -225,8 +231,8 @@ impl tower_service::Service<tonic::Request<Vec<u8>>> for Reply {
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: tonic::Request<Vec<u8>>) -> Self::Future {
-        if !request.get_ref().is_empty() {
+    fn call(&mut self, request: tonic::Request<v1::ListPodResourcesRequest>) -> Self::Future {
+        if request.get_ref().fields > 0 {
             return std::future::ready(Err(tonic::Status::invalid_argument(
                 "ListPodResourcesRequest has no fields",
             )));
@@ -235,98 +241,144 @@ impl tower_service::Service<tonic::Request<Vec<u8>>> for Reply {
     }
 }
 
-/// Message bytes in and out unchanged: the stand-in encodes its answers itself.
-#[derive(Clone, Copy)]
-struct RawCodec;
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl tonic::codec::Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn encode(
-        &mut self,
-        item: Vec<u8>,
-        destination: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        prost::bytes::BufMut::put_slice(destination, &item);
-        Ok(())
+/// The answer to `List` for `pods`. Each container also has `cpu_ids`, as a kubelet with
+/// a static CPU policy sends: the exporter must skip what it does not read.
+fn response(pods: &[Pod]) -> v1::ListPodResourcesResponse {
+    v1::ListPodResourcesResponse {
+        pod_resources: pods
+            .iter()
+            .map(|pod| v1::PodResources {
+                name: pod.name.clone(),
+                namespace: pod.namespace.clone(),
+                containers: pod
+                    .containers
+                    .iter()
+                    .map(|container| v1::ContainerResources {
+                        name: container.name.clone(),
+                        devices: container
+                            .devices
+                            .iter()
+                            .map(|(resource, ids)| v1::ContainerDevices {
+                                resource_name: resource.clone(),
+                                device_ids: ids.clone(),
+                            })
+                            .collect(),
+                        cpu_ids: vec![2, 3],
+                    })
+                    .collect(),
+            })
+            .collect(),
     }
 }
 
-impl tonic::codec::Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn decode(
-        &mut self,
-        source: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<Vec<u8>>, tonic::Status> {
-        use prost::bytes::Buf;
-        let mut bytes = vec![0; source.remaining()];
-        source.copy_to_slice(&mut bytes);
-        Ok(Some(bytes))
-    }
+/// What the stand-in answers `List` with: the API's message, or bytes as they are, for
+/// answers that no encoder writes (bytes that are no protobuf, a pod name that is not
+/// UTF-8).
+#[derive(Debug, Clone)]
+enum Answer {
+    Message(v1::ListPodResourcesResponse),
+    Verbatim(Vec<u8>),
 }
 
-// Protobuf by hand: a length-delimited field is its key ((number << 3) | 2) and its
-// length as varints, then its bytes. Every field of these messages is one.
-
-fn varint(mut value: u64, out: &mut Vec<u8>) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
-fn field(number: u64, bytes: &[u8], out: &mut Vec<u8>) {
-    varint((number << 3) | 2, out);
-    varint(bytes.len() as u64, out);
-    out.extend_from_slice(bytes);
-}
-
-/// `ListPodResourcesResponse { repeated PodResources pod_resources = 1 }`, with
-/// `PodResources { name = 1, namespace = 2, repeated ContainerResources containers = 3 }`,
-/// `ContainerResources { name = 1, repeated ContainerDevices devices = 2 }` and
-/// `ContainerDevices { resource_name = 1, repeated string device_ids = 2 }`.
-pub fn encode_response(pods: &[Pod]) -> Vec<u8> {
-    let mut response = Vec::new();
-    for pod in pods {
-        let mut message = Vec::new();
-        field(1, pod.name.as_bytes(), &mut message);
-        field(2, pod.namespace.as_bytes(), &mut message);
-        for container in &pod.containers {
-            let mut resources = Vec::new();
-            field(1, container.name.as_bytes(), &mut resources);
-            for (resource, ids) in &container.devices {
-                let mut devices = Vec::new();
-                field(1, resource.as_bytes(), &mut devices);
-                for id in ids {
-                    field(2, id.as_bytes(), &mut devices);
-                }
-                field(2, &devices, &mut resources);
-            }
-            // cpu_ids = 3 (packed int64), as a kubelet with a static CPU policy sends:
-            // the exporter must skip what it does not read.
-            field(3, &[2, 3], &mut resources);
-            field(3, &resources, &mut message);
+impl Message for Answer {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        match self {
+            Answer::Message(message) => message.encode_raw(buf),
+            Answer::Verbatim(bytes) => buf.put_slice(bytes),
         }
-        field(1, &message, &mut response);
     }
-    response
+
+    fn merge_field(
+        &mut self,
+        _: u32,
+        _: WireType,
+        _: &mut impl Buf,
+        _: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        unreachable!("the stand-in sends answers and never decodes one")
+    }
+
+    fn encoded_len(&self) -> usize {
+        match self {
+            Answer::Message(message) => message.encoded_len(),
+            Answer::Verbatim(bytes) => bytes.len(),
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Answer::Verbatim(Vec::new());
+    }
+}
+
+/// The pod-resources v1 messages the stand-in reads and writes, from the API's proto
+/// (`k8s.io/kubelet/pkg/apis/podresources/v1/api.proto`); fields the exporter does not
+/// read are left out, except `cpu_ids`.
+mod v1 {
+    use prost::bytes::Buf;
+    use prost::encoding::{DecodeContext, WireType};
+    use prost::{DecodeError, Message};
+
+    /// `ListPodResourcesRequest {}`. The API gives it no fields, so the stand-in counts
+    /// any a client sends (prost's derive would drop them unseen) and refuses the call.
+    #[derive(Debug, Default)]
+    pub struct ListPodResourcesRequest {
+        pub fields: usize,
+    }
+
+    impl Message for ListPodResourcesRequest {
+        fn encode_raw(&self, _: &mut impl prost::bytes::BufMut) {}
+
+        fn merge_field(
+            &mut self,
+            tag: u32,
+            wire_type: WireType,
+            buf: &mut impl Buf,
+            ctx: DecodeContext,
+        ) -> Result<(), DecodeError> {
+            self.fields += 1;
+            prost::encoding::skip_field(wire_type, tag, buf, ctx)
+        }
+
+        fn encoded_len(&self) -> usize {
+            0
+        }
+
+        fn clear(&mut self) {
+            self.fields = 0;
+        }
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct ListPodResourcesResponse {
+        #[prost(message, repeated, tag = "1")]
+        pub pod_resources: Vec<PodResources>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct PodResources {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(string, tag = "2")]
+        pub namespace: String,
+        #[prost(message, repeated, tag = "3")]
+        pub containers: Vec<ContainerResources>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct ContainerResources {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(message, repeated, tag = "2")]
+        pub devices: Vec<ContainerDevices>,
+        #[prost(int64, repeated, tag = "3")]
+        pub cpu_ids: Vec<i64>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct ContainerDevices {
+        #[prost(string, tag = "1")]
+        pub resource_name: String,
+        #[prost(string, repeated, tag = "2")]
+        pub device_ids: Vec<String>,
+    }
 }

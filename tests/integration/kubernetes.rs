@@ -254,13 +254,9 @@ fn a_culprit_in_a_pod_is_named_with_its_namespace_and_pod() {
     owner_cgroup.add(owner.pid);
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .gpu(
-                Gpu::idle(1)
-                    .used(USED)
-                    .process(other_dead_owner, Some(CHARGED)),
-            )
-            .gpu(Gpu::idle(2).used(USED).process(owner.pid, Some(CHARGED)))
+            .gpu(Gpu::one_owner(0, dead_owner))
+            .gpu(Gpu::one_owner(1, other_dead_owner))
+            .gpu(Gpu::one_owner(2, owner.pid))
             .into_json(),
     );
     let logs = pod_logs(

@@ -1,10 +1,15 @@
 //! Integration tests: the real binary, the fake NVML, real processes and real /proc,
-//! compiled as one test binary.
+//! compiled as one test binary. Three modules are shared rather than tests: `helpers`,
+//! `kubelet` (a stand-in kubelet) and `prometheusrule` (the PrometheusRule generator,
+//! also an example); every other module holds the tests of one subject.
 
 mod helpers;
+mod kubelet;
+mod prometheusrule;
 
 mod alerts;
 mod bad_input;
+mod build_info;
 mod check;
 mod coalescing;
 mod containers;
@@ -12,21 +17,15 @@ mod dashboard;
 mod deploy;
 mod e2e;
 mod exporter;
+mod fake_nvml_docs;
+mod gpu_health;
 mod holders;
 mod image;
-mod kubelet;
 mod kubernetes;
+mod mig;
 mod privilege;
-mod prometheusrule;
+mod readme;
 mod serving;
 mod snapshot;
 mod textfile;
 mod web;
-
-// Added with issue 14.
-mod build_info;
-mod readme;
-// MIG and what the driver says a GPU needs (issue 13).
-mod fake_nvml_docs;
-mod gpu_health;
-mod mig;

@@ -81,12 +81,8 @@ fn snapshot_replays_to_the_verdict_of_the_live_host() {
     let live_owner = Holder::spawn(&rig.device(1));
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .gpu(
-                Gpu::idle(1)
-                    .used(USED)
-                    .process(live_owner.pid, Some(CHARGED)),
-            )
+            .gpu(Gpu::one_owner(0, dead_owner))
+            .gpu(Gpu::one_owner(1, live_owner.pid))
             .gpu(Gpu::idle(2).error("nvmlDeviceGetMemoryInfo_v2", "GpuLost"))
             .into_json(),
     );
@@ -158,12 +154,8 @@ fn check_its_json_and_the_metrics_agree_on_one_snapshot() {
     let live_owner = Holder::spawn(&rig.device(1));
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .gpu(
-                Gpu::idle(1)
-                    .used(USED)
-                    .process(live_owner.pid, Some(CHARGED)),
-            )
+            .gpu(Gpu::one_owner(0, dead_owner))
+            .gpu(Gpu::one_owner(1, live_owner.pid))
             .gpu(Gpu::idle(2).used(4 << 30))
             .into_json(),
     );

@@ -16,12 +16,8 @@ fn textfile_passes_promtool_and_holds_the_expected_series() {
     let live_owner = Holder::spawn(&rig.device(1));
     rig.write_scenario(
         &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .gpu(
-                Gpu::idle(1)
-                    .used(USED)
-                    .process(live_owner.pid, Some(CHARGED)),
-            )
+            .gpu(Gpu::one_owner(0, dead_owner))
+            .gpu(Gpu::one_owner(1, live_owner.pid))
             .into_json(),
     );
     let output = rig.dir.path().join("textfile/vram.prom");

@@ -174,32 +174,10 @@ fn tls_request(
     path: &str,
     headers: &[&str],
 ) -> Result<(Response, Vec<u8>), String> {
-    let mut request =
-        format!("GET {path} HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n");
-    for header in headers {
-        request.push_str(header);
-        request.push_str("\r\n");
-    }
-    request.push_str("\r\n");
+    let request = request_head("GET", path, server_name, headers);
     let (raw, presented) = client.exchange(address, server_name, request.as_bytes())?;
     let response = parse_response(&raw).ok_or_else(|| "no HTTP response".to_string())?;
     Ok((response, presented))
-}
-
-fn parse_response(raw: &[u8]) -> Option<Response> {
-    let text = String::from_utf8_lossy(raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let mut lines = head.lines();
-    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let headers = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(key, value)| (key.trim().to_string(), value.trim().to_string()))
-        .collect();
-    Some(Response {
-        status,
-        headers,
-        body: body.to_string(),
-    })
 }
 
 /// Send raw bytes, close our side, and read what comes back within `timeout`.
@@ -635,14 +613,7 @@ fn basic_auth_over_tls() {
     )
     .unwrap();
     assert_metrics(&response);
-    let (response, _) = tls_request(
-        &tls.client(),
-        exporter.address,
-        "localhost",
-        "/metrics",
-        &[],
-    )
-    .unwrap();
+    let response = tls_get(&tls.client(), &exporter, "/metrics").unwrap();
     assert_eq!(response.status, 401);
 }
 

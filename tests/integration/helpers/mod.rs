@@ -1,0 +1,81 @@
+//! What every integration test needs: the fake NVML and its scenario, fake device nodes,
+//! the real exporter binary on a free port, real child processes as GPU owners, and a
+//! small HTTP client and metrics parser. Tests take it all with `use crate::helpers::*`.
+
+mod exporter;
+mod model;
+mod output;
+mod processes;
+mod rig;
+mod scenario;
+
+pub use exporter::{
+    collect_lines, http, parse_response, request_head, start, Exporter, Outcome, Response, Running,
+};
+pub use model::{model_program, Model};
+pub use output::{assert_promtool_clean, columns, promtool, verdict_line, Metrics};
+pub use processes::{
+    children_of, effective_uid, holds, nonexistent_pid, proc_comm, proc_state,
+    process_group_and_session, signal, start_time_ticks, task_flags, user_name, Holder,
+};
+pub use rig::Rig;
+pub use scenario::{with_xid_events, Gpu, Gpus, MigDevice, MIG_1G_TOTAL, PROCESS_LIST_CALLS};
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Bytes the H200 charged one PyTorch process holding an 8 GiB tensor.
+pub const CHARGED: u64 = 9_229_565_952;
+/// v2 `used` with that one process.
+pub const USED: u64 = 9_238_806_528;
+/// A gibibyte.
+pub const GIB: u64 = 1 << 30;
+/// The H200's memory.
+pub const TOTAL: u64 = 150_754_820_096;
+/// The driver's reservation on an idle H200.
+pub const RESERVED: u64 = 644_939_776;
+
+/// The exporter binary cargo built for these tests.
+pub fn exporter_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vram-exporter"))
+}
+
+/// The fake NVML cargo built as a dev-dependency.
+pub fn fake_nvml_library() -> PathBuf {
+    let folder = exporter_binary()
+        .parent()
+        .expect("binary folder")
+        .to_path_buf();
+    for candidate in [
+        folder.join("deps/libfake_nvml.so"),
+        folder.join("libfake_nvml.so"),
+    ] {
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("libfake_nvml.so is not built; run the tests with `cargo test --workspace`");
+}
+
+/// Poll `condition` every 10 ms until it holds, or fail after `timeout` saying `what`.
+pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A program from a Debian package, or a failure naming the install line.
+pub fn require_tool(program: &str, package: &str) -> PathBuf {
+    for folder in std::env::var("PATH").unwrap_or_default().split(':') {
+        let candidate = Path::new(folder).join(program);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!("{program} is not installed; install it with: apt-get install -y {package}");
+}

@@ -1,0 +1,74 @@
+"""A model GPU process for the integration tests, started as `python3 -c PROGRAM SPEC`.
+
+SPEC is JSON: it names itself `name`, opens the files in `open`, opens and maps (shared,
+one page) the files in `map`, then by `mode` holds them ("hold"), forks `children` that
+hold them beside it ("fork-and-stay"), forks `children` named `child_name` and exits
+("fork"; "hold-then-fork" waits for SIGUSR1 first), or lets its main thread exit while
+another thread holds them ("zombie-leader"). It prints `READY <pid>` once it holds its
+files, and `CHILD <pid>` for each child it leaves behind.
+"""
+
+import ctypes
+import json
+import mmap
+import os
+import signal
+import sys
+import threading
+import time
+
+spec = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None)
+
+
+def rename(name):
+    libc.prctl(15, ctypes.c_char_p(name.encode()), 0, 0, 0)
+
+
+def park():
+    while True:
+        time.sleep(1000)
+
+
+if spec["session_leader"]:
+    os.setsid()
+rename(spec["name"])
+kept = []
+for path in spec["open"]:
+    kept.append(os.open(path, os.O_RDWR))
+for path in spec["map"]:
+    fd = os.open(path, os.O_RDWR)
+    kept.append(fd)
+    kept.append(mmap.mmap(fd, 4096, mmap.MAP_SHARED))
+mode = spec["mode"]
+if mode == "fork-and-stay":
+    # A container's PID 1 and its child, both holding the context.
+    for _ in range(spec["children"]):
+        if os.fork() == 0:
+            park()
+    park()
+if mode == "hold-then-fork":
+    # A live owner first; on SIGUSR1 it becomes the fork-inherited orphan.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    print("READY", os.getpid(), flush=True)
+    signal.sigwait([signal.SIGUSR1])
+    mode = "fork"
+if mode == "fork":
+    children = []
+    for _ in range(spec["children"]):
+        child = os.fork()
+        if child == 0:
+            rename(spec["child_name"])
+            if spec["child_zombie_leader"]:
+                threading.Thread(target=park).start()
+                libc.pthread_exit(None)
+            park()
+        children.append(child)
+    for child in children:
+        print("CHILD", child, flush=True)
+    os._exit(0)
+print("READY", os.getpid(), flush=True)
+if mode == "zombie-leader":
+    threading.Thread(target=park).start()
+    libc.pthread_exit(None)
+park()

@@ -1,0 +1,268 @@
+//! The rig: a test's world in a temporary folder (the fake NVML, its scenario, the files
+//! standing in for `/dev/nvidia*`) and the exporter commands that run in it.
+
+use super::exporter::{start, Exporter, Outcome, Running};
+use super::model::uvm_node;
+use super::processes::{effective_uid, holds};
+use super::scenario::{Gpu, Gpus};
+use super::{exporter_binary, fake_nvml_library, require_tool, wait_until, USED};
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// A test's world: a temporary folder with the fake NVML linked as `libnvidia-ml.so.1`,
+/// a scenario file, and files standing in for `/dev/nvidia*`.
+pub struct Rig {
+    pub dir: tempfile::TempDir,
+    pub scenario: PathBuf,
+    pub library: PathBuf,
+    pub devices: PathBuf,
+}
+
+impl Rig {
+    /// A rig with four GPU nodes, the control node and the UVM node.
+    pub fn new() -> Rig {
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let library = dir.path().join("libnvidia-ml.so.1");
+        std::os::unix::fs::symlink(fake_nvml_library(), &library).expect("link fake NVML");
+        let devices = dir.path().join("dev");
+        fs::create_dir(&devices).unwrap();
+        for node in [
+            "nvidia0",
+            "nvidia1",
+            "nvidia2",
+            "nvidia3",
+            "nvidiactl",
+            "nvidia-uvm",
+        ] {
+            // A page, so that model CUDA processes can map it as they map the real node.
+            fs::write(devices.join(node), [0u8; 4096]).unwrap();
+        }
+        let rig = Rig {
+            scenario: dir.path().join("scenario.json"),
+            dir,
+            library,
+            devices,
+        };
+        rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0)).into_json());
+        rig
+    }
+
+    /// Replace the scenario atomically, so the fake never reads half a file.
+    pub fn write_scenario(&self, scenario: &Value) {
+        let temporary = self.scenario.with_extension("tmp");
+        fs::write(&temporary, serde_json::to_vec_pretty(scenario).unwrap()).unwrap();
+        fs::rename(&temporary, &self.scenario).unwrap();
+    }
+
+    /// One GPU with the H200's figures for one 8 GiB owner: `USED` in use, `bytes`
+    /// charged to `pid` (`None`: unavailable).
+    pub fn charge_gpu0(&self, pid: u32, bytes: Option<u64>) {
+        self.write_scenario(
+            &Gpus::new()
+                .gpu(Gpu::idle(0).used(USED).process(pid, bytes))
+                .into_json(),
+        );
+    }
+
+    /// The stand-in for `/dev/nvidia<minor>`.
+    pub fn device(&self, minor: u32) -> PathBuf {
+        self.devices.join(format!("nvidia{minor}"))
+    }
+
+    /// The stand-in for `/dev/nvidiactl`.
+    pub fn control_device(&self) -> PathBuf {
+        self.devices.join("nvidiactl")
+    }
+
+    /// The device prefix the exporter must use to recognise these files.
+    pub fn device_prefix(&self) -> PathBuf {
+        self.devices.join("nvidia")
+    }
+
+    /// The stand-in for `/dev/nvidia-caps/nvidia-cap<minor>`, created on first use.
+    pub fn capability(&self, minor: u32) -> PathBuf {
+        let folder = self.devices.join("nvidia-caps");
+        fs::create_dir_all(&folder).unwrap();
+        let node = folder.join(format!("nvidia-cap{minor}"));
+        if !node.exists() {
+            fs::write(&node, b"").unwrap();
+        }
+        node
+    }
+
+    /// A `mig-minors` table for `--test.mig-minors`, one line per (GPU minor, GPU
+    /// instance, compute instance, minor of the GPU instance's node, minor of the
+    /// compute instance's node).
+    pub fn mig_minors(&self, instances: &[(u32, u32, u32, u32, u32)]) -> PathBuf {
+        let mut text = String::from("config 1\nmonitor 2\n");
+        for &(gpu, gi, ci, gi_minor, ci_minor) in instances {
+            text.push_str(&format!("gpu{gpu}/gi{gi}/access {gi_minor}\n"));
+            text.push_str(&format!("gpu{gpu}/gi{gi}/ci{ci}/access {ci_minor}\n"));
+        }
+        let path = self.dir.path().join("mig-minors");
+        fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// A procfs for `--path.procfs` whose only entry, `self/ns/pid`, is not the host's
+    /// `pid:[4026531836]`: an exporter reading it is blind.
+    pub fn blind_procfs(&self) -> PathBuf {
+        let procfs = self.dir.path().join("proc");
+        fs::create_dir_all(procfs.join("self/ns")).unwrap();
+        std::os::unix::fs::symlink("pid:[4026532999]", procfs.join("self/ns/pid")).unwrap();
+        procfs
+    }
+
+    // The exporter in this world: as a server, a one-shot command, or a process holding
+    // GPU files; as root or as a user without privileges.
+
+    /// The exporter binary with this rig's NVML, scenario and device prefix.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(exporter_binary());
+        self.in_this_world(&mut command, &self.library);
+        command
+    }
+
+    /// Start the exporter on a free loopback port and wait until it serves.
+    pub fn start(&self, extra: &[&str]) -> Exporter {
+        let mut command = self.command();
+        command
+            .args(["--web.listen-address", "127.0.0.1:0"])
+            .args(extra);
+        start(command)
+    }
+
+    /// Run a one-shot command (`check`, `snapshot`, `textfile`) to completion.
+    pub fn run(&self, args: &[&str]) -> Outcome {
+        let output = self.command().args(args).output().expect("run exporter");
+        Outcome {
+            status: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Start a one-shot command in the background, collecting its output as it comes.
+    pub fn spawn(&self, args: &[&str]) -> Running {
+        Running::spawn(self.command().args(args))
+    }
+
+    /// The exporter started through a shell that opens `device` and the UVM node beside
+    /// it and then execs it: the exporter holds the files itself, as a CUDA process
+    /// does. It runs under the name `gpu-watch`, because `vram-exporter` is a known NVML
+    /// client that is never called a culprit, which would hide a scan that does not
+    /// leave itself out. The process keeps the shell's PID.
+    pub fn command_holding(&self, device: &Path) -> Command {
+        let renamed = self.dir.path().join("gpu-watch");
+        if !renamed.exists() {
+            std::os::unix::fs::symlink(exporter_binary(), &renamed).expect("link the binary");
+        }
+        let mut command = Command::new("sh");
+        command
+            .env("DEVICE", device)
+            .env("UVM", uvm_node(device))
+            .arg("-c")
+            .arg("exec 5<\"$DEVICE\" 6<\"$UVM\"; exec \"$0\" \"$@\"")
+            .arg(renamed);
+        self.in_this_world(&mut command, &self.library);
+        command
+    }
+
+    /// The exporter as a user without the right to read other users' descriptors: run as
+    /// `nobody` when the tests run as root, from copies every user may read.
+    pub fn unprivileged_command(&self, args: &[&str]) -> Command {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        let folder = self.dir.path().join("shared");
+        fs::create_dir_all(&folder).unwrap();
+        let binary = folder.join("vram-exporter");
+        let library = folder.join("libnvidia-ml.so.1");
+        copy_for_exec(&exporter_binary(), &binary);
+        copy_for_exec(&fake_nvml_library(), &library);
+        for (path, mode) in [
+            (self.dir.path(), 0o755),
+            (folder.as_path(), 0o755),
+            (binary.as_path(), 0o755),
+            (library.as_path(), 0o644),
+            (self.scenario.as_path(), 0o644),
+        ] {
+            fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let mut command = Command::new(&binary);
+        self.in_this_world(&mut command, &library);
+        command.args(args);
+        if effective_uid() == 0 {
+            command.uid(65534).gid(65534);
+        }
+        command
+    }
+
+    /// The exporter as `nobody` (through util-linux's `setpriv`) holding only
+    /// `capabilities` (names as `setpriv` takes them: `sys_ptrace`, `dac_read_search`),
+    /// in its effective, inheritable and ambient sets; the tests must run as root.
+    pub fn command_as_nobody_with(&self, capabilities: &[&str], args: &[&str]) -> Command {
+        assert_eq!(
+            effective_uid(),
+            0,
+            "switching to nobody with chosen capabilities needs the tests to run as root"
+        );
+        let prepared = self.unprivileged_command(args);
+        let setpriv = require_tool("setpriv", "util-linux");
+        let mut wanted = String::from("-all");
+        for capability in capabilities {
+            wanted.push_str(",+");
+            wanted.push_str(capability);
+        }
+        let mut command = Command::new(setpriv);
+        command
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(format!("--inh-caps={wanted}"))
+            .arg(format!("--ambient-caps={wanted}"))
+            .arg(prepared.get_program())
+            .args(prepared.get_args());
+        for (key, value) in prepared.get_envs() {
+            if let Some(value) = value {
+                command.env(key, value);
+            }
+        }
+        command
+    }
+
+    /// Point an exporter `command` at `library` (this rig's fake NVML or a copy of it),
+    /// this rig's scenario and its device files.
+    fn in_this_world(&self, command: &mut Command, library: &Path) {
+        command
+            .env("FAKE_NVML_SCENARIO", &self.scenario)
+            .arg("--nvml.library")
+            .arg(library)
+            .arg("--test.device-prefix")
+            .arg(self.device_prefix());
+    }
+}
+
+/// Copy `from` to `to` once, for executing or loading. The copy's write descriptor is
+/// close-on-exec, but a process that another test thread forks while the copy is being
+/// written holds it until that process calls exec; executing the copy meanwhile fails
+/// with ETXTBSY ("Text file busy"). So wait until no process holds it open.
+fn copy_for_exec(from: &Path, to: &Path) {
+    if to.exists() {
+        return;
+    }
+    let partial = to.with_extension("partial");
+    fs::copy(from, &partial).unwrap();
+    fs::rename(&partial, to).unwrap();
+    wait_until(
+        &format!("no process holds {} open", to.display()),
+        Duration::from_secs(10),
+        || {
+            fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+                .all(|pid| !holds(pid, to) && !holds(pid, &partial))
+        },
+    );
+}
