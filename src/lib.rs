@@ -28,32 +28,26 @@ use std::sync::Arc;
 
 /// Parse flags, run the chosen mode, and turn any error into one line and an exit status.
 pub fn run() -> ExitCode {
-    let cli = match Cli::from_command_line(std::env::args_os()) {
-        Ok(cli) => cli,
+    let config = match config_from_command_line() {
+        Ok(config) => config,
         Err(CliError::Info(help_or_version)) => {
             let _ = help_or_version.print();
             return ExitCode::SUCCESS;
         }
-        Err(CliError::Usage(line)) => {
-            eprintln!("vram-exporter: {line}");
-            return ExitCode::from(exit_codes::ERROR);
-        }
-    };
-    let config = match cli.into_config() {
-        Ok(config) => config,
-        Err(message) => {
-            eprintln!("vram-exporter: {message}");
-            return ExitCode::from(exit_codes::ERROR);
-        }
+        Err(mistake) => return fail(mistake.into()),
     };
     logging::init(config.log_level, config.log_format);
-    match run_mode(config) {
-        Ok(status) => status,
-        Err(error) => {
-            eprintln!("vram-exporter: {error:#}");
-            ExitCode::from(exit_codes::ERROR)
-        }
-    }
+    run_mode(config).unwrap_or_else(fail)
+}
+
+fn config_from_command_line() -> Result<Config, CliError> {
+    Ok(Cli::from_command_line(std::env::args_os())?.into_config()?)
+}
+
+/// Say `error` in one line, each cause once, and end with the error exit status.
+fn fail(error: anyhow::Error) -> ExitCode {
+    eprintln!("vram-exporter: {error:#}");
+    ExitCode::from(exit_codes::ERROR)
 }
 
 fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
