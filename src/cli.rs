@@ -6,6 +6,7 @@ use crate::observe::kubernetes::{
     KubernetesConfig, DEFAULT_POD_LOGS, DEFAULT_POD_RESOURCES_SOCKET,
 };
 use crate::units::{parse_bytes, parse_duration};
+use crate::web::ServeConfig;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -518,21 +519,6 @@ pub enum Mode {
         /// The file.
         output: PathBuf,
     },
-}
-
-/// Server settings.
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    /// Socket address to bind.
-    pub listen: SocketAddr,
-    /// Path of the metrics endpoint.
-    pub telemetry_path: String,
-    /// The exporter-toolkit web configuration file, if any.
-    pub web_config_file: Option<PathBuf>,
-    /// Cap on open connections.
-    pub max_connections: usize,
-    /// Longest wait of a scrape for its collection.
-    pub collection_timeout: Duration,
 }
 
 /// `check` settings.

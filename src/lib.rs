@@ -13,7 +13,6 @@ pub mod exporter;
 pub mod logging;
 pub mod observe;
 pub mod render;
-pub mod server;
 pub mod sync;
 pub mod units;
 pub mod web;
@@ -76,19 +75,7 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
     }
     match config.mode {
         Mode::Serve(serve) => {
-            let web = web.unwrap_or_else(web::WebConfig::none);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .max_blocking_threads(4)
-                .enable_all()
-                .build()?;
-            let served = runtime.block_on(async {
-                let listener = server::bind(&serve).await?;
-                server::serve(listener, serve, exporter, web).await
-            });
-            // A collection stuck in a hung NVML call must not keep the process alive.
-            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-            served?;
+            web::run(serve, exporter, web.unwrap_or_else(web::WebConfig::none))?;
             Ok(ExitCode::SUCCESS)
         }
         Mode::Check(check) => commands::check::run(&exporter, &check),

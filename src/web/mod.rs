@@ -1,16 +1,22 @@
-//! What protects the HTTP side: the `--web.config.file` of the Prometheus
+//! The HTTP side: the server (binding, connections, graceful stop), what it answers
+//! (landing page, health endpoints, `/metrics` from collections that concurrent scrapes
+//! share), and what protects it: the `--web.config.file` of the Prometheus
 //! exporter-toolkit (TLS, client certificates, basic authentication, extra response
 //! headers, a rate limit), reloaded when it or a file it names changes, and the cap on
-//! open connections.
+//! open connections. Metrics come from [`crate::exporter`], the one door to the rest.
 
 pub mod auth;
+mod collections;
 mod config;
 pub mod connections;
+mod endpoints;
 mod error;
 mod file;
+mod server;
 mod tls;
 
 pub use error::ConfigError;
+pub use server::{run, ServeConfig, ServeError};
 
 use crate::sync::lock;
 use hyper::header::{HeaderName, HeaderValue};
