@@ -142,6 +142,11 @@ pub fn format_bytes(bytes: u64) -> String {
 mod tests {
     use super::*;
 
+    /// What went wrong, in words.
+    fn message<T: std::fmt::Debug>(result: Result<T, impl std::error::Error>) -> String {
+        result.unwrap_err().to_string()
+    }
+
     #[test]
     fn sizes_parse_with_binary_and_decimal_units() {
         assert_eq!(parse_bytes("16MiB"), Ok(16 * 1024 * 1024));
@@ -153,14 +158,8 @@ mod tests {
 
     #[test]
     fn bad_sizes_say_what_is_wrong() {
-        assert!(parse_bytes("lots")
-            .unwrap_err()
-            .to_string()
-            .contains("not a size"));
-        assert!(parse_bytes("5 parsecs")
-            .unwrap_err()
-            .to_string()
-            .contains("unknown size unit"));
+        assert!(message(parse_bytes("lots")).contains("not a size"));
+        assert!(message(parse_bytes("5 parsecs")).contains("unknown size unit"));
         assert!(parse_bytes("").is_err());
     }
 
@@ -181,10 +180,7 @@ mod tests {
             assert_eq!(parse_bytes(&format!("2{unit}")), Ok(2 * scale), "{unit}");
         }
         assert_eq!(parse_bytes("1.5TiB"), Ok(1_649_267_441_664));
-        assert!(parse_bytes("99999999TB")
-            .unwrap_err()
-            .to_string()
-            .contains("too large"));
+        assert!(message(parse_bytes("99999999TB")).contains("too large"));
     }
 
     #[test]
@@ -207,23 +203,11 @@ mod tests {
 
     #[test]
     fn bad_durations_say_what_is_wrong() {
-        assert!(parse_duration("30")
-            .unwrap_err()
-            .to_string()
-            .contains("needs a unit"));
-        assert!(parse_duration("1m30")
-            .unwrap_err()
-            .to_string()
-            .contains("needs a unit"));
+        assert!(message(parse_duration("30")).contains("needs a unit"));
+        assert!(message(parse_duration("1m30")).contains("needs a unit"));
         assert!(parse_duration("3 weeks").is_err());
-        assert!(parse_duration("1d")
-            .unwrap_err()
-            .to_string()
-            .contains("unknown duration unit 'd'"));
-        assert!(parse_duration("s")
-            .unwrap_err()
-            .to_string()
-            .contains("not a duration"));
+        assert!(message(parse_duration("1d")).contains("unknown duration unit 'd'"));
+        assert!(message(parse_duration("s")).contains("not a duration"));
         for bad in ["", "-1s", "1x", "1s-", "..s", "1e9999h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
