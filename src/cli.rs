@@ -51,15 +51,19 @@ Exit status:
 #[derive(Debug, Parser)]
 #[command(name = "vram-exporter", version, about, long_about, after_help = SERVE_EXIT_STATUS)]
 pub struct Cli {
+    /// The mode, when it is not serving.
     #[command(subcommand)]
     pub command: Option<Command>,
 
+    /// The server's own flags.
     #[command(flatten)]
     pub web: WebArgs,
 
+    /// The server's shared flags; a subcommand has its own.
     #[command(flatten)]
     pub shared: SharedArgs<JudgementArgs, CollectorArgs>,
 
+    /// The kubelet's sources, for every mode.
     #[command(flatten)]
     pub kubelet: KubeletArgs,
 }
@@ -90,18 +94,23 @@ pub enum Command {
 #[derive(Debug, Default, Args)]
 #[group(skip)]
 pub struct SharedArgs<J: Args, C: Args> {
+    /// Where to look.
     #[command(flatten)]
     pub source: SourceArgs,
 
+    /// How memory is judged, or `Without`.
     #[command(flatten)]
     pub judgement: J,
 
+    /// The holder scan.
     #[command(flatten)]
     pub scan: ScanArgs,
 
+    /// Optional metric families, or `Without`.
     #[command(flatten)]
     pub collector: C,
 
+    /// Logging.
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -299,6 +308,7 @@ pub struct CheckArgs {
     #[arg(long = "wait.interval", value_name = "DURATION", default_value = "250ms", value_parser = parse_duration)]
     pub wait_interval: Duration,
 
+    /// Where to look, how to judge, the scan and logging.
     #[command(flatten)]
     pub shared: SharedArgs<JudgementArgs, Without>,
 }
@@ -310,6 +320,7 @@ pub struct SnapshotArgs {
     #[arg(long, short)]
     pub output: Option<PathBuf>,
 
+    /// Where to look, the scan and logging.
     #[command(flatten)]
     pub shared: SharedArgs<Without, Without>,
 }
@@ -321,6 +332,7 @@ pub struct TextfileArgs {
     #[arg(long, short)]
     pub output: PathBuf,
 
+    /// The server's shared flags.
     #[command(flatten)]
     pub shared: SharedArgs<JudgementArgs, CollectorArgs>,
 }

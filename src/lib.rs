@@ -4,6 +4,8 @@
 //! system) -> [`classify`] (pure functions to a verdict) -> [`render`] (Prometheus text,
 //! a table for people, JSON).
 
+#![warn(missing_docs)]
+
 pub mod classify;
 pub mod cli;
 pub mod commands;
