@@ -454,6 +454,7 @@ impl Cli {
         Cli::from_arg_matches(&matches).map_err(parse_error)
     }
 }
+
 /// Refuse a flag given before the subcommand `name` that does nothing for it, rather than
 /// ignore it.
 fn refuse_flags_that_do_nothing(
@@ -982,6 +983,41 @@ mod tests {
         assert_eq!(config.replay, Some(PathBuf::from("after.json")));
         let config = parse(&["--collector.processes", "textfile", "-o", "vram.prom"]).unwrap();
         assert_eq!(config.per_process_limit, Some(256));
+    }
+
+    #[test]
+    fn a_value_given_before_the_subcommand_may_be_any_bytes() {
+        use std::os::unix::ffi::OsStringExt;
+        let file = OsString::from_vec(b"snap\xff.json".to_vec());
+        let args = [
+            "vram-exporter".into(),
+            "--replay".into(),
+            file.clone(),
+            "check".into(),
+        ];
+        let config = Cli::from_command_line(args).unwrap().into_config().unwrap();
+        assert!(matches!(config.mode, Mode::Check(_)));
+        assert_eq!(config.replay, Some(PathBuf::from(file)));
+    }
+
+    #[test]
+    fn other_mistakes_are_one_line_with_their_tips() {
+        assert_eq!(
+            parse(&["--log.format", "jsn"]).unwrap_err(),
+            "invalid value 'jsn' for '--log.format <LOG_FORMAT>'; [possible values: logfmt, json]; tip: a similar value exists: 'json'; see vram-exporter --help"
+        );
+        assert_eq!(
+            parse(&["--json", "check"]).unwrap_err(),
+            "unexpected argument '--json' found; tip: 'check --json' exists; see vram-exporter check --help"
+        );
+        assert_eq!(
+            parse(&["check", "--replay", "a", "--replay", "b"]).unwrap_err(),
+            "the argument '--replay <FILE>' cannot be used multiple times; see vram-exporter check --help"
+        );
+        assert_eq!(
+            parse(&["--log.level"]).unwrap_err(),
+            "a value is required for '--log.level <LOG_LEVEL>' but none was supplied; [possible values: error, warn, info, debug]; see vram-exporter --help"
+        );
     }
 
     #[test]
