@@ -5,7 +5,8 @@
 
 use super::auth::Authenticator;
 use super::collections::{Collected, Collections};
-use super::{ServeConfig, WebConfig, WebSettings};
+use super::reload::WebConfig;
+use super::settings::WebSettings;
 use crate::exporter::{Exporter, Format};
 use http_body_util::Full;
 use hyper::body::{Body as _, Bytes, Incoming};
@@ -35,11 +36,17 @@ pub(super) struct Endpoints {
 }
 
 impl Endpoints {
-    /// The endpoints `config` asks for, serving `exporter`'s metrics behind `web`.
-    pub(super) fn new(config: &ServeConfig, exporter: Arc<Exporter>, web: WebConfig) -> Endpoints {
+    /// Metrics at `telemetry_path` from `exporter`, each scrape waiting at most
+    /// `collection_timeout`, behind `web`.
+    pub(super) fn new(
+        telemetry_path: String,
+        collection_timeout: Duration,
+        exporter: Arc<Exporter>,
+        web: WebConfig,
+    ) -> Endpoints {
         Endpoints {
-            telemetry_path: config.telemetry_path.clone(),
-            collection_timeout: config.collection_timeout,
+            telemetry_path,
+            collection_timeout,
             collections: Arc::new(Collections::new(exporter)),
             web,
             auth: Authenticator::default(),

@@ -9,7 +9,7 @@
 
 use super::connections::{Slot, Slots, Tracked};
 use super::endpoints::{close_after, Endpoints};
-use super::WebConfig;
+use super::reload::WebConfig;
 use crate::exporter::Exporter;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -110,7 +110,12 @@ async fn serve(
         "listening"
     );
     drop(settings);
-    let endpoints = Arc::new(Endpoints::new(&config, exporter, web));
+    let endpoints = Arc::new(Endpoints::new(
+        config.telemetry_path,
+        config.collection_timeout,
+        exporter,
+        web,
+    ));
     let slots = Slots::new(config.max_connections);
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown_signal());
