@@ -680,21 +680,18 @@ fn longer_than_zero(duration: Duration, flag: &'static str) -> Result<Duration, 
 }
 
 /// A clap error in one line, built from its kind and context: the mistake, then any tip
-/// (a similar flag, the values there are), without the usage block.
+/// (the values there are, a similar flag), without the usage block.
 fn one_line(error: &clap::Error) -> String {
-    let text = |kind| match error.get(kind) {
-        Some(ContextValue::String(text)) => text.as_str(),
-        _ => "",
-    };
+    let joined = |kind, separator| items(error.get(kind)).join(separator);
     let (arg, value) = (
-        text(ContextKind::InvalidArg),
-        text(ContextKind::InvalidValue),
+        joined(ContextKind::InvalidArg, ", "),
+        joined(ContextKind::InvalidValue, ""),
     );
     let mut parts = vec![match error.kind() {
         ErrorKind::UnknownArgument => format!("unexpected argument '{arg}' found"),
         ErrorKind::InvalidSubcommand => format!(
             "unrecognized subcommand '{}'",
-            text(ContextKind::InvalidSubcommand)
+            joined(ContextKind::InvalidSubcommand, "")
         ),
         ErrorKind::InvalidValue if value.is_empty() => {
             format!("a value is required for '{arg}' but none was supplied")
@@ -708,10 +705,9 @@ fn one_line(error: &clap::Error) -> String {
         ErrorKind::TooManyValues => {
             format!("unexpected value '{value}' for '{arg}' found; no more were expected")
         }
-        ErrorKind::MissingRequiredArgument => format!(
-            "the following required arguments were not provided: {}",
-            listed(error.get(ContextKind::InvalidArg), ", ")
-        ),
+        ErrorKind::MissingRequiredArgument => {
+            format!("the following required arguments were not provided: {arg}")
+        }
         ErrorKind::ArgumentConflict
             if error.get(ContextKind::PriorArg) == error.get(ContextKind::InvalidArg) =>
         {
@@ -719,48 +715,40 @@ fn one_line(error: &clap::Error) -> String {
         }
         ErrorKind::ArgumentConflict => format!(
             "the argument '{arg}' cannot be used with '{}'",
-            listed(error.get(ContextKind::PriorArg), "', '")
+            joined(ContextKind::PriorArg, "', '")
         ),
         kind => kind.to_string(),
     }];
-    if let Some(ContextValue::Strings(values)) = error.get(ContextKind::ValidValue) {
-        if !values.is_empty() {
-            parts.push(format!("[possible values: {}]", values.join(", ")));
-        }
+    let values = joined(ContextKind::ValidValue, ", ");
+    if !values.is_empty() {
+        parts.push(format!("[possible values: {values}]"));
     }
     for (kind, what) in [
         (ContextKind::SuggestedSubcommand, "subcommand"),
         (ContextKind::SuggestedArg, "argument"),
         (ContextKind::SuggestedValue, "value"),
     ] {
-        match error.get(kind) {
-            Some(ContextValue::String(similar)) => {
-                parts.push(format!("tip: a similar {what} exists: '{similar}'"));
-            }
-            Some(ContextValue::Strings(similar)) if similar.len() == 1 => {
-                parts.push(format!("tip: a similar {what} exists: '{}'", similar[0]));
-            }
-            Some(ContextValue::Strings(similar)) if !similar.is_empty() => {
-                parts.push(format!(
-                    "tip: some similar {what}s exist: '{}'",
-                    similar.join("', '")
-                ));
-            }
-            _ => {}
+        match items(error.get(kind)).as_slice() {
+            [] => {}
+            [similar] => parts.push(format!("tip: a similar {what} exists: '{similar}'")),
+            similar => parts.push(format!(
+                "tip: some similar {what}s exist: '{}'",
+                similar.join("', '")
+            )),
         }
     }
-    if let Some(ContextValue::StyledStrs(tips)) = error.get(ContextKind::Suggested) {
-        parts.extend(tips.iter().map(|tip| format!("tip: {tip}")));
-    }
+    let tips = items(error.get(ContextKind::Suggested));
+    parts.extend(tips.iter().map(|tip| format!("tip: {tip}")));
     parts.join("; ")
 }
 
-/// A context value that is a list (or one string), its items joined by `separator`.
-fn listed(value: Option<&ContextValue>, separator: &str) -> String {
+/// The words of a piece of clap's context: one, a list, or none.
+fn items(value: Option<&ContextValue>) -> Vec<String> {
     match value {
-        Some(ContextValue::Strings(items)) => items.join(separator),
-        Some(ContextValue::String(item)) => item.clone(),
-        _ => String::new(),
+        Some(ContextValue::String(item)) => vec![item.clone()],
+        Some(ContextValue::Strings(items)) => items.clone(),
+        Some(ContextValue::StyledStrs(items)) => items.iter().map(ToString::to_string).collect(),
+        _ => Vec::new(),
     }
 }
 
