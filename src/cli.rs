@@ -1,15 +1,20 @@
 //! Command-line flags (node_exporter's naming), resolved into a plain [`Config`].
 
 use crate::classify::Settings;
+use crate::logging::{LogFormat, LogLevel};
 use crate::observe::kubernetes::{
     KubernetesConfig, DEFAULT_POD_LOGS, DEFAULT_POD_RESOURCES_SOCKET,
 };
 use crate::units::{parse_bytes, parse_duration};
+use crate::web::ServeConfig;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::ffi::OsString;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
+use thiserror::Error;
 
 /// The port we listen on by default: below the 9100-9999 exporter range, which is fully
 /// allocated, and unlike other GPU exporters' ports, so both can run side by side.
@@ -46,27 +51,19 @@ Exit status:
 #[derive(Debug, Parser)]
 #[command(name = "vram-exporter", version, about, long_about, after_help = SERVE_EXIT_STATUS)]
 pub struct Cli {
+    /// The mode, when it is not serving.
     #[command(subcommand)]
     pub command: Option<Command>,
 
+    /// The server's own flags.
     #[command(flatten)]
     pub web: WebArgs,
 
+    /// The server's shared flags; a subcommand has its own.
     #[command(flatten)]
-    pub source: SourceArgs,
+    pub shared: SharedArgs<JudgementArgs, CollectorArgs>,
 
-    #[command(flatten)]
-    pub judgement: JudgementArgs,
-
-    #[command(flatten)]
-    pub scan: ScanArgs,
-
-    #[command(flatten)]
-    pub collector: CollectorArgs,
-
-    #[command(flatten)]
-    pub log: LogArgs,
-
+    /// The kubelet's sources, for every mode.
     #[command(flatten)]
     pub kubelet: KubeletArgs,
 }
@@ -85,12 +82,68 @@ pub enum Command {
     Textfile(TextfileArgs),
 }
 
-// Flags shared by several modes are defined once, in the groups below, and flattened
-// into each mode that uses them, so each `--help` lists only what does something there.
-// They are also accepted before the subcommand (`vram-exporter --replay FILE check`):
-// the server's own flags sit at the top level, and a subcommand's value wins over the
-// one given before it. Values are `Option`s so that "not given" can be told apart from
-// a default; the defaults are applied in `Cli::into_config`.
+// Flags shared by several modes are defined once, in the groups below, and every mode
+// flattens one `SharedArgs` that names the groups it uses (`Without` for the others), so
+// each `--help` lists only what does something there. They are also accepted before the
+// subcommand (`vram-exporter --replay FILE check`): `Cli::from_command_line` reads them
+// as if they were given first after it. Values are `Option`s so that "not given" can be
+// told apart from a default; the defaults are applied in `Cli::into_config`.
+
+/// The flag groups of one mode, in the order `--help` lists them: where to look, how
+/// memory is judged (`J`), the holder scan, the optional metrics (`C`) and logging.
+#[derive(Debug, Default, Args)]
+#[group(skip)]
+pub struct SharedArgs<J: Args, C: Args> {
+    /// Where to look.
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    /// How memory is judged, or `Without`.
+    #[command(flatten)]
+    pub judgement: J,
+
+    /// The holder scan.
+    #[command(flatten)]
+    pub scan: ScanArgs,
+
+    /// Optional metric families, or `Without`.
+    #[command(flatten)]
+    pub collector: C,
+
+    /// Logging.
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// A group a mode has no use for: no flags, and the group's defaults.
+#[derive(Debug, Default, Args)]
+#[group(skip)]
+pub struct Without {}
+
+impl From<Without> for JudgementArgs {
+    fn from(_: Without) -> JudgementArgs {
+        JudgementArgs::default()
+    }
+}
+
+impl From<Without> for CollectorArgs {
+    fn from(_: Without) -> CollectorArgs {
+        CollectorArgs::default()
+    }
+}
+
+impl<J: Args + Into<JudgementArgs>, C: Args + Into<CollectorArgs>> SharedArgs<J, C> {
+    /// Every group, those this mode has not with their defaults.
+    fn widen(self) -> SharedArgs<JudgementArgs, CollectorArgs> {
+        SharedArgs {
+            source: self.source,
+            judgement: self.judgement.into(),
+            scan: self.scan,
+            collector: self.collector.into(),
+            log: self.log,
+        }
+    }
+}
 
 /// Where observations come from.
 #[derive(Debug, Default, Args)]
@@ -255,17 +308,9 @@ pub struct CheckArgs {
     #[arg(long = "wait.interval", value_name = "DURATION", default_value = "250ms", value_parser = parse_duration)]
     pub wait_interval: Duration,
 
+    /// Where to look, how to judge, the scan and logging.
     #[command(flatten)]
-    pub source: SourceArgs,
-
-    #[command(flatten)]
-    pub judgement: JudgementArgs,
-
-    #[command(flatten)]
-    pub scan: ScanArgs,
-
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub shared: SharedArgs<JudgementArgs, Without>,
 }
 
 /// Flags of `snapshot`: what it records is facts, so nothing about judging them.
@@ -275,14 +320,9 @@ pub struct SnapshotArgs {
     #[arg(long, short)]
     pub output: Option<PathBuf>,
 
+    /// Where to look, the scan and logging.
     #[command(flatten)]
-    pub source: SourceArgs,
-
-    #[command(flatten)]
-    pub scan: ScanArgs,
-
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub shared: SharedArgs<Without, Without>,
 }
 
 /// Flags of `textfile`: the server's metrics, without the server.
@@ -292,83 +332,70 @@ pub struct TextfileArgs {
     #[arg(long, short)]
     pub output: PathBuf,
 
+    /// The server's shared flags.
     #[command(flatten)]
-    pub source: SourceArgs,
-
-    #[command(flatten)]
-    pub judgement: JudgementArgs,
-
-    #[command(flatten)]
-    pub scan: ScanArgs,
-
-    #[command(flatten)]
-    pub collector: CollectorArgs,
-
-    #[command(flatten)]
-    pub log: LogArgs,
-}
-
-impl SourceArgs {
-    /// These flags, each taken from `before` (given before the subcommand) where unset.
-    fn or(self, before: SourceArgs) -> SourceArgs {
-        SourceArgs {
-            procfs: self.procfs.or(before.procfs),
-            nvml_library: self.nvml_library.or(before.nvml_library),
-            replay: self.replay.or(before.replay),
-            device_prefix: self.device_prefix.or(before.device_prefix),
-            mig_minors: self.mig_minors.or(before.mig_minors),
-        }
-    }
-}
-
-impl JudgementArgs {
-    /// As [`SourceArgs::or`]; repeated names add up.
-    fn or(self, before: JudgementArgs) -> JudgementArgs {
-        let mut ignore_comm = before.ignore_comm;
-        ignore_comm.extend(self.ignore_comm);
-        JudgementArgs {
-            context_overhead: self.context_overhead.or(before.context_overhead),
-            ignore_comm,
-        }
-    }
-}
-
-impl ScanArgs {
-    /// As [`SourceArgs::or`].
-    fn or(self, before: ScanArgs) -> ScanArgs {
-        ScanArgs {
-            scan_timeout: self.scan_timeout.or(before.scan_timeout),
-        }
-    }
-}
-
-impl CollectorArgs {
-    /// As [`SourceArgs::or`].
-    fn or(self, before: CollectorArgs) -> CollectorArgs {
-        CollectorArgs {
-            per_process: self.per_process || before.per_process,
-            per_process_limit: self.per_process_limit.or(before.per_process_limit),
-        }
-    }
-}
-
-impl LogArgs {
-    /// As [`SourceArgs::or`].
-    fn or(self, before: LogArgs) -> LogArgs {
-        LogArgs {
-            log_level: self.log_level.or(before.log_level),
-            log_format: self.log_format.or(before.log_format),
-        }
-    }
+    pub shared: SharedArgs<JudgementArgs, CollectorArgs>,
 }
 
 /// Why the command line does not lead to a run.
-#[derive(Debug)]
+#[derive(Debug, Error)]
 pub enum CliError {
-    /// `--help` or `--version`: print it on standard output and exit 0.
+    /// `--help`, `--version` or `help`: not a mistake. Print it on standard output and
+    /// exit 0.
+    #[error("{0}")]
     Info(clap::Error),
-    /// A mistake, said in one line (without the program's name).
-    Usage(String),
+    /// A mistake clap found: said in one line from its kind and context, with the
+    /// `--help` of the mode it was made in.
+    #[error("{}; see {help}", one_line(.error))]
+    Parse {
+        /// What clap found.
+        error: clap::Error,
+        /// Where to read more: `vram-exporter check --help`, say.
+        help: String,
+    },
+    /// A flag given before the subcommand that does nothing for it.
+    #[error("--{flag} does nothing for `{subcommand}`; see vram-exporter {subcommand} --help")]
+    NothingFor {
+        /// The flag, without its dashes.
+        flag: String,
+        /// The subcommand.
+        subcommand: String,
+    },
+    /// Words before the subcommand that cannot be told apart from it.
+    #[error("cannot tell where `{subcommand}` begins; give its flags after it; see vram-exporter {subcommand} --help")]
+    Unplaced {
+        /// The subcommand.
+        subcommand: String,
+    },
+    /// A flag whose value parses but cannot work.
+    #[error(transparent)]
+    Invalid(#[from] InvalidFlag),
+}
+
+/// A flag whose value parses but cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InvalidFlag {
+    /// A count that has to be at least 1 is 0.
+    #[error("--{flag} must be at least 1")]
+    Zero {
+        /// The flag, without its dashes.
+        flag: &'static str,
+    },
+    /// A duration that has to be longer than 0 is 0.
+    #[error("--{flag} must be longer than 0")]
+    NoTime {
+        /// The flag, without its dashes.
+        flag: &'static str,
+    },
+    /// `--web.listen-address` names no socket address.
+    #[error("--web.listen-address '{0}' is not HOST:PORT, [IPv6]:PORT or :PORT")]
+    ListenAddress(String),
+    /// `--web.telemetry-path` is not an absolute path below `/`.
+    #[error("--web.telemetry-path '{0}' must start with / and name a path other than /")]
+    TelemetryPath(String),
+    /// `--web.telemetry-path` is one of the health endpoints.
+    #[error("--web.telemetry-path '{0}' is reserved")]
+    ReservedPath(String),
 }
 
 impl Cli {
@@ -378,52 +405,91 @@ impl Cli {
     pub fn from_command_line<I, T>(args: I) -> Result<Cli, CliError>
     where
         I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
+        T: Into<OsString> + Clone,
     {
         let command = Cli::command();
-        let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
-        let help = match subcommand_in(&command, &args) {
-            Some(name) => format!("vram-exporter {name} --help"),
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let subcommand = subcommand_in(&command, &args);
+        let help = match &subcommand {
+            Some((_, name)) => format!("vram-exporter {name} --help"),
             None => "vram-exporter --help".to_string(),
+        };
+        let parse_error = |error: clap::Error| {
+            if error.use_stderr() {
+                CliError::Parse {
+                    error,
+                    help: help.clone(),
+                }
+            } else {
+                CliError::Info(error)
+            }
         };
         let matches = command
             .clone()
             .try_get_matches_from(&args)
-            .map_err(|error| {
-                if error.use_stderr() {
-                    CliError::Usage(format!("{}; see {help}", one_line(&error)))
-                } else {
-                    CliError::Info(error)
-                }
-            })?;
-        if let Some((name, _)) = matches.subcommand() {
-            let subcommand = command
-                .find_subcommand(name)
-                .expect("clap matched a subcommand it knows");
-            for argument in command.get_arguments() {
-                let id = argument.get_id();
-                let given = matches.value_source(id.as_str()) == Some(ValueSource::CommandLine);
-                // A global flag (the kubelet's sources) serves every mode.
-                let known = argument.is_global_set()
-                    || subcommand.get_arguments().any(|own| own.get_id() == id);
-                if given && !known {
-                    return Err(CliError::Usage(format!(
-                        "--{} does nothing for `{name}`; see vram-exporter {name} --help",
-                        argument.get_long().unwrap_or(id.as_str())
-                    )));
-                }
+            .map_err(parse_error)?;
+        let matches = match (matches.subcommand_name(), subcommand) {
+            (None, _) => matches,
+            (Some(name), Some((at, found))) if name == found => {
+                refuse_flags_that_do_nothing(&command, &matches, name)?;
+                // The flags given before the subcommand, read as if they came first after
+                // it: the subcommand's own value, given later, wins over them, and
+                // repeated flags add up, as they would in one list.
+                let mut moved = vec![args[0].clone(), args[at].clone()];
+                moved.extend_from_slice(&args[1..at]);
+                moved.extend_from_slice(&args[at + 1..]);
+                command
+                    .mut_subcommand(name, |subcommand| subcommand.args_override_self(true))
+                    .try_get_matches_from(moved)
+                    .map_err(parse_error)?
             }
-        }
-        Cli::from_arg_matches(&matches)
-            .map_err(|error| CliError::Usage(format!("{}; see {help}", one_line(&error))))
+            // `subcommand_in` reads the words as clap does, so this is not expected; but
+            // flags before a subcommand that cannot be placed must not be dropped.
+            (Some(name), _) => {
+                return Err(CliError::Unplaced {
+                    subcommand: name.to_string(),
+                })
+            }
+        };
+        Cli::from_arg_matches(&matches).map_err(parse_error)
     }
 }
 
-/// The subcommand `args` name, found as clap finds it: the first word that is neither a
-/// top-level flag nor the value of one.
-fn subcommand_in(command: &clap::Command, args: &[std::ffi::OsString]) -> Option<String> {
-    let mut words = args.iter().skip(1).filter_map(|arg| arg.to_str());
-    while let Some(word) = words.next() {
+/// Refuse a flag given before the subcommand `name` that does nothing for it, rather than
+/// ignore it.
+fn refuse_flags_that_do_nothing(
+    command: &clap::Command,
+    matches: &clap::ArgMatches,
+    name: &str,
+) -> Result<(), CliError> {
+    let Some(subcommand) = command.find_subcommand(name) else {
+        return Ok(());
+    };
+    for argument in command.get_arguments() {
+        let id = argument.get_id();
+        let given = matches.value_source(id.as_str()) == Some(ValueSource::CommandLine);
+        // A global flag (the kubelet's sources) serves every mode.
+        let known =
+            argument.is_global_set() || subcommand.get_arguments().any(|own| own.get_id() == id);
+        if given && !known {
+            return Err(CliError::NothingFor {
+                flag: argument.get_long().unwrap_or(id.as_str()).to_string(),
+                subcommand: name.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Where in `args` the subcommand stands, and its name, found as clap finds it: the first
+/// word that is neither a top-level flag nor the value of one.
+fn subcommand_in(command: &clap::Command, args: &[OsString]) -> Option<(usize, String)> {
+    let mut words = args
+        .iter()
+        .map(|arg| arg.to_string_lossy())
+        .enumerate()
+        .skip(1);
+    while let Some((at, word)) = words.next() {
         if word == "--" {
             return None;
         }
@@ -444,31 +510,9 @@ fn subcommand_in(command: &clap::Command, args: &[std::ffi::OsString]) -> Option
         return command
             .get_subcommands()
             .find(|subcommand| subcommand.get_name() == word)
-            .map(|subcommand| subcommand.get_name().to_string());
+            .map(|subcommand| (at, subcommand.get_name().to_string()));
     }
     None
-}
-
-/// Log levels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogLevel {
-    /// Errors only.
-    Error,
-    /// Warnings and errors.
-    Warn,
-    /// Normal operation.
-    Info,
-    /// Everything.
-    Debug,
-}
-
-/// Log formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// `key=value` pairs, as Prometheus components log.
-    Logfmt,
-    /// One JSON object per line.
-    Json,
 }
 
 /// What to do.
@@ -488,21 +532,6 @@ pub enum Mode {
         /// The file.
         output: PathBuf,
     },
-}
-
-/// Server settings.
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    /// Socket address to bind.
-    pub listen: SocketAddr,
-    /// Path of the metrics endpoint.
-    pub telemetry_path: String,
-    /// The exporter-toolkit web configuration file, if any.
-    pub web_config_file: Option<PathBuf>,
-    /// Cap on open connections.
-    pub max_connections: usize,
-    /// Longest wait of a scrape for its collection.
-    pub collection_timeout: Duration,
 }
 
 /// `check` settings.
@@ -549,79 +578,45 @@ pub struct Config {
 
 impl Cli {
     /// Resolve flags into a [`Config`], rejecting values that cannot work.
-    pub fn into_config(self) -> Result<Config, String> {
+    pub fn into_config(self) -> Result<Config, InvalidFlag> {
         use std::os::unix::ffi::OsStringExt;
-        let (mode, source, judgement, scan, collector, log) = match self.command {
-            None => {
-                if self.web.max_connections == 0 {
-                    return Err("--web.max-connections must be at least 1".into());
-                }
-                if self.web.collection_timeout.is_zero() {
-                    return Err("--web.collection-timeout must be longer than 0".into());
-                }
-                let serve = Mode::Serve(ServeConfig {
-                    listen: parse_listen_address(&self.web.listen_address)?,
-                    telemetry_path: parse_telemetry_path(&self.web.telemetry_path)?,
-                    web_config_file: self.web.config_file,
-                    max_connections: self.web.max_connections,
-                    collection_timeout: self.web.collection_timeout,
-                });
-                (
-                    serve,
-                    self.source,
-                    self.judgement,
-                    self.scan,
-                    self.collector,
-                    self.log,
-                )
-            }
+        let (mode, shared) = match self.command {
+            None => (Mode::Serve(self.web.into_config()?), self.shared),
             Some(Command::Check(args)) => {
-                if args.wait_interval.is_zero() {
-                    return Err("--wait.interval must be longer than 0".into());
-                }
-                let check = Mode::Check(CheckConfig {
+                let check = CheckConfig {
                     json: args.json,
                     gpus: args.gpus,
                     wait: args.wait,
-                    wait_interval: args.wait_interval,
-                });
-                (
-                    check,
-                    args.source.or(self.source),
-                    args.judgement.or(self.judgement),
-                    args.scan.or(self.scan),
-                    CollectorArgs::default(),
-                    args.log.or(self.log),
-                )
+                    wait_interval: longer_than_zero(args.wait_interval, "wait.interval")?,
+                };
+                (Mode::Check(check), args.shared.widen())
             }
             Some(Command::Snapshot(args)) => (
                 Mode::Snapshot {
                     output: args.output,
                 },
-                args.source.or(self.source),
-                JudgementArgs::default(),
-                args.scan.or(self.scan),
-                CollectorArgs::default(),
-                args.log.or(self.log),
+                args.shared.widen(),
             ),
             Some(Command::Textfile(args)) => (
                 Mode::Textfile {
                     output: args.output,
                 },
-                args.source.or(self.source),
-                args.judgement.or(self.judgement),
-                args.scan.or(self.scan),
-                args.collector.or(self.collector),
-                args.log.or(self.log),
+                args.shared,
             ),
         };
-        let scan_timeout = scan.scan_timeout.unwrap_or(Duration::from_secs(2));
-        if scan_timeout.is_zero() {
-            return Err("--holders.scan-timeout must be longer than 0".into());
-        }
-        if self.kubelet.refresh_interval.is_zero() {
-            return Err("--kubelet.refresh-interval must be longer than 0".into());
-        }
+        let SharedArgs {
+            source,
+            judgement,
+            scan,
+            collector,
+            log,
+        } = shared;
+        let scan_timeout = longer_than_zero(
+            scan.scan_timeout.unwrap_or(Duration::from_secs(2)),
+            "holders.scan-timeout",
+        )?;
+        let refresh_interval =
+            longer_than_zero(self.kubelet.refresh_interval, "kubelet.refresh-interval")?;
         let defaults = Settings::default();
         Ok(Config {
             mode,
@@ -648,46 +643,117 @@ impl Cli {
             kubernetes: KubernetesConfig {
                 pod_resources_socket: self.kubelet.pod_resources_path,
                 pod_logs: self.kubelet.pod_logs,
-                refresh_interval: self.kubelet.refresh_interval,
+                refresh_interval,
             },
         })
     }
 }
 
-/// clap's error without its usage block: the message and any tip (a similar flag), on
-/// one line.
+impl WebArgs {
+    /// The server's settings, or the first flag that cannot work.
+    fn into_config(self) -> Result<ServeConfig, InvalidFlag> {
+        if self.max_connections == 0 {
+            return Err(InvalidFlag::Zero {
+                flag: "web.max-connections",
+            });
+        }
+        Ok(ServeConfig {
+            collection_timeout: longer_than_zero(
+                self.collection_timeout,
+                "web.collection-timeout",
+            )?,
+            listen: parse_listen_address(&self.listen_address)?,
+            telemetry_path: parse_telemetry_path(self.telemetry_path)?,
+            web_config_file: self.config_file,
+            max_connections: self.max_connections,
+        })
+    }
+}
+
+/// `duration`, unless it is zero: a wait, budget or interval of 0 cannot work.
+fn longer_than_zero(duration: Duration, flag: &'static str) -> Result<Duration, InvalidFlag> {
+    if duration.is_zero() {
+        Err(InvalidFlag::NoTime { flag })
+    } else {
+        Ok(duration)
+    }
+}
+
+/// A clap error in one line, built from its kind and context: the mistake, then any tip
+/// (the values there are, a similar flag), without the usage block.
 fn one_line(error: &clap::Error) -> String {
-    let rendered = error.render().to_string();
-    let mut parts: Vec<String> = Vec::new();
-    let mut in_usage = false;
-    for line in rendered.lines() {
-        let line = line.trim();
-        if line.starts_with("Usage:") {
-            in_usage = true;
-            continue;
+    let joined = |kind, separator| items(error.get(kind)).join(separator);
+    let (arg, value) = (
+        joined(ContextKind::InvalidArg, ", "),
+        joined(ContextKind::InvalidValue, ""),
+    );
+    let mut parts = vec![match error.kind() {
+        ErrorKind::UnknownArgument => format!("unexpected argument '{arg}' found"),
+        ErrorKind::InvalidSubcommand => format!(
+            "unrecognized subcommand '{}'",
+            joined(ContextKind::InvalidSubcommand, "")
+        ),
+        ErrorKind::InvalidValue if value.is_empty() => {
+            format!("a value is required for '{arg}' but none was supplied")
         }
-        if line.is_empty() {
-            in_usage = false;
-            continue;
+        ErrorKind::InvalidValue => format!("invalid value '{value}' for '{arg}'"),
+        // Our value parsers' errors (`crate::units`) say what is wrong with the value.
+        ErrorKind::ValueValidation => match std::error::Error::source(error) {
+            Some(reason) => format!("invalid value '{value}' for '{arg}': {reason}"),
+            None => format!("invalid value '{value}' for '{arg}'"),
+        },
+        ErrorKind::TooManyValues => {
+            format!("unexpected value '{value}' for '{arg}' found; no more were expected")
         }
-        if in_usage || line.starts_with("For more information") {
-            continue;
+        ErrorKind::MissingRequiredArgument => {
+            format!("the following required arguments were not provided: {arg}")
         }
-        let line = line.strip_prefix("error: ").unwrap_or(line);
-        match parts.last_mut() {
-            // "the following required arguments were not provided:" and its list.
-            Some(last) if last.ends_with(':') => {
-                last.push(' ');
-                last.push_str(line);
-            }
-            _ => parts.push(line.to_string()),
+        ErrorKind::ArgumentConflict
+            if error.get(ContextKind::PriorArg) == error.get(ContextKind::InvalidArg) =>
+        {
+            format!("the argument '{arg}' cannot be used multiple times")
+        }
+        ErrorKind::ArgumentConflict => format!(
+            "the argument '{arg}' cannot be used with '{}'",
+            joined(ContextKind::PriorArg, "', '")
+        ),
+        kind => kind.to_string(),
+    }];
+    let values = joined(ContextKind::ValidValue, ", ");
+    if !values.is_empty() {
+        parts.push(format!("[possible values: {values}]"));
+    }
+    for (kind, what) in [
+        (ContextKind::SuggestedSubcommand, "subcommand"),
+        (ContextKind::SuggestedArg, "argument"),
+        (ContextKind::SuggestedValue, "value"),
+    ] {
+        match items(error.get(kind)).as_slice() {
+            [] => {}
+            [similar] => parts.push(format!("tip: a similar {what} exists: '{similar}'")),
+            similar => parts.push(format!(
+                "tip: some similar {what}s exist: '{}'",
+                similar.join("', '")
+            )),
         }
     }
+    let tips = items(error.get(ContextKind::Suggested));
+    parts.extend(tips.iter().map(|tip| format!("tip: {tip}")));
     parts.join("; ")
 }
 
+/// The words of a piece of clap's context: one, a list, or none.
+fn items(value: Option<&ContextValue>) -> Vec<String> {
+    match value {
+        Some(ContextValue::String(item)) => vec![item.clone()],
+        Some(ContextValue::Strings(items)) => items.clone(),
+        Some(ContextValue::StyledStrs(items)) => items.iter().map(ToString::to_string).collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// `:9077` means every IPv4 interface, as in other Prometheus exporters.
-fn parse_listen_address(text: &str) -> Result<SocketAddr, String> {
+fn parse_listen_address(text: &str) -> Result<SocketAddr, InvalidFlag> {
     let spelled = if text.starts_with(':') {
         format!("0.0.0.0{text}")
     } else {
@@ -697,23 +763,17 @@ fn parse_listen_address(text: &str) -> Result<SocketAddr, String> {
         .to_socket_addrs()
         .ok()
         .and_then(|mut addresses| addresses.next())
-        .ok_or_else(|| {
-            format!("--web.listen-address '{text}' is not HOST:PORT, [IPv6]:PORT or :PORT")
-        })
+        .ok_or_else(|| InvalidFlag::ListenAddress(text.to_string()))
 }
 
-fn parse_telemetry_path(path: &str) -> Result<String, String> {
+fn parse_telemetry_path(path: String) -> Result<String, InvalidFlag> {
     if !path.starts_with('/') || path.len() < 2 {
-        return Err(format!(
-            "--web.telemetry-path '{path}' must start with / and name a path other than /"
-        ));
+        return Err(InvalidFlag::TelemetryPath(path));
     }
-    for reserved in ["/-/healthy", "/-/ready"] {
-        if path == reserved {
-            return Err(format!("--web.telemetry-path '{path}' is reserved"));
-        }
+    if path == "/-/healthy" || path == "/-/ready" {
+        return Err(InvalidFlag::ReservedPath(path));
     }
-    Ok(path.to_string())
+    Ok(path)
 }
 
 #[cfg(test)]
@@ -723,10 +783,10 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["vram-exporter"];
         argv.extend_from_slice(args);
-        match Cli::from_command_line(argv) {
-            Ok(cli) => cli.into_config(),
-            Err(CliError::Usage(line)) => Err(line),
+        match Cli::from_command_line(argv).and_then(|cli| Ok(cli.into_config()?)) {
+            Ok(config) => Ok(config),
             Err(CliError::Info(info)) => panic!("help instead of a parse: {info}"),
+            Err(mistake) => Err(mistake.to_string()),
         }
     }
 
@@ -911,6 +971,41 @@ mod tests {
         assert_eq!(config.replay, Some(PathBuf::from("after.json")));
         let config = parse(&["--collector.processes", "textfile", "-o", "vram.prom"]).unwrap();
         assert_eq!(config.per_process_limit, Some(256));
+    }
+
+    #[test]
+    fn a_value_given_before_the_subcommand_may_be_any_bytes() {
+        use std::os::unix::ffi::OsStringExt;
+        let file = OsString::from_vec(b"snap\xff.json".to_vec());
+        let args = [
+            "vram-exporter".into(),
+            "--replay".into(),
+            file.clone(),
+            "check".into(),
+        ];
+        let config = Cli::from_command_line(args).unwrap().into_config().unwrap();
+        assert!(matches!(config.mode, Mode::Check(_)));
+        assert_eq!(config.replay, Some(PathBuf::from(file)));
+    }
+
+    #[test]
+    fn other_mistakes_are_one_line_with_their_tips() {
+        assert_eq!(
+            parse(&["--log.format", "jsn"]).unwrap_err(),
+            "invalid value 'jsn' for '--log.format <LOG_FORMAT>'; [possible values: logfmt, json]; tip: a similar value exists: 'json'; see vram-exporter --help"
+        );
+        assert_eq!(
+            parse(&["--json", "check"]).unwrap_err(),
+            "unexpected argument '--json' found; tip: 'check --json' exists; see vram-exporter check --help"
+        );
+        assert_eq!(
+            parse(&["check", "--replay", "a", "--replay", "b"]).unwrap_err(),
+            "the argument '--replay <FILE>' cannot be used multiple times; see vram-exporter check --help"
+        );
+        assert_eq!(
+            parse(&["--log.level"]).unwrap_err(),
+            "a value is required for '--log.level <LOG_LEVEL>' but none was supplied; [possible values: error, warn, info, debug]; see vram-exporter --help"
+        );
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! system) -> [`classify`] (pure functions to a verdict) -> [`render`] (Prometheus text,
 //! a table for people, JSON).
 
+#![warn(missing_docs)]
+
 pub mod classify;
 pub mod cli;
 pub mod commands;
@@ -13,7 +15,6 @@ pub mod exporter;
 pub mod logging;
 pub mod observe;
 pub mod render;
-pub mod server;
 pub mod sync;
 pub mod units;
 pub mod web;
@@ -28,32 +29,26 @@ use std::sync::Arc;
 
 /// Parse flags, run the chosen mode, and turn any error into one line and an exit status.
 pub fn run() -> ExitCode {
-    let cli = match Cli::from_command_line(std::env::args_os()) {
-        Ok(cli) => cli,
+    let config = match config_from_command_line() {
+        Ok(config) => config,
         Err(CliError::Info(help_or_version)) => {
             let _ = help_or_version.print();
             return ExitCode::SUCCESS;
         }
-        Err(CliError::Usage(line)) => {
-            eprintln!("vram-exporter: {line}");
-            return ExitCode::from(exit_codes::ERROR);
-        }
-    };
-    let config = match cli.into_config() {
-        Ok(config) => config,
-        Err(message) => {
-            eprintln!("vram-exporter: {message}");
-            return ExitCode::from(exit_codes::ERROR);
-        }
+        Err(mistake) => return fail(mistake.into()),
     };
     logging::init(config.log_level, config.log_format);
-    match run_mode(config) {
-        Ok(status) => status,
-        Err(error) => {
-            eprintln!("vram-exporter: {error:#}");
-            ExitCode::from(exit_codes::ERROR)
-        }
-    }
+    run_mode(config).unwrap_or_else(fail)
+}
+
+fn config_from_command_line() -> Result<Config, CliError> {
+    Ok(Cli::from_command_line(std::env::args_os())?.into_config()?)
+}
+
+/// Say `error` in one line, each cause once, and end with the error exit status.
+fn fail(error: anyhow::Error) -> ExitCode {
+    eprintln!("vram-exporter: {error:#}");
+    ExitCode::from(exit_codes::ERROR)
 }
 
 fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
@@ -82,19 +77,7 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
     }
     match config.mode {
         Mode::Serve(serve) => {
-            let web = web.unwrap_or_else(web::WebConfig::none);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .max_blocking_threads(4)
-                .enable_all()
-                .build()?;
-            let served = runtime.block_on(async {
-                let listener = server::bind(&serve).await?;
-                server::serve(listener, serve, exporter, web).await
-            });
-            // A collection stuck in a hung NVML call must not keep the process alive.
-            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-            served?;
+            web::run(serve, exporter, web.unwrap_or_else(web::WebConfig::none))?;
             Ok(ExitCode::SUCCESS)
         }
         Mode::Check(check) => commands::check::run(&exporter, &check),

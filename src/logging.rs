@@ -1,13 +1,35 @@
 //! Logging set-up: logfmt (as Prometheus components log) or JSON lines, on standard error.
 
-use crate::cli::{LogFormat, LogLevel};
 use crate::dates::rfc3339_millis;
+use clap::ValueEnum;
 use std::fmt::{self, Write as _};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
+
+/// Log levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Warnings and errors.
+    Warn,
+    /// Normal operation.
+    Info,
+    /// Everything.
+    Debug,
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// `key=value` pairs, as Prometheus components log.
+    Logfmt,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Install the global subscriber; a second call (tests) is ignored.
 pub fn init(level: LogLevel, format: LogFormat) {

@@ -2,6 +2,48 @@
 //! of the whole program: flags and the web configuration file read them here.
 
 use std::time::Duration;
+use thiserror::Error;
+
+/// Why a text is not a byte size.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SizeError {
+    /// No number where the size should start.
+    #[error("'{0}' is not a size such as 16MiB or 1048576")]
+    NotASize(String),
+    /// A unit that is not one of ours.
+    #[error("unknown size unit '{unit}' in '{text}' (use B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)")]
+    UnknownUnit {
+        /// The unit as written.
+        unit: String,
+        /// The whole size as written.
+        text: String,
+    },
+    /// More bytes than a `u64` holds.
+    #[error("'{0}' is too large")]
+    TooLarge(String),
+}
+
+/// Why a text is not a duration.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DurationError {
+    /// No number where a part of the duration should start.
+    #[error("'{0}' is not a duration such as 500ms, 30s or 1m30s")]
+    NotADuration(String),
+    /// A number without its unit (only a bare `0` needs none).
+    #[error("'{0}' needs a unit: ms, s, m or h")]
+    NoUnit(String),
+    /// A unit that is not one of ours.
+    #[error("unknown duration unit '{unit}' in '{text}' (use ns, us, ms, s, m or h)")]
+    UnknownUnit {
+        /// The unit as written.
+        unit: String,
+        /// The whole duration as written.
+        text: String,
+    },
+    /// Longer than a [`Duration`] holds.
+    #[error("'{0}' is out of range")]
+    OutOfRange(String),
+}
 
 /// Split `16MiB` into its leading number and the unit that follows.
 fn split_number(text: &str) -> Option<(f64, &str)> {
@@ -13,10 +55,9 @@ fn split_number(text: &str) -> Option<(f64, &str)> {
 }
 
 /// Parse a byte size: a number with an optional unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
     let text = text.trim();
-    let (value, unit) = split_number(text)
-        .ok_or_else(|| format!("'{text}' is not a size such as 16MiB or 1048576"))?;
+    let (value, unit) = split_number(text).ok_or_else(|| SizeError::NotASize(text.into()))?;
     let scale: u64 = match unit.trim() {
         "" | "B" => 1,
         "KiB" => 1 << 10,
@@ -28,14 +69,15 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "GB" => 1_000_000_000,
         "TB" => 1_000_000_000_000,
         other => {
-            return Err(format!(
-            "unknown size unit '{other}' in '{text}' (use B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)"
-        ))
+            return Err(SizeError::UnknownUnit {
+                unit: other.into(),
+                text: text.into(),
+            })
         }
     };
     let bytes = value * scale as f64;
     if !bytes.is_finite() || bytes > u64::MAX as f64 {
-        return Err(format!("'{text}' is too large"));
+        return Err(SizeError::TooLarge(text.into()));
     }
     Ok(bytes.round() as u64)
 }
@@ -43,19 +85,19 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 /// Parse a duration as Go and Prometheus write them: one or more numbers, each with a
 /// unit (`ns`, `us` or `µs`, `ms`, `s`, `m`, `h`), such as `500ms`, `30s`, `1.5h` or
 /// `1m30s`; a bare `0` is zero. Flags and the web configuration file both read this.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let text = text.trim();
     if text == "0" {
         return Ok(Duration::ZERO);
     }
-    let example = || format!("'{text}' is not a duration such as 500ms, 30s or 1m30s");
+    let not_a_duration = || DurationError::NotADuration(text.into());
     if text.is_empty() {
-        return Err(example());
+        return Err(not_a_duration());
     }
     let mut seconds = 0.0;
     let mut rest = text;
     while !rest.is_empty() {
-        let (value, after) = split_number(rest).ok_or_else(example)?;
+        let (value, after) = split_number(rest).ok_or_else(not_a_duration)?;
         let unit_length = after
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(after.len());
@@ -66,17 +108,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
-            "" => return Err(format!("'{text}' needs a unit: ms, s, m or h")),
+            "" => return Err(DurationError::NoUnit(text.into())),
             other => {
-                return Err(format!(
-                    "unknown duration unit '{other}' in '{text}' (use ns, us, ms, s, m or h)"
-                ))
+                return Err(DurationError::UnknownUnit {
+                    unit: other.into(),
+                    text: text.into(),
+                })
             }
         };
         seconds += value * scale;
         rest = &after[unit_length..];
     }
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("'{text}' is out of range"))
+    Duration::try_from_secs_f64(seconds).map_err(|_| DurationError::OutOfRange(text.into()))
 }
 
 /// Format bytes for people, in binary units with one decimal (`74.3 GiB`).
@@ -99,6 +142,11 @@ pub fn format_bytes(bytes: u64) -> String {
 mod tests {
     use super::*;
 
+    /// What went wrong, in words.
+    fn message<T: std::fmt::Debug>(result: Result<T, impl std::error::Error>) -> String {
+        result.unwrap_err().to_string()
+    }
+
     #[test]
     fn sizes_parse_with_binary_and_decimal_units() {
         assert_eq!(parse_bytes("16MiB"), Ok(16 * 1024 * 1024));
@@ -110,10 +158,8 @@ mod tests {
 
     #[test]
     fn bad_sizes_say_what_is_wrong() {
-        assert!(parse_bytes("lots").unwrap_err().contains("not a size"));
-        assert!(parse_bytes("5 parsecs")
-            .unwrap_err()
-            .contains("unknown size unit"));
+        assert!(message(parse_bytes("lots")).contains("not a size"));
+        assert!(message(parse_bytes("5 parsecs")).contains("unknown size unit"));
         assert!(parse_bytes("").is_err());
     }
 
@@ -134,7 +180,7 @@ mod tests {
             assert_eq!(parse_bytes(&format!("2{unit}")), Ok(2 * scale), "{unit}");
         }
         assert_eq!(parse_bytes("1.5TiB"), Ok(1_649_267_441_664));
-        assert!(parse_bytes("99999999TB").unwrap_err().contains("too large"));
+        assert!(message(parse_bytes("99999999TB")).contains("too large"));
     }
 
     #[test]
@@ -157,13 +203,11 @@ mod tests {
 
     #[test]
     fn bad_durations_say_what_is_wrong() {
-        assert!(parse_duration("30").unwrap_err().contains("needs a unit"));
-        assert!(parse_duration("1m30").unwrap_err().contains("needs a unit"));
+        assert!(message(parse_duration("30")).contains("needs a unit"));
+        assert!(message(parse_duration("1m30")).contains("needs a unit"));
         assert!(parse_duration("3 weeks").is_err());
-        assert!(parse_duration("1d")
-            .unwrap_err()
-            .contains("unknown duration unit 'd'"));
-        assert!(parse_duration("s").unwrap_err().contains("not a duration"));
+        assert!(message(parse_duration("1d")).contains("unknown duration unit 'd'"));
+        assert!(message(parse_duration("s")).contains("not a duration"));
         for bad in ["", "-1s", "1x", "1s-", "..s", "1e9999h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }

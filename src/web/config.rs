@@ -6,8 +6,8 @@
 use super::auth::Users;
 use super::error::{invalid, ConfigError};
 use super::file::{FileConfig, GoDuration, RateLimitConfig, SourceReader};
+use super::settings::{RateLimiter, Sources, WebSettings};
 use super::tls;
-use super::{RateLimiter, Sources, WebSettings};
 use hyper::header::{HeaderName, HeaderValue};
 use std::collections::BTreeMap;
 use std::path::Path;

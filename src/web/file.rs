@@ -2,7 +2,7 @@
 //! written, and the reading of the files it names. Turning it into settings is
 //! `config.rs`'s and `tls.rs`'s business; both read from here, never from each other.
 
-use super::{Sources, Stamp};
+use super::settings::{Sources, Stamp};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

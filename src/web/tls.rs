@@ -4,7 +4,6 @@ use super::error::{invalid, ConfigError};
 use super::file::{SourceReader, TlsServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use std::path::Path;
 use std::sync::Arc;
 use tokio_rustls::rustls::client::danger::HandshakeSignatureValid;
 use tokio_rustls::rustls::crypto::{ring as provider, CryptoProvider, WebPkiSupportedAlgorithms};
@@ -56,7 +55,7 @@ pub(crate) fn server_config(
     reader: &mut SourceReader,
 ) -> Result<tokio_rustls::TlsAcceptor, ConfigError> {
     let certs = certificates(section, reader)?;
-    let key = private_key(section, reader)?;
+    let key = PemItem::Key.require(section, reader)?.private_key()?;
     let client_auth = ClientAuth::parse(section.client_auth_type.as_deref())?;
     let roots = client_roots(section, reader)?;
     if roots.is_some() && client_auth == ClientAuth::NoClientCert {
@@ -81,13 +80,13 @@ pub(crate) fn server_config(
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(&versions)
         .map_err(|error| invalid!("{error}"))?;
-    let verifier: Option<Arc<dyn ClientCertVerifier>> = match client_auth {
+    let check = match client_auth {
         ClientAuth::NoClientCert => None,
         ClientAuth::RequestClientCert | ClientAuth::RequireAnyClientCert => {
-            Some(Arc::new(AnyClientCert {
+            Some(ClientCheck::Any {
                 mandatory: client_auth == ClientAuth::RequireAnyClientCert,
                 algorithms: provider.signature_verification_algorithms,
-            }))
+            })
         }
         ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert => {
             let roots = Arc::new(roots.expect("checked above"));
@@ -97,22 +96,17 @@ pub(crate) fn server_config(
             } else {
                 builder
             };
-            Some(
-                builder
-                    .build()
-                    .map_err(|error| invalid!("client CA: {error}"))?,
-            )
+            let verifier = builder
+                .build()
+                .map_err(|error| invalid!("client CA: {error}"))?;
+            Some(ClientCheck::Verified(verifier))
         }
     };
-    let verifier = match (verifier, &section.client_allowed_sans) {
-        (Some(inner), Some(allowed)) => Some(Arc::new(AllowedSans {
-            inner,
-            allowed: allowed.clone(),
-        }) as Arc<dyn ClientCertVerifier>),
-        (verifier, _) => verifier,
-    };
-    let builder = match verifier {
-        Some(verifier) => builder.with_client_cert_verifier(verifier),
+    let builder = match check {
+        Some(check) => builder.with_client_cert_verifier(Arc::new(ClientVerifier {
+            check,
+            allowed_sans: section.client_allowed_sans.clone(),
+        })),
         None => builder.with_no_client_auth(),
     };
     let mut config = builder
@@ -130,98 +124,125 @@ pub(crate) fn server_config(
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Inline PEM (`cert`) or a file (`cert_file`), not both, as the toolkit requires.
-fn pem_source<'a>(
-    inline: Option<&'a String>,
-    file: Option<&'a Path>,
-    inline_name: &str,
-    file_name: &'static str,
-    reader: &mut SourceReader,
-) -> Result<Option<(Vec<u8>, String)>, ConfigError> {
-    match (inline, file) {
-        (Some(_), Some(_)) => Err(invalid!("set {inline_name} or {file_name}, not both")),
-        (Some(text), None) => Ok(Some((text.as_bytes().to_vec(), inline_name.to_string()))),
-        (None, Some(path)) => {
-            let path = reader.resolve(path);
-            let bytes = reader.read(&path).map_err(|source| ConfigError::Read {
-                what: file_name,
-                path: path.clone(),
-                source,
-            })?;
-            Ok(Some((bytes, format!("{file_name} {}", path.display()))))
+/// The PEM items of `tls_server_config`, each given inline or in a file.
+#[derive(Debug, Clone, Copy)]
+enum PemItem {
+    /// The server's certificate chain.
+    Cert,
+    /// The server's private key.
+    Key,
+    /// The CAs that client certificates are verified against.
+    ClientCa,
+}
+
+/// PEM text as read, and where it came from, for messages.
+struct Pem {
+    text: Vec<u8>,
+    origin: String,
+}
+
+impl PemItem {
+    /// The item's inline key and file key.
+    fn keys(self) -> (&'static str, &'static str) {
+        match self {
+            PemItem::Cert => ("cert", "cert_file"),
+            PemItem::Key => ("key", "key_file"),
+            PemItem::ClientCa => ("client_ca", "client_ca_file"),
         }
-        (None, None) => Ok(None),
+    }
+
+    /// The item inline or from its file (relative to the configuration), not both, as the
+    /// toolkit requires; `None` when neither is set.
+    fn read(
+        self,
+        section: &TlsServerConfig,
+        reader: &mut SourceReader,
+    ) -> Result<Option<Pem>, ConfigError> {
+        let (inline_key, file_key) = self.keys();
+        let (inline, file) = match self {
+            PemItem::Cert => (&section.cert, &section.cert_file),
+            PemItem::Key => (&section.key, &section.key_file),
+            PemItem::ClientCa => (&section.client_ca, &section.client_ca_file),
+        };
+        match (inline, file) {
+            (Some(_), Some(_)) => Err(invalid!("set {inline_key} or {file_key}, not both")),
+            (Some(text), None) => Ok(Some(Pem {
+                text: text.as_bytes().to_vec(),
+                origin: inline_key.to_string(),
+            })),
+            (None, Some(path)) => {
+                let path = reader.resolve(path);
+                let text = reader.read(&path).map_err(|source| ConfigError::Read {
+                    what: file_key,
+                    path: path.clone(),
+                    source,
+                })?;
+                Ok(Some(Pem {
+                    text,
+                    origin: format!("{file_key} {}", path.display()),
+                }))
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// As [`PemItem::read`], for an item that must be set.
+    fn require(
+        self,
+        section: &TlsServerConfig,
+        reader: &mut SourceReader,
+    ) -> Result<Pem, ConfigError> {
+        let (inline_key, file_key) = self.keys();
+        self.read(section, reader)?
+            .ok_or_else(|| invalid!("missing one of {inline_key} or {file_key}"))
     }
 }
 
+impl Pem {
+    /// The certificates in this text: at least one.
+    fn certificates(&self) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+        let origin = &self.origin;
+        let certs = CertificateDer::pem_slice_iter(&self.text)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| invalid!("{origin}: not a PEM certificate ({error})"))?;
+        if certs.is_empty() {
+            return Err(invalid!("{origin}: holds no PEM certificate"));
+        }
+        Ok(certs)
+    }
+
+    /// The private key in this text.
+    fn private_key(&self) -> Result<PrivateKeyDer<'static>, ConfigError> {
+        PrivateKeyDer::from_pem_slice(&self.text)
+            .map_err(|error| invalid!("{}: not a PEM private key ({error})", self.origin))
+    }
+}
+
+/// The server's certificate chain; the first must be a valid end-entity certificate.
 fn certificates(
     section: &TlsServerConfig,
     reader: &mut SourceReader,
 ) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
-    let Some((pem, origin)) = pem_source(
-        section.cert.as_ref(),
-        section.cert_file.as_deref(),
-        "cert",
-        "cert_file",
-        reader,
-    )?
-    else {
-        return Err(invalid!("missing one of cert or cert_file"));
-    };
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| invalid!("{origin}: not a PEM certificate ({error})"))?;
-    let Some(first) = certs.first() else {
-        return Err(invalid!("{origin}: holds no PEM certificate"));
-    };
-    webpki::EndEntityCert::try_from(first)
-        .map_err(|error| invalid!("{origin}: not a valid X.509 certificate ({error})"))?;
+    let pem = PemItem::Cert.require(section, reader)?;
+    let certs = pem.certificates()?;
+    webpki::EndEntityCert::try_from(&certs[0])
+        .map_err(|error| invalid!("{}: not a valid X.509 certificate ({error})", pem.origin))?;
     Ok(certs)
 }
 
-fn private_key(
-    section: &TlsServerConfig,
-    reader: &mut SourceReader,
-) -> Result<PrivateKeyDer<'static>, ConfigError> {
-    let Some((pem, origin)) = pem_source(
-        section.key.as_ref(),
-        section.key_file.as_deref(),
-        "key",
-        "key_file",
-        reader,
-    )?
-    else {
-        return Err(invalid!("missing one of key or key_file"));
-    };
-    PrivateKeyDer::from_pem_slice(&pem)
-        .map_err(|error| invalid!("{origin}: not a PEM private key ({error})"))
-}
-
+/// The CAs client certificates are verified against, when there are any.
 fn client_roots(
     section: &TlsServerConfig,
     reader: &mut SourceReader,
 ) -> Result<Option<RootCertStore>, ConfigError> {
-    let Some((pem, origin)) = pem_source(
-        section.client_ca.as_ref(),
-        section.client_ca_file.as_deref(),
-        "client_ca",
-        "client_ca_file",
-        reader,
-    )?
-    else {
+    let Some(pem) = PemItem::ClientCa.read(section, reader)? else {
         return Ok(None);
     };
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| invalid!("{origin}: not a PEM certificate ({error})"))?;
-    if certs.is_empty() {
-        return Err(invalid!("{origin}: holds no PEM certificate"));
-    }
     let mut roots = RootCertStore::empty();
-    for cert in certs {
+    for cert in pem.certificates()? {
         roots
             .add(cert)
-            .map_err(|error| invalid!("{origin}: not a usable CA certificate ({error})"))?;
+            .map_err(|error| invalid!("{}: not a usable CA certificate ({error})", pem.origin))?;
     }
     Ok(Some(roots))
 }
@@ -326,74 +347,42 @@ fn crypto_provider(section: &TlsServerConfig) -> Result<CryptoProvider, ConfigEr
     Ok(crypto)
 }
 
-/// `RequestClientCert` and `RequireAnyClientCert`: any certificate is taken without
-/// checking who issued it, but the client must still prove it holds the certificate's key.
+/// How a client certificate is checked: by the `client_auth_type` policy, then, when
+/// `client_allowed_sans` is set, by its subject alternative names.
 #[derive(Debug)]
-struct AnyClientCert {
-    mandatory: bool,
-    algorithms: WebPkiSupportedAlgorithms,
+struct ClientVerifier {
+    check: ClientCheck,
+    /// The names one of which the certificate must carry exactly (DNS names, IP addresses
+    /// and URIs; e-mail addresses are not read, so an e-mail entry never matches).
+    allowed_sans: Option<Vec<String>>,
 }
 
-impl ClientCertVerifier for AnyClientCert {
-    fn client_auth_mandatory(&self) -> bool {
-        self.mandatory
-    }
-
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        webpki::EndEntityCert::try_from(end_entity)
-            .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
-        Ok(ClientCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// `client_allowed_sans`: after the inner verifier, the certificate must carry one of the
-/// listed subject alternative names exactly (DNS names, IP addresses and URIs; e-mail
-/// addresses are not read, so an e-mail entry never matches).
+/// The `client_auth_type` policies that ask for a certificate.
 #[derive(Debug)]
-struct AllowedSans {
-    inner: Arc<dyn ClientCertVerifier>,
-    allowed: Vec<String>,
+enum ClientCheck {
+    /// `RequestClientCert` and `RequireAnyClientCert`: any certificate is taken without
+    /// checking who issued it, but the client must still prove it holds the certificate's
+    /// key.
+    Any {
+        mandatory: bool,
+        algorithms: WebPkiSupportedAlgorithms,
+    },
+    /// `VerifyClientCertIfGiven` and `RequireAndVerifyClientCert`: rustls's verifier,
+    /// against the client CAs.
+    Verified(Arc<dyn ClientCertVerifier>),
 }
 
-impl AllowedSans {
-    fn matches(&self, end_entity: &CertificateDer<'_>) -> bool {
+impl ClientVerifier {
+    fn has_allowed_san(&self, end_entity: &CertificateDer<'_>) -> bool {
+        let Some(allowed) = &self.allowed_sans else {
+            return true;
+        };
         let Ok(cert) = webpki::EndEntityCert::try_from(end_entity) else {
             return false;
         };
         let mut presented: Vec<&str> = cert.valid_dns_names().collect();
         presented.extend(cert.valid_uri_names());
-        self.allowed.iter().any(|allowed| {
+        allowed.iter().any(|allowed| {
             presented.contains(&allowed.as_str())
                 || allowed.parse::<std::net::IpAddr>().is_ok_and(|ip| {
                     cert.verify_is_valid_for_subject_name(&ServerName::IpAddress(ip.into()))
@@ -403,17 +392,26 @@ impl AllowedSans {
     }
 }
 
-impl ClientCertVerifier for AllowedSans {
+impl ClientCertVerifier for ClientVerifier {
     fn offer_client_auth(&self) -> bool {
-        self.inner.offer_client_auth()
+        match &self.check {
+            ClientCheck::Any { .. } => true,
+            ClientCheck::Verified(inner) => inner.offer_client_auth(),
+        }
     }
 
     fn client_auth_mandatory(&self) -> bool {
-        self.inner.client_auth_mandatory()
+        match &self.check {
+            ClientCheck::Any { mandatory, .. } => *mandatory,
+            ClientCheck::Verified(inner) => inner.client_auth_mandatory(),
+        }
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
+        match &self.check {
+            ClientCheck::Any { .. } => &[],
+            ClientCheck::Verified(inner) => inner.root_hint_subjects(),
+        }
     }
 
     fn verify_client_cert(
@@ -422,10 +420,18 @@ impl ClientCertVerifier for AllowedSans {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .inner
-            .verify_client_cert(end_entity, intermediates, now)?;
-        if self.matches(end_entity) {
+        let verified = match &self.check {
+            ClientCheck::Any { .. } => {
+                webpki::EndEntityCert::try_from(end_entity).map_err(|_| {
+                    rustls::Error::InvalidCertificate(CertificateError::BadEncoding)
+                })?;
+                ClientCertVerified::assertion()
+            }
+            ClientCheck::Verified(inner) => {
+                inner.verify_client_cert(end_entity, intermediates, now)?
+            }
+        };
+        if self.has_allowed_san(end_entity) {
             Ok(verified)
         } else {
             Err(rustls::Error::InvalidCertificate(
@@ -440,7 +446,12 @@ impl ClientCertVerifier for AllowedSans {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        match &self.check {
+            ClientCheck::Any { algorithms, .. } => {
+                rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+            }
+            ClientCheck::Verified(inner) => inner.verify_tls12_signature(message, cert, dss),
+        }
     }
 
     fn verify_tls13_signature(
@@ -449,10 +460,25 @@ impl ClientCertVerifier for AllowedSans {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        match &self.check {
+            ClientCheck::Any { algorithms, .. } => {
+                rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+            }
+            ClientCheck::Verified(inner) => inner.verify_tls13_signature(message, cert, dss),
+        }
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        match &self.check {
+            ClientCheck::Any { algorithms, .. } => algorithms.supported_schemes(),
+            ClientCheck::Verified(inner) => inner.supported_verify_schemes(),
+        }
+    }
+
+    fn requires_raw_public_keys(&self) -> bool {
+        match &self.check {
+            ClientCheck::Any { .. } => false,
+            ClientCheck::Verified(inner) => inner.requires_raw_public_keys(),
+        }
     }
 }
