@@ -265,9 +265,9 @@ fn an_owner_that_maps_its_gpu_is_live_in_its_state() {
         .owner(432, Some(CHARGED_ONE_OWNER), present(cuda(432, &[0])))
         .account();
     let owner = &account.owners[0];
-    assert_eq!(owner.state, OwnerState::Running);
-    assert_eq!(owner.detail, None);
-    let process = owner.process.as_ref().expect("the live process");
+    assert_eq!(owner.state(), OwnerState::Running);
+    assert!(matches!(owner.standing, Standing::Live(_)));
+    let process = owner.process().expect("the live process");
     assert_eq!(process.state, ProcessState::Sleeping);
     // Started 100,000 ticks (1,000 s) after a boot at BOOT.
     assert_eq!(process.started_unix_seconds, Some(BOOT + 1_000));
@@ -309,7 +309,7 @@ fn a_stopped_owner_keeps_its_memory_and_gets_a_note() {
             present(cuda(432, &[0]).state('T')),
         )
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Stopped);
+    assert_eq!(account.owners[0].state(), OwnerState::Stopped);
     assert_eq!(account.orphaned_bytes(), 0);
     assert_eq!(
         account.notes,
@@ -330,7 +330,7 @@ fn an_owner_in_uninterruptible_sleep_is_live() {
             present(cuda(465, &[0]).state('D')),
         )
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Uninterruptible);
+    assert_eq!(account.owners[0].state(), OwnerState::Uninterruptible);
     assert_eq!(account.orphaned_bytes(), 0);
 }
 
@@ -343,7 +343,7 @@ fn a_zombie_leader_whose_threads_map_the_gpu_is_a_live_zombie() {
         .used(4_850_000_000)
         .owner(454, Some(4_840_000_000), present(facts))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Zombie);
+    assert_eq!(account.owners[0].state(), OwnerState::Zombie);
     assert_eq!(account.orphaned_bytes(), 0);
 }
 
@@ -351,8 +351,8 @@ fn a_zombie_leader_whose_threads_map_the_gpu_is_a_live_zombie() {
 fn a_pid_with_no_process_is_gone_and_its_charge_is_orphaned() {
     let account = fork_orphan().account();
     let owner = &account.owners[0];
-    assert_eq!(owner.state, OwnerState::Gone);
-    assert_eq!(owner.detail, Some(OwnerDetail::Exited));
+    assert_eq!(owner.state(), OwnerState::Gone);
+    assert_eq!(owner.standing, Standing::Gone(WhyGone::Exited));
     assert_eq!(account.gone(GoneReason::Exited), 1);
     assert_eq!(account.orphaned_owner_gone_bytes, 9_229_565_952);
     assert_eq!(account.finding, Finding::Orphaned);
@@ -369,10 +369,10 @@ fn a_pid_reused_by_an_nvml_client_is_gone_not_live() {
         .owner(503, Some(CHARGED_ONE_OWNER), present(reuser))
         .first_seen(503, &owner)
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
     assert!(matches!(
-        &account.owners[0].detail,
-        Some(OwnerDetail::Reused { by }) if by.start_time_ticks == 400_000
+        &account.owners[0].standing,
+        Standing::Gone(WhyGone::Reused { by }) if by.start_time_ticks == 400_000
     ));
     assert_eq!(account.gone(GoneReason::Reused), 1);
     assert_eq!(account.orphaned_bytes(), CHARGED_ONE_OWNER);
@@ -394,7 +394,7 @@ fn a_pid_first_seen_without_a_context_here_is_reused_even_with_no_history() {
             present(nvml_client(503, "gpu-health", &[0])),
         )
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
     assert_eq!(account.gone(GoneReason::Reused), 1);
     // No earlier process seen: the note cannot say who the owner was.
     assert!(matches!(
@@ -415,7 +415,7 @@ fn a_pid_reused_by_a_cuda_job_of_another_gpu_is_gone_on_this_one() {
         )
         .first_seen(503, &cuda(503, &[0]))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
     assert_eq!(account.orphaned_bytes(), CHARGED_ONE_OWNER);
 }
 
@@ -428,7 +428,7 @@ fn a_new_start_time_means_a_new_process_even_when_its_mappings_cannot_be_read() 
         .owner(503, Some(CHARGED_ONE_OWNER), present(reuser))
         .first_seen(503, &cuda(503, &[0]))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
     assert_eq!(account.gone(GoneReason::Reused), 1);
 }
 
@@ -446,7 +446,7 @@ fn a_new_process_with_its_own_context_here_owns_the_charge() {
         )
         .first_seen(503, &cuda(503, &[0]))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Running);
+    assert_eq!(account.owners[0].state(), OwnerState::Running);
     assert_eq!(account.orphaned_bytes(), 0);
 }
 
@@ -461,7 +461,7 @@ fn an_exiting_zombie_is_gone_and_the_remedy_is_to_wait() {
         .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
         .scanned()
         .account();
-    assert_eq!(account.owners[0].detail, Some(OwnerDetail::Exiting));
+    assert_eq!(account.owners[0].standing, Standing::Gone(WhyGone::Exiting));
     assert_eq!(account.finding, Finding::Orphaned);
     assert_eq!(account.remedy, Remedy::Wait);
 }
@@ -474,10 +474,10 @@ fn unreadable_mappings_make_an_owner_unknown_never_gone() {
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Unknown);
+    assert_eq!(account.owners[0].state(), OwnerState::Unknown);
     assert_eq!(
-        account.owners[0].detail,
-        Some(OwnerDetail::ContextUnreadable)
+        account.owners[0].standing,
+        Standing::Unknown(WhyUnknown::ContextUnreadable)
     );
     assert_eq!(account.orphaned_bytes(), 0);
     assert_eq!(account.finding, Finding::CannotTell);
@@ -495,7 +495,7 @@ fn an_unreadable_proc_entry_is_unknown_never_gone() {
             },
         )
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Unknown);
+    assert_eq!(account.owners[0].state(), OwnerState::Unknown);
     assert_eq!(account.orphaned_bytes(), 0);
     assert_eq!(account.finding, Finding::CannotTell);
 }
@@ -511,8 +511,11 @@ fn a_pid_a_foreign_procfs_cannot_show_is_unknown_never_gone() {
     host.procfs_view = ProcfsView::Foreign;
     host.host_pid_namespace = Some(false);
     let account = host.account();
-    assert_eq!(account.owners[0].state, OwnerState::Unknown);
-    assert_eq!(account.owners[0].detail, Some(OwnerDetail::NotVisible));
+    assert_eq!(account.owners[0].state(), OwnerState::Unknown);
+    assert_eq!(
+        account.owners[0].standing,
+        Standing::Unknown(WhyUnknown::NotVisible)
+    );
     assert_eq!(account.orphaned_bytes(), 0);
     assert_eq!(account.finding, Finding::CannotTell);
 }
@@ -527,7 +530,7 @@ fn an_mps_client_is_judged_by_its_start_time_alone() {
         present(client.clone()),
     );
     host.readings(0).1[0].mps_only = true;
-    assert_eq!(host.account().owners[0].state, OwnerState::Running);
+    assert_eq!(host.account().owners[0].state(), OwnerState::Running);
     let host = host.owner(
         700,
         Some(CHARGED_ONE_OWNER),
@@ -536,7 +539,7 @@ fn an_mps_client_is_judged_by_its_start_time_alone() {
     let mut host = host.first_seen(700, &nvml_client(700, "python3", &[0]));
     host.readings(0).1.truncate(1);
     host.readings(0).1[0].mps_only = true;
-    assert_eq!(host.account().owners[0].state, OwnerState::Gone);
+    assert_eq!(host.account().owners[0].state(), OwnerState::Gone);
 }
 
 #[test]
@@ -548,7 +551,10 @@ fn without_a_device_node_no_owner_can_be_proven_live() {
     );
     host.gpus[0].minor = None;
     let account = host.account();
-    assert_eq!(account.owners[0].detail, Some(OwnerDetail::NoDeviceNode));
+    assert_eq!(
+        account.owners[0].standing,
+        Standing::Unknown(WhyUnknown::NoDeviceNode)
+    );
     assert_eq!(account.finding, Finding::CannotTell);
 }
 
@@ -950,7 +956,7 @@ fn a_live_owner_carries_its_container_and_pod() {
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
         .account();
-    let process = account.owners[0].process.as_ref().unwrap();
+    let process = account.owners[0].process().unwrap();
     assert_eq!(process.cgroup.container_id.as_deref(), Some(CONTAINER));
     assert_eq!(process.cgroup.pod_uid.as_deref(), Some(POD));
     assert_eq!(account.exited_container_processes(), 0);
@@ -963,8 +969,8 @@ fn a_reused_pid_does_not_lend_its_container_to_the_gone_owner() {
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(reuser))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
-    assert!(account.owners[0].process.is_none());
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
+    assert!(account.owners[0].process().is_none());
 }
 
 #[test]
