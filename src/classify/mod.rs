@@ -3,6 +3,8 @@
 //! keeps it (with the evidence) and which merely watches, what would free it, and what
 //! `check` exits with. The renderers put this into words and series and decide nothing.
 
+#[cfg(test)]
+pub(crate) mod fixtures;
 mod owners;
 mod suspects;
 #[cfg(test)]
