@@ -6,7 +6,7 @@
 use crate::classify::{
     GoneReason, GpuAccount, GpuError, GpuOutcome, GpuVerdict, InstanceVerdict, KubeletSource,
     KubernetesView, MemoryReading, OrphanReason, OwnerState, PodName, Process, ProcfsView,
-    RecoveryAction, Report, Role,
+    RecoveryAction, Report, Role, StateTally,
 };
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -227,6 +227,26 @@ struct SourceLabel {
 /// Name, help and reading of one memory gauge.
 type MemorySeries = (&'static str, &'static str, fn(&MemoryReading) -> u64);
 
+/// Writes one family of `kind` with all its samples, each value made a metric by `metric`.
+fn family<L, V, M, I>(
+    encoder: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    kind: MetricType,
+    metric: fn(V) -> M,
+    samples: I,
+) -> fmt::Result
+where
+    L: EncodeLabelSet,
+    M: EncodeMetric,
+    I: IntoIterator<Item = (L, V)>,
+{
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, value) in samples {
+        metric(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 /// Writes one gauge family with all its samples.
 fn gauge<L, V, I>(
     encoder: &mut DescriptorEncoder,
@@ -239,12 +259,8 @@ where
     V: prometheus_client::encoding::EncodeGaugeValue + Clone + Default,
     I: IntoIterator<Item = (L, V)>,
 {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (labels, value) in samples {
-        let metric = family.encode_family(&labels)?;
-        ConstGauge::new(value).encode(metric)?;
-    }
-    Ok(())
+    let metric = ConstGauge::new;
+    family(encoder, (name, help), MetricType::Gauge, metric, samples)
 }
 
 /// Writes one counter family; prometheus-client appends `_total` to `name`.
@@ -253,12 +269,8 @@ where
     L: EncodeLabelSet,
     I: IntoIterator<Item = (L, u64)>,
 {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (labels, value) in samples {
-        let metric = family.encode_family(&labels)?;
-        ConstCounter::new(value).encode(metric)?;
-    }
-    Ok(())
+    let metric = ConstCounter::new;
+    family(encoder, (name, help), MetricType::Counter, metric, samples)
 }
 
 /// One sample without labels.
@@ -328,7 +340,6 @@ pub fn encode_report(
     memory(encoder, &measured)?;
     owners(encoder, &measured)?;
     orphans(encoder, &measured)?;
-    holders(encoder, &measured)?;
     holder_scan(encoder, report, timing.scan_seconds)?;
     if let Some(limit) = options.per_process_limit {
         per_process(encoder, &measured, limit)?;
@@ -506,62 +517,57 @@ fn memory(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Resu
     )
 }
 
-/// Owners by state: the count or the bytes, per account.
-fn by_state<'a, K: Clone + 'a>(
-    accounts: impl Iterator<Item = (K, &'a GpuAccount)> + 'a,
-    value: fn(&GpuAccount, OwnerState) -> u64,
-) -> impl Iterator<Item = ((K, StateLabel), u64)> + 'a {
+/// A figure of the owners in one state: their count or their bytes.
+type TallyOf = fn(&StateTally, OwnerState) -> u64;
+
+/// Per account, one sample per kind (an owner state, a reason, a role): the account's
+/// labels with the kind's, and the account's figure for the kind.
+fn by_kind<'a, A: Clone + 'a, K: Copy + 'static, L: 'a>(
+    accounts: impl Iterator<Item = (A, &'a GpuAccount)> + 'a,
+    kinds: &'static [K],
+    label: fn(K) -> L,
+    figure: impl Fn(&GpuAccount, K) -> u64 + Copy + 'a,
+) -> impl Iterator<Item = ((A, L), u64)> + 'a {
     accounts.flat_map(move |(labels, account)| {
-        OwnerState::VARIANTS.iter().map(move |&state| {
-            (
-                (
-                    labels.clone(),
-                    StateLabel {
-                        state: state.as_str(),
-                    },
-                ),
-                value(account, state),
-            )
-        })
+        kinds
+            .iter()
+            .map(move |&kind| ((labels.clone(), label(kind)), figure(account, kind)))
     })
 }
 
 /// Orphaned bytes by reason, per account.
-fn by_orphan_reason<'a, K: Clone + 'a>(
-    accounts: impl Iterator<Item = (K, &'a GpuAccount)> + 'a,
-) -> impl Iterator<Item = ((K, ReasonLabel), u64)> + 'a {
-    accounts.flat_map(|(labels, account)| {
-        OrphanReason::VARIANTS.iter().map(move |&reason| {
-            (
-                (
-                    labels.clone(),
-                    ReasonLabel {
-                        reason: reason.as_str(),
-                    },
-                ),
-                account.orphaned_by(reason),
-            )
-        })
-    })
+fn orphaned_by_reason<'a, A: Clone + 'a>(
+    accounts: impl Iterator<Item = (A, &'a GpuAccount)> + 'a,
+) -> impl Iterator<Item = ((A, ReasonLabel), u64)> + 'a {
+    let label = |reason: OrphanReason| ReasonLabel {
+        reason: reason.as_str(),
+    };
+    by_kind(
+        accounts,
+        OrphanReason::VARIANTS,
+        label,
+        GpuAccount::orphaned_by,
+    )
 }
 
 /// Holders by role, per account.
-fn by_role<'a, K: Clone + 'a>(
-    accounts: impl Iterator<Item = (K, &'a GpuAccount)> + 'a,
-) -> impl Iterator<Item = ((K, RoleLabel), u64)> + 'a {
-    accounts.flat_map(|(labels, account)| {
-        Role::VARIANTS.iter().map(move |&role| {
-            (
-                (
-                    labels.clone(),
-                    RoleLabel {
-                        role: role.as_str(),
-                    },
-                ),
-                account.holders(role).len() as u64,
-            )
-        })
-    })
+fn holders_by_role<'a, A: Clone + 'a>(
+    accounts: impl Iterator<Item = (A, &'a GpuAccount)> + 'a,
+) -> impl Iterator<Item = ((A, RoleLabel), u64)> + 'a {
+    let count = |account: &GpuAccount, role| account.holders(role).len() as u64;
+    by_kind(
+        accounts,
+        Role::VARIANTS,
+        |role| RoleLabel {
+            role: role.as_str(),
+        },
+        count,
+    )
+}
+
+fn state_label(state: OwnerState) -> StateLabel {
+    let state = state.as_str();
+    StateLabel { state }
 }
 
 /// The measured GPUs' accounts under their labels.
@@ -574,39 +580,39 @@ fn gpu_accounts<'a>(
 }
 
 fn owners(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
-    gauge(
-        encoder,
-        "vram_owner_processes",
-        "Processes NVML charges memory to on this GPU, by state; gone means no live process holds the context any more (it exited, or its PID names another process now).",
-        by_state(gpu_accounts(measured), |account, state| {
-            account.tally.processes(state)
-        }),
-    )?;
-    gauge(
-        encoder,
-        "vram_owned_bytes",
-        "Bytes NVML charges to owners in each state.",
-        by_state(gpu_accounts(measured), |account, state| {
-            account.tally.bytes(state)
-        }),
-    )?;
+    let by_state_series: [(&str, &str, TallyOf); 2] = [
+        (
+            "vram_owner_processes",
+            "Processes NVML charges memory to on this GPU, by state; gone means no live process holds the context any more (it exited, or its PID names another process now).",
+            StateTally::processes,
+        ),
+        (
+            "vram_owned_bytes",
+            "Bytes NVML charges to owners in each state.",
+            StateTally::bytes,
+        ),
+    ];
+    for (name, help, tally) in by_state_series {
+        let owners = by_kind(
+            gpu_accounts(measured),
+            OwnerState::VARIANTS,
+            state_label,
+            move |account, state| tally(&account.tally, state),
+        );
+        gauge(encoder, name, help, owners)?;
+    }
     gauge(
         encoder,
         "vram_gone_owner_processes",
         "Gone owners by why: exited, or reused (the PID names another process now, one without a context on this GPU or with another start time).",
-        measured.iter().flat_map(|(gpu, account)| {
-            GoneReason::VARIANTS.iter().map(move |&reason| {
-                (
-                    (
-                        GpuLabels::of(gpu),
-                        ReasonLabel {
-                            reason: reason.as_str(),
-                        },
-                    ),
-                    account.gone(reason),
-                )
-            })
-        }),
+        by_kind(
+            gpu_accounts(measured),
+            GoneReason::VARIANTS,
+            |reason| ReasonLabel {
+                reason: reason.as_str(),
+            },
+            GpuAccount::gone,
+        ),
     )?;
     gauge(
         encoder,
@@ -626,12 +632,13 @@ fn owners(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Resu
     )
 }
 
+/// Orphaned memory, and the processes that hold it.
 fn orphans(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
     gauge(
         encoder,
         "vram_orphaned_bytes",
         "GPU memory held without a live owner: charged to gone owners (owner_gone) or charged to nobody above the noise floor (unattributed).",
-        by_orphan_reason(gpu_accounts(measured)),
+        orphaned_by_reason(gpu_accounts(measured)),
     )?;
     gauge(
         encoder,
@@ -640,15 +647,12 @@ fn orphans(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Res
         measured
             .iter()
             .map(|(gpu, account)| (GpuLabels::of(gpu), account.unattributed_bytes)),
-    )
-}
-
-fn holders(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
+    )?;
     gauge(
         encoder,
         "vram_holder_processes",
         "Processes holding this GPU's device file while it has orphaned memory, by role: culprit (holds a context here: its end frees the memory), bystander (no context here: an NVML client or another GPU's job, never blamed), undetermined (mappings unreadable). 0 while nothing is orphaned.",
-        by_role(gpu_accounts(measured)),
+        holders_by_role(gpu_accounts(measured)),
     )?;
     gauge(
         encoder,
@@ -808,19 +812,24 @@ fn encode_instance_verdicts(
         encoder,
         "vram_mig_owner_processes",
         "Processes NVML charges memory to in this MIG instance, by state (as vram_owner_processes).",
-        by_state(accounts(), |account, state| account.tally.processes(state)),
+        by_kind(
+            accounts(),
+            OwnerState::VARIANTS,
+            state_label,
+            |account, state| account.tally.processes(state),
+        ),
     )?;
     gauge(
         encoder,
         "vram_mig_orphaned_bytes",
         "Memory of this MIG instance held without a live owner, by reason (as vram_orphaned_bytes).",
-        by_orphan_reason(accounts()),
+        orphaned_by_reason(accounts()),
     )?;
     gauge(
         encoder,
         "vram_mig_holder_processes",
         "Processes holding this MIG instance's capability nodes while it has orphaned memory, by role (as vram_holder_processes).",
-        by_role(accounts()),
+        holders_by_role(accounts()),
     )
 }
 
@@ -903,17 +912,60 @@ fn encode_mig(
 /// A family's name and help.
 type Family = (&'static str, &'static str);
 
-/// What a GPU says of one kind of memory repair (row remapping, page retirement): the
-/// repairs by cause, and whether one waits for the next reset.
-type Repairs = ([(&'static str, u32); 2], bool);
+/// What a GPU says of one kind of memory repair: the repairs by cause, and whether one
+/// waits for the next reset.
+type Repairs = ([u32; 2], bool);
+
+/// Row remapping's families: rows by cause, and a remapping waiting.
+const ROW_REMAPPING: [Family; 2] = [
+    (
+        "vram_gpu_remapped_rows",
+        "Memory rows this GPU has remapped to spare rows, by the errors that caused it (correctable, uncorrectable); absent on GPUs without row remapping.",
+    ),
+    (
+        "vram_gpu_row_remap_pending",
+        "1 when a row remapping waits for the next reset of this GPU.",
+    ),
+];
+
+/// Page retirement's families: pages by cause, and retirements waiting.
+const PAGE_RETIREMENT: [Family; 2] = [
+    (
+        "vram_gpu_retired_pages",
+        "Memory pages this GPU has retired, by cause (multiple_single_bit_ecc, double_bit_ecc); absent on GPUs that remap rows instead.",
+    ),
+    (
+        "vram_gpu_retired_pages_pending",
+        "1 when page retirements of this GPU wait for the next reboot or reset.",
+    ),
+];
+
+/// The causes of row remappings, in the order of [`remapped_rows`]' counts.
+const ROW_CAUSES: [&str; 2] = ["correctable", "uncorrectable"];
+
+fn remapped_rows(gpu: &GpuVerdict) -> Option<Repairs> {
+    let rows = gpu.health.remapped_rows?;
+    Some(([rows.correctable, rows.uncorrectable], rows.pending))
+}
+
+/// The causes of page retirements, in the order of [`retired_pages`]' counts.
+const PAGE_CAUSES: [&str; 2] = ["multiple_single_bit_ecc", "double_bit_ecc"];
+
+fn retired_pages(gpu: &GpuVerdict) -> Option<Repairs> {
+    let pages = gpu.health.retired_pages?;
+    Some((
+        [pages.multiple_single_bit_ecc, pages.double_bit_ecc],
+        pages.pending,
+    ))
+}
 
 /// One kind of memory repair as two families: its counts by cause, and whether one waits;
 /// absent for GPUs that `read` has nothing of.
 fn repairs(
     encoder: &mut DescriptorEncoder,
     gpus: &[GpuVerdict],
-    counted: Family,
-    pending: Family,
+    [counted, pending]: [Family; 2],
+    causes: [&'static str; 2],
     read: fn(&GpuVerdict) -> Option<Repairs>,
 ) -> fmt::Result {
     gauge(
@@ -921,8 +973,8 @@ fn repairs(
         counted.0,
         counted.1,
         gpus.iter().flat_map(|gpu| {
-            read(gpu).into_iter().flat_map(move |(causes, _)| {
-                causes.map(|(cause, count)| {
+            read(gpu).into_iter().flat_map(move |(counts, _)| {
+                causes.into_iter().zip(counts).map(|(cause, count)| {
                     ((GpuLabels::of(gpu), CauseLabel { cause }), u64::from(count))
                 })
             })
@@ -965,52 +1017,14 @@ fn encode_gpu_health(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fm
             },
         ),
     )?;
-    repairs(
-        encoder,
-        gpus,
-        (
-            "vram_gpu_remapped_rows",
-            "Memory rows this GPU has remapped to spare rows, by the errors that caused it (correctable, uncorrectable); absent on GPUs without row remapping.",
-        ),
-        (
-            "vram_gpu_row_remap_pending",
-            "1 when a row remapping waits for the next reset of this GPU.",
-        ),
-        |gpu| {
-            let rows = gpu.health.remapped_rows?;
-            let causes = [
-                ("correctable", rows.correctable),
-                ("uncorrectable", rows.uncorrectable),
-            ];
-            Some((causes, rows.pending))
-        },
-    )?;
+    repairs(encoder, gpus, ROW_REMAPPING, ROW_CAUSES, remapped_rows)?;
     gauge(
         encoder,
         "vram_gpu_row_remap_failure",
         "1 when a row remapping of this GPU failed (no spare row left): the GPU should be replaced.",
         per_gpu(gpus, |gpu| Some(flag(gpu.health.remapped_rows?.failure))),
     )?;
-    repairs(
-        encoder,
-        gpus,
-        (
-            "vram_gpu_retired_pages",
-            "Memory pages this GPU has retired, by cause (multiple_single_bit_ecc, double_bit_ecc); absent on GPUs that remap rows instead.",
-        ),
-        (
-            "vram_gpu_retired_pages_pending",
-            "1 when page retirements of this GPU wait for the next reboot or reset.",
-        ),
-        |gpu| {
-            let pages = gpu.health.retired_pages?;
-            let causes = [
-                ("multiple_single_bit_ecc", pages.multiple_single_bit_ecc),
-                ("double_bit_ecc", pages.double_bit_ecc),
-            ];
-            Some((causes, pages.pending))
-        },
-    )?;
+    repairs(encoder, gpus, PAGE_RETIREMENT, PAGE_CAUSES, retired_pages)?;
     gauge(
         encoder,
         "vram_gpu_memory_os_managed",

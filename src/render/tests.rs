@@ -715,14 +715,11 @@ fn one_report_says_the_same_in_text_json_and_prometheus() {
                 }
             );
             assert_eq!(series, culprits, "{name}");
-            assert_eq!(
-                value(
-                    &samples,
-                    "vram_holder_processes",
-                    &[gpu_labels[0], ("role", "culprit")]
-                ) as usize,
-                culprits.len()
-            );
+            let holders = |role: &str| {
+                let labels = [gpu_labels[0], ("role", role)];
+                value(&samples, "vram_holder_processes", &labels) as usize
+            };
+            assert_eq!(holders("culprit"), culprits.len(), "{name}");
 
             // Bystanders.
             let bystanders = json_pids(&json["bystanders"]);
@@ -733,14 +730,7 @@ fn one_report_says_the_same_in_text_json_and_prometheus() {
                 .flat_map(|note| pids_named(note))
                 .collect();
             assert_eq!(noted, bystanders, "{name}");
-            assert_eq!(
-                value(
-                    &samples,
-                    "vram_holder_processes",
-                    &[gpu_labels[0], ("role", "bystander")]
-                ) as usize,
-                bystanders.len()
-            );
+            assert_eq!(holders("bystander"), bystanders.len(), "{name}");
 
             // Notes: one line each in words, one object each in data, and the series
             // that carry the same facts.
