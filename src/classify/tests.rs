@@ -37,6 +37,37 @@ fn an_owner_that_maps_its_gpu_is_live_in_its_state() {
 }
 
 #[test]
+fn label_values_are_the_json_words() {
+    use strum::VariantArray;
+    let json = |value: serde_json::Value| value.as_str().unwrap().to_string();
+    for state in OwnerState::VARIANTS {
+        assert_eq!(json(serde_json::to_value(state).unwrap()), state.as_str());
+    }
+    for reason in GoneReason::VARIANTS {
+        assert_eq!(json(serde_json::to_value(reason).unwrap()), reason.as_str());
+    }
+    for role in Role::VARIANTS {
+        assert_eq!(json(serde_json::to_value(role).unwrap()), role.as_str());
+    }
+    // The order the series list them in.
+    let order: Vec<&str> = OwnerState::VARIANTS
+        .iter()
+        .map(|state| state.as_str())
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "running",
+            "stopped",
+            "uninterruptible",
+            "zombie",
+            "gone",
+            "unknown"
+        ]
+    );
+}
+
+#[test]
 fn ps_letters_r_s_and_i_are_the_running_label_under_their_own_words() {
     for (letter, words) in [('R', "running"), ('S', "sleeping"), ('I', "idle")] {
         let state = ProcessState::from_letter(letter);
