@@ -3,25 +3,42 @@
 //! keeps it (with the evidence) and which merely watches, what would free it, and what
 //! `check` exits with. The renderers put this into words and series and decide nothing.
 
+#[cfg(test)]
+pub(crate) mod fixtures;
 mod owners;
+mod sentence;
 mod suspects;
 #[cfg(test)]
 mod tests;
 
-pub use owners::{judge_owner, Frame, GoneReason, Owner, OwnerDetail, OwnerState};
+pub use owners::{
+    judge_owner, Frame, GoneReason, Owner, OwnerState, Standing, StateQualifier, WhyGone,
+    WhyUnknown,
+};
+pub use sentence::{ChargedTo, Departure, Sentence};
 use suspects::Within;
 pub use suspects::{Evidence, Role, Suspect};
 
-use crate::observe::kubernetes::KubernetesView;
-use crate::observe::pods::PodName;
 use crate::observe::{
-    CgroupAttribution, GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigReading,
-    NamespaceInit, NvmlProcess, NvmlReading, Observation, ProcessFacts, ProcessList, ProcfsView,
-    RecoveryAction, References,
+    GpuHealth, GpuReading, GpuState, NvmlProcess, NvmlReading, Observation, ProcessFacts,
+    ProcessList,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
+use strum::{EnumCount, IntoStaticStr, VariantArray};
 use suspects::Scene;
+
+// What the verdict carries of the observation, named here so that the renderers need
+// nothing from `observe`.
+pub use crate::observe::cgroup::short_container_id;
+pub use crate::observe::kubernetes::{
+    GpuPod, KubeletSource, KubernetesView, SourceError, SourceHealth,
+};
+pub use crate::observe::pods::PodName;
+pub use crate::observe::{
+    CgroupAttribution, GpuError, Identity, MemoryReading, NamespaceInit, NodeSet, ProcfsView,
+    RecoveryAction, References, RemappedRows, RetiredPages, XidReading,
+};
 
 /// Tunables of the classification.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,13 +192,10 @@ pub struct Process {
     /// Its pod's namespace and name, when the kubelet's pod log directories name its uid.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodName>,
-    /// PID 1 of its PID namespace, when that is nested in ours (a container's own).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// PID 1 of its PID namespace, when that is nested in ours (a container's own). In
+    /// JSON `container_ended: true` follows it once that has exited.
+    #[serde(flatten, serialize_with = "namespace_init_json")]
     pub pid_namespace_init: Option<NamespaceInit>,
-    /// Its container has ended (PID 1 of its PID namespace exited): it survived the
-    /// SIGKILL that ends a container, so it is stuck.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub container_ended: bool,
     /// NVIDIA device files it holds open.
     pub descriptors: References,
     /// NVIDIA device files it maps shared.
@@ -190,6 +204,23 @@ pub struct Process {
 
 fn is_true(value: &bool) -> bool {
     *value
+}
+
+/// `pid_namespace_init` when known, and `container_ended: true` when it says so: the
+/// keys scripts read, the second derived from the first.
+fn namespace_init_json<S: serde::Serializer>(
+    init: &Option<NamespaceInit>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = serializer.serialize_map(None)?;
+    if let Some(init) = init {
+        map.serialize_entry("pid_namespace_init", init)?;
+    }
+    if NamespaceInit::exited(*init) {
+        map.serialize_entry("container_ended", &true)?;
+    }
+    map.end()
 }
 
 impl Process {
@@ -214,10 +245,15 @@ impl Process {
             cgroup: facts.cgroup.clone(),
             pod: None,
             pid_namespace_init: facts.pid_namespace_init,
-            container_ended: NamespaceInit::exited(facts.pid_namespace_init),
             descriptors: facts.descriptors.clone(),
             mappings: facts.mappings.clone(),
         }
+    }
+
+    /// Its container has ended (PID 1 of its PID namespace exited): it survived the
+    /// SIGKILL that ends a container, so it is stuck.
+    pub fn container_ended(&self) -> bool {
+        NamespaceInit::exited(self.pid_namespace_init)
     }
 }
 
@@ -239,11 +275,28 @@ pub enum UnattributedTrust {
     OsManaged,
 }
 
+/// Why memory is held without a live owner: the `reason` label of the orphaned series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, IntoStaticStr, VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum OrphanReason {
+    /// Charged to owners that are gone.
+    OwnerGone,
+    /// Charged to nobody, above the noise floor, and trusted to be orphaned.
+    Unattributed,
+}
+
+impl OrphanReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
 /// Count and bytes of owners per [`OwnerState`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct StateTally {
-    processes: [u64; OwnerState::ALL.len()],
-    bytes: [u64; OwnerState::ALL.len()],
+    processes: [u64; OwnerState::COUNT],
+    bytes: [u64; OwnerState::COUNT],
 }
 
 impl StateTally {
@@ -360,6 +413,29 @@ pub enum Blindness {
     NoScan,
 }
 
+impl Blindness {
+    /// How running `check` again would see what this one could not; `None` where no run
+    /// from here would (culprits in another PID namespace: only the host reaches them).
+    pub fn look_again(self) -> Option<LookAgain> {
+        match self {
+            Blindness::MappingsUnreadable { .. } | Blindness::ScanDenied { .. } => {
+                Some(LookAgain::AsRoot)
+            }
+            Blindness::ScanCutShort | Blindness::NoScan => Some(LookAgain::AsBefore),
+            Blindness::CulpritsNotVisible => None,
+        }
+    }
+}
+
+/// How another look would see more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookAgain {
+    /// With the privilege this one lacked: root, or the capabilities the reason names.
+    AsRoot,
+    /// As this one ran: a new scan with a budget of its own.
+    AsBefore,
+}
+
 /// A fact about a GPU worth a line of its own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "note", rename_all = "snake_case")]
@@ -409,7 +485,7 @@ pub enum Note {
         /// Its PID.
         pid: u32,
         /// Why.
-        detail: OwnerDetail,
+        detail: WhyUnknown,
     },
     /// An owner's PID names another process now.
     OwnerPidReused {
@@ -463,6 +539,12 @@ pub enum Note {
         /// Their PIDs.
         pids: Vec<u32>,
     },
+    /// Processes hold the device file without a context here (the bystanders): set
+    /// apart, never blamed.
+    BystandersNotBlamed {
+        /// Their PIDs, as [`GpuAccount::bystanders`] lists them.
+        pids: Vec<u32>,
+    },
 }
 
 /// Most notes about owners one GPU carries; `check --json` still lists every owner.
@@ -482,7 +564,7 @@ pub struct GpuAccount {
     /// Owners and their bytes per state.
     pub tally: StateTally,
     /// Gone owners per reason.
-    pub gone_by_reason: [u64; GoneReason::ALL.len()],
+    pub gone_by_reason: [u64; GoneReason::COUNT],
     /// Bytes charged to owners that are gone.
     pub orphaned_owner_gone_bytes: u64,
     /// Used bytes no listed process is charged for, above the per-context noise floor.
@@ -522,6 +604,14 @@ impl GpuAccount {
         }
     }
 
+    /// Orphaned bytes for one reason.
+    pub fn orphaned_by(&self, reason: OrphanReason) -> u64 {
+        match reason {
+            OrphanReason::OwnerGone => self.orphaned_owner_gone_bytes,
+            OrphanReason::Unattributed => self.orphaned_unattributed_bytes(),
+        }
+    }
+
     /// All memory held without a live owner (never more than the GPU's used memory).
     pub fn orphaned_bytes(&self) -> u64 {
         self.orphaned_owner_gone_bytes
@@ -535,26 +625,24 @@ impl GpuAccount {
         let owners = self
             .owners
             .iter()
-            .filter(|owner| owner.state.is_live() && owner.container_exited)
+            .filter(|owner| owner.container_ended())
             .count();
         let culprits = self
             .culprits
             .iter()
-            .filter(|culprit| culprit.process.container_ended)
+            .filter(|culprit| culprit.process.container_ended())
             .count();
         (owners + culprits) as u64
     }
 
     /// Owners that are gone.
     pub fn gone_owners(&self) -> impl Iterator<Item = &Owner> {
-        self.owners
-            .iter()
-            .filter(|owner| owner.state == OwnerState::Gone)
+        self.owners.iter().filter(|owner| owner.gone().is_some())
     }
 
     /// Owners that are alive.
     pub fn live_owners(&self) -> impl Iterator<Item = &Owner> {
-        self.owners.iter().filter(|owner| owner.state.is_live())
+        self.owners.iter().filter(|owner| owner.state().is_live())
     }
 
     /// Holders of the device file in `role`.
@@ -588,7 +676,7 @@ pub enum GpuOutcome {
 }
 
 /// The verdict for one GPU.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuVerdict {
     /// NVML's device index.
     pub index: u32,
@@ -601,19 +689,55 @@ pub struct GpuVerdict {
     /// Minor number of its device node.
     pub minor: Option<u32>,
     /// The containers the kubelet assigned it to (`namespace/pod`, `container`), when known.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub assigned_to: Vec<AssignedPod>,
     /// The account, or the failure.
     pub outcome: GpuOutcome,
-    /// The verdict on each MIG instance, while MIG is enabled: a context lives in one.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// The verdict on each MIG device NVML listed (only while MIG is enabled): a context
+    /// lives in one.
     pub instances: Vec<InstanceVerdict>,
-    /// MIG mode and devices as observed, passed through for the renderers.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mig: Option<MigReading>,
-    /// What the driver says the GPU needs, passed through for the renderers.
-    #[serde(skip_serializing_if = "GpuHealth::is_empty")]
-    pub health: GpuHealth,
+    /// Its MIG mode; `None` for a GPU without MIG.
+    pub mig: Option<MigMode>,
+    /// What the driver says the GPU needs.
+    pub health: Health,
+}
+
+/// A GPU's MIG mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigMode {
+    /// MIG is enabled now.
+    pub enabled: bool,
+    /// MIG will be enabled after the next GPU reset.
+    pub pending: bool,
+}
+
+/// What the driver says a GPU needs, as the verdict states it. Each part is `None` where
+/// this driver or GPU cannot say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Health {
+    /// The recovery action the driver asks for (drivers 565 and later).
+    pub recovery_action: Option<RecoveryAction>,
+    /// Row remapping (Ampere and later).
+    pub remapped_rows: Option<RemappedRows>,
+    /// Page retirement (GPUs before Ampere).
+    pub retired_pages: Option<RetiredPages>,
+    /// The operating system manages the GPU's memory (a coherent GH200/GB200 in NUMA
+    /// mode): pages stay allocated after a process exits there, which is normal.
+    pub memory_os_managed: bool,
+    /// Critical Xid errors counted since the exporter started; `None` when nothing
+    /// watches them.
+    pub xid: Option<XidReading>,
+}
+
+impl Health {
+    fn of(health: &GpuHealth) -> Health {
+        Health {
+            recovery_action: health.recovery_action,
+            remapped_rows: health.remapped_rows,
+            retired_pages: health.retired_pages,
+            memory_os_managed: health.numa_node.is_some(),
+            xid: health.xid.clone(),
+        }
+    }
 }
 
 /// A container a GPU is assigned to.
@@ -633,6 +757,8 @@ pub struct InstanceVerdict {
     pub index: u32,
     /// `MIG-...`.
     pub uuid: String,
+    /// NVML's name, e.g. `NVIDIA H200 MIG 1g.18gb`.
+    pub name: String,
     /// Its profile, e.g. `1g.18gb`.
     pub profile: String,
     /// The GPU instance id.
@@ -640,6 +766,7 @@ pub struct InstanceVerdict {
     /// The compute instance id.
     pub compute_instance_id: Option<u32>,
     /// The account, or the failure.
+    #[serde(flatten)]
     pub outcome: GpuOutcome,
 }
 
@@ -669,9 +796,10 @@ impl InstanceVerdict {
 }
 
 /// Every MIG instance of `gpu` judged as a GPU of its own: its owners by their mappings of
-/// the GPU's node, its culprits among the holders of its capability nodes.
+/// the GPU's node, its culprits among the holders of its capability nodes. NVML lists MIG
+/// devices only while MIG is enabled.
 fn instance_verdicts(gpu: &GpuReading, around: &Surroundings<'_>) -> Vec<InstanceVerdict> {
-    let Some(mig) = gpu.mig.as_ref().filter(|mig| mig.enabled) else {
+    let Some(mig) = gpu.mig.as_ref() else {
         return Vec::new();
     };
     mig.devices
@@ -679,6 +807,7 @@ fn instance_verdicts(gpu: &GpuReading, around: &Surroundings<'_>) -> Vec<Instanc
         .map(|device| InstanceVerdict {
             index: device.index,
             uuid: device.uuid.clone(),
+            name: device.name.clone(),
             profile: device.profile.clone(),
             gpu_instance_id: device.gpu_instance_id,
             compute_instance_id: device.compute_instance_id,
@@ -765,7 +894,7 @@ pub enum CheckStatus {
 impl Report {
     /// What `check` reports for the GPUs shown.
     pub fn check_status(&self, gpus: &[&GpuVerdict]) -> CheckStatus {
-        if !self.nvml_up {
+        if let NvmlStatus::Down { .. } = self.nvml {
             return CheckStatus::NvmlDown;
         }
         gpus.iter()
@@ -776,10 +905,8 @@ impl Report {
 }
 
 /// Summary of a holder scan for the exporter's own health series.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScanSummary {
-    /// Every process was looked at.
-    pub complete: bool,
     /// Stopped at its time budget.
     pub cut_short: bool,
     /// Processes whose descriptors could not be read.
@@ -788,20 +915,81 @@ pub struct ScanSummary {
     pub duration_seconds: f64,
 }
 
+impl ScanSummary {
+    /// Every process was looked at: no holder can be missing.
+    pub fn complete(&self) -> bool {
+        !self.cut_short && self.permission_errors == 0
+    }
+}
+
+/// `check --json`'s `holder_scan`: `complete` beside what it is derived from, for scripts.
+impl Serialize for ScanSummary {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct ScanJson {
+            complete: bool,
+            cut_short: bool,
+            permission_errors: u64,
+            duration_seconds: f64,
+        }
+        ScanJson {
+            complete: self.complete(),
+            cut_short: self.cut_short,
+            permission_errors: self.permission_errors,
+            duration_seconds: self.duration_seconds,
+        }
+        .serialize(serializer)
+    }
+}
+
+/// Whether NVML answered, and what it said of itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NvmlStatus {
+    /// NVML loaded and answered.
+    Up {
+        /// The kernel driver's version.
+        driver_version: String,
+    },
+    /// NVML could not be loaded or initialised: nothing can be said of the GPUs.
+    Down {
+        /// Why, in one line.
+        error: String,
+    },
+}
+
+impl NvmlStatus {
+    /// Whether NVML answered.
+    pub fn is_up(&self) -> bool {
+        matches!(self, NvmlStatus::Up { .. })
+    }
+
+    /// The driver's version, when NVML answered.
+    pub fn driver_version(&self) -> Option<&str> {
+        match self {
+            NvmlStatus::Up { driver_version } => Some(driver_version),
+            NvmlStatus::Down { .. } => None,
+        }
+    }
+
+    /// Why NVML did not answer.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            NvmlStatus::Up { .. } => None,
+            NvmlStatus::Down { error } => Some(error),
+        }
+    }
+}
+
 /// The verdict for the whole host.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Report {
     /// Whether NVML answered.
-    pub nvml_up: bool,
-    /// Why NVML did not answer.
-    pub nvml_error: Option<String>,
-    /// The driver's version, when NVML answered.
-    pub driver_version: Option<String>,
+    pub nvml: NvmlStatus,
     /// Whether we run in the host PID namespace (`None`: could not tell).
     pub host_pid_namespace: Option<bool>,
     /// Whether the procfs read shows our PID namespace.
     pub procfs_view: ProcfsView,
-    /// One verdict per GPU.
+    /// One verdict per GPU; none while NVML is down.
     pub gpus: Vec<GpuVerdict>,
     /// `/proc` entries that could not be read.
     pub procfs_errors: u64,
@@ -818,6 +1006,13 @@ impl Report {
     /// True when NVML's process lists may be missing processes of other PID namespaces.
     pub fn blind(&self) -> bool {
         self.host_pid_namespace != Some(true)
+    }
+
+    /// Whether no holder is missing for want of looking: the scan saw every process, or
+    /// none was made, as none is where nothing is orphaned (a replayed snapshot without a
+    /// scan says [`Blindness::NoScan`] in the remedy of an orphan instead).
+    pub fn holders_all_seen(&self) -> bool {
+        self.holder_scan.is_none_or(|scan| scan.complete())
     }
 
     /// Total orphaned bytes over all GPUs.
@@ -837,12 +1032,11 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         procfs_view: observation.procfs_view,
     };
     let scan = observation.holder_scan.as_ref().map(|scan| ScanSummary {
-        complete: scan.complete(),
         cut_short: scan.cut_short,
         permission_errors: scan.permission_errors,
         duration_seconds: scan.duration_seconds,
     });
-    let (nvml_up, nvml_error, driver_version, gpus) = match &observation.nvml {
+    let (nvml, gpus) = match &observation.nvml {
         NvmlReading::Up {
             driver_version,
             gpus,
@@ -862,7 +1056,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                 for owner in owners
                     .iter()
                     .flatten()
-                    .filter(|owner| owner.state.is_live())
+                    .filter(|owner| owner.state().is_live())
                 {
                     let gpus = live_owner_gpus.entry(owner.pid).or_default();
                     if !gpus.contains(&gpu.index) {
@@ -920,13 +1114,24 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                             live_owner_gpus: &live_owner_gpus,
                         },
                     ),
-                    mig: gpu.mig.clone(),
-                    health: gpu.health.clone(),
+                    mig: gpu.mig.as_ref().map(|mig| MigMode {
+                        enabled: mig.enabled,
+                        pending: mig.pending,
+                    }),
+                    health: Health::of(&gpu.health),
                 })
                 .collect();
-            (true, None, Some(driver_version.clone()), verdicts)
+            let nvml = NvmlStatus::Up {
+                driver_version: driver_version.clone(),
+            };
+            (nvml, verdicts)
         }
-        NvmlReading::Down { error } => (false, Some(error.clone()), None, Vec::new()),
+        NvmlReading::Down { error } => (
+            NvmlStatus::Down {
+                error: error.clone(),
+            },
+            Vec::new(),
+        ),
     };
     let kubernetes = observation
         .kubernetes
@@ -937,9 +1142,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         name_pods(&mut gpus, view);
     }
     Report {
-        nvml_up,
-        nvml_error,
-        driver_version,
+        nvml,
         host_pid_namespace: observation.host_pid_namespace,
         procfs_view: observation.procfs_view,
         gpus,
@@ -979,11 +1182,11 @@ fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
             });
         for account in accounts {
             for owner in &mut account.owners {
-                if let Some(process) = &mut owner.process {
-                    name(process);
-                }
-                if let Some(OwnerDetail::Reused { by }) = &mut owner.detail {
-                    name(by);
+                match &mut owner.standing {
+                    Standing::Live(process) | Standing::Gone(WhyGone::Reused { by: process }) => {
+                        name(process)
+                    }
+                    Standing::Gone(WhyGone::Exited | WhyGone::Exiting) | Standing::Unknown(_) => {}
                 }
             }
             for suspect in account
@@ -1077,29 +1280,30 @@ fn account_for_gpu(
     }
 
     let mut tally = StateTally::default();
-    let mut gone_by_reason = [0; GoneReason::ALL.len()];
+    let mut gone_by_reason = [0; GoneReason::COUNT];
     let mut orphaned_owner_gone_bytes = 0u64;
     let mut charged_bytes = 0u64;
     let mut usage_unavailable_owners = 0u64;
     // A refused list may hide the owners of what is left: it cannot be called orphaned.
     let mut owners_uncertain = place.denied.is_some();
     for owner in &owners {
-        tally.add(owner.state, owner.used_bytes);
-        if let Some(reason) = owner.detail.as_ref().and_then(OwnerDetail::gone_reason) {
-            gone_by_reason[reason as usize] += 1;
+        let state = owner.state();
+        tally.add(state, owner.used_bytes);
+        if let Some(why) = owner.gone() {
+            gone_by_reason[why.reason() as usize] += 1;
         }
         // An unknown owner may be alive: memory beside it cannot be called orphaned.
-        owners_uncertain |= owner.state == OwnerState::Unknown;
+        owners_uncertain |= state == OwnerState::Unknown;
         match owner.used_bytes {
             Some(bytes) => {
                 charged_bytes = charged_bytes.saturating_add(bytes);
-                if owner.state == OwnerState::Gone {
+                if state == OwnerState::Gone {
                     orphaned_owner_gone_bytes = orphaned_owner_gone_bytes.saturating_add(bytes);
                 }
             }
             None => {
                 usage_unavailable_owners += 1;
-                owners_uncertain |= owner.state != OwnerState::Gone;
+                owners_uncertain |= state != OwnerState::Gone;
             }
         }
     }
@@ -1247,7 +1451,7 @@ fn remedy(
     if !gone.is_empty()
         && gone
             .iter()
-            .all(|owner| owner.detail == Some(OwnerDetail::Exiting))
+            .all(|owner| owner.gone() == Some(&WhyGone::Exiting))
     {
         return Remedy::Wait;
     }
@@ -1311,8 +1515,8 @@ fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
                 comm: owner.comm().map(str::to_string),
             });
         }
-        if owner.state.is_live() && owner.container_exited {
-            if let Some(process) = &owner.process {
+        if owner.container_ended() {
+            if let Some(process) = owner.process() {
                 owner_notes.push(Note::OwnerContainerEnded {
                     pid: owner.pid,
                     comm: process.comm.clone(),
@@ -1335,7 +1539,7 @@ fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
         let ended: Vec<u32> = account
             .culprits
             .iter()
-            .filter(|culprit| culprit.process.container_ended)
+            .filter(|culprit| culprit.process.container_ended())
             .map(|culprit| culprit.process.pid)
             .collect();
         if !ended.is_empty() {
@@ -1365,30 +1569,38 @@ fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
             });
         }
     }
+    if !account.bystanders.is_empty() {
+        notes.push(Note::BystandersNotBlamed {
+            pids: account
+                .bystanders
+                .iter()
+                .map(|bystander| bystander.process.pid)
+                .collect(),
+        });
+    }
     notes
 }
 
 fn owner_note(owner: &Owner) -> Option<Note> {
-    let comm = || owner.comm().unwrap_or("?").to_string();
-    match (owner.state, &owner.detail) {
-        (OwnerState::Stopped, _) => Some(Note::OwnerStopped {
-            pid: owner.pid,
-            comm: comm(),
+    let pid = owner.pid;
+    match &owner.standing {
+        Standing::Live(process) => {
+            let comm = || process.comm.clone();
+            match process.state.owner_state() {
+                OwnerState::Stopped => Some(Note::OwnerStopped { pid, comm: comm() }),
+                OwnerState::Uninterruptible => {
+                    Some(Note::OwnerInUninterruptibleSleep { pid, comm: comm() })
+                }
+                OwnerState::Zombie => Some(Note::OwnerZombieLeader { pid, comm: comm() }),
+                OwnerState::Running | OwnerState::Gone | OwnerState::Unknown => None,
+            }
+        }
+        Standing::Unknown(why) => Some(Note::OwnerUnknown {
+            pid,
+            detail: why.clone(),
         }),
-        (OwnerState::Uninterruptible, _) => Some(Note::OwnerInUninterruptibleSleep {
-            pid: owner.pid,
-            comm: comm(),
-        }),
-        (OwnerState::Zombie, _) => Some(Note::OwnerZombieLeader {
-            pid: owner.pid,
-            comm: comm(),
-        }),
-        (OwnerState::Unknown, Some(detail)) => Some(Note::OwnerUnknown {
-            pid: owner.pid,
-            detail: detail.clone(),
-        }),
-        (OwnerState::Gone, Some(OwnerDetail::Reused { by })) => Some(Note::OwnerPidReused {
-            pid: owner.pid,
+        Standing::Gone(WhyGone::Reused { by }) => Some(Note::OwnerPidReused {
+            pid,
             // Only a process seen before the one there now says who the owner was.
             was: owner
                 .first_seen
@@ -1397,6 +1609,6 @@ fn owner_note(owner: &Owner) -> Option<Note> {
                 .map(|first| first.comm.clone()),
             now: by.clone(),
         }),
-        _ => None,
+        Standing::Gone(WhyGone::Exited | WhyGone::Exiting) => None,
     }
 }

@@ -2,14 +2,28 @@
 //! and start time) and by evidence of a context (shared mappings of the GPU's device file).
 
 use super::{Process, ProcessState};
-use crate::observe::{
-    Identity, NamespaceInit, NvmlProcess, OwnerLookup, ProcessFacts, ProcessLookup, ProcfsView,
-};
-use serde::Serialize;
+use crate::observe::{Identity, NvmlProcess, OwnerLookup, ProcessFacts, ProcessLookup, ProcfsView};
+use serde::{Serialize, Serializer};
+use strum::{EnumCount, IntoStaticStr, VariantArray};
 
-/// Where an owner of GPU memory stands; the `state` label of the owner series.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// Where an owner of GPU memory stands, as a word: the `state` label of the owner series
+/// and of `check --json`. [`Standing`] holds what each word rests on.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    IntoStaticStr,
+    VariantArray,
+    EnumCount,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum OwnerState {
     /// Alive and schedulable: running, sleeping or idle (`R`, `S`, `I`).
     Running,
@@ -26,26 +40,9 @@ pub enum OwnerState {
 }
 
 impl OwnerState {
-    /// Every state, in the order metrics list them.
-    pub const ALL: [OwnerState; 6] = [
-        OwnerState::Running,
-        OwnerState::Stopped,
-        OwnerState::Uninterruptible,
-        OwnerState::Zombie,
-        OwnerState::Gone,
-        OwnerState::Unknown,
-    ];
-
-    /// The label value used in metrics and JSON.
+    /// The label value used in metrics and JSON (the serde name).
     pub fn as_str(self) -> &'static str {
-        match self {
-            OwnerState::Running => "running",
-            OwnerState::Stopped => "stopped",
-            OwnerState::Uninterruptible => "uninterruptible",
-            OwnerState::Zombie => "zombie",
-            OwnerState::Gone => "gone",
-            OwnerState::Unknown => "unknown",
-        }
+        self.into()
     }
 
     /// Whether an owner in this state keeps its memory (neither gone nor unknown).
@@ -54,53 +51,68 @@ impl OwnerState {
     }
 }
 
-/// Why an owner is gone or unknown.
+/// The verdict on an owner with what it rests on: a live owner is its process, a gone
+/// one says how it went, an unknown one why it cannot be judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// A live process holds its context here; its state is the process's.
+    Live(Box<Process>),
+    /// No live process holds its context any more.
+    Gone(WhyGone),
+    /// It cannot be judged: never counted as gone.
+    Unknown(WhyUnknown),
+}
+
+/// How an owner went; `detail` of a gone owner in `check --json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "reason", rename_all = "snake_case")]
-pub enum OwnerDetail {
-    /// Gone: no process has the PID.
+pub enum WhyGone {
+    /// No process has the PID.
     Exited,
-    /// Gone: the process is a zombie with no threads or mappings left; its memory is being
+    /// The process is a zombie with no threads or mappings left; its memory is being
     /// freed (0.13-0.18 s after a SIGKILL, measured on an H200).
     Exiting,
-    /// Gone: the PID names another process now, which has no context on this GPU (or has
-    /// a start time other than the owner's).
+    /// The PID names another process now, which has no context on this GPU (or has a
+    /// start time other than the owner's).
     Reused {
         /// The process that has the PID now.
         by: Box<Process>,
     },
-    /// Unknown: its `/proc` entry exists but cannot be read.
-    Unreadable {
-        /// The error, in one line.
-        error: String,
-    },
-    /// Unknown: the procfs read shows another PID namespace, without this PID of ours.
-    NotVisible,
-    /// Unknown: its mappings cannot be read, so whether it holds a context here cannot be
-    /// told (root, or CAP_SYS_PTRACE, is needed for another user's).
-    ContextUnreadable,
-    /// Unknown: NVML did not say which device node the GPU is, so no mapping can prove a
-    /// context on it.
-    NoDeviceNode,
 }
 
-impl OwnerDetail {
-    /// The `reason` label of a gone owner, `None` for the details of unknown owners.
-    pub fn gone_reason(&self) -> Option<GoneReason> {
+impl WhyGone {
+    /// The `reason` label of the gone owner series.
+    pub fn reason(&self) -> GoneReason {
         match self {
-            OwnerDetail::Exited | OwnerDetail::Exiting => Some(GoneReason::Exited),
-            OwnerDetail::Reused { .. } => Some(GoneReason::Reused),
-            OwnerDetail::Unreadable { .. }
-            | OwnerDetail::NotVisible
-            | OwnerDetail::ContextUnreadable
-            | OwnerDetail::NoDeviceNode => None,
+            WhyGone::Exited | WhyGone::Exiting => GoneReason::Exited,
+            WhyGone::Reused { .. } => GoneReason::Reused,
         }
     }
 }
 
-/// Why an owner is gone, as an alert tells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Why an owner cannot be judged; `detail` of an unknown owner in `check --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum WhyUnknown {
+    /// Its `/proc` entry exists but cannot be read.
+    Unreadable {
+        /// The error, in one line.
+        error: String,
+    },
+    /// The procfs read shows another PID namespace, without this PID of ours.
+    NotVisible,
+    /// Its mappings cannot be read, so whether it holds a context here cannot be told
+    /// (root, or CAP_SYS_PTRACE, is needed for another user's).
+    ContextUnreadable,
+    /// NVML did not say which device node the GPU is, so no mapping can prove a context
+    /// on it.
+    NoDeviceNode,
+}
+
+/// Why an owner is gone, as an alert tells it: the `reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, IntoStaticStr, VariantArray, EnumCount)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum GoneReason {
     /// The process exited.
     Exited,
@@ -110,45 +122,135 @@ pub enum GoneReason {
 }
 
 impl GoneReason {
-    /// Every reason, in the order metrics list them.
-    pub const ALL: [GoneReason; 2] = [GoneReason::Exited, GoneReason::Reused];
-
-    /// The label value used in metrics.
+    /// The label value used in metrics (the serde name).
     pub fn as_str(self) -> &'static str {
-        match self {
-            GoneReason::Exited => "exited",
-            GoneReason::Reused => "reused",
+        self.into()
+    }
+}
+
+/// What the owner table says after an owner's state word, in parentheses: `running
+/// (sleeping)`, `gone (reused)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateQualifier {
+    /// The process's own state, where its word is not the state's (sleeping, idle, ...).
+    Process(ProcessState),
+    /// The PID names another process now.
+    Reused,
+    /// The process is exiting.
+    Exiting,
+}
+
+/// One process NVML charges memory to, with its verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// Process id as NVML reports it (ours: the driver translates PIDs into our namespace).
+    pub pid: u32,
+    /// The verdict, with what it rests on.
+    pub standing: Standing,
+    /// Bytes NVML charges it (never more than the GPU has), `None` when NVML cannot say.
+    pub used_bytes: Option<u64>,
+    /// The process the exporter first saw under this PID, when it saw one.
+    pub first_seen: Option<Identity>,
+}
+
+impl Owner {
+    /// The verdict as a word: a live owner's is its process's.
+    pub fn state(&self) -> OwnerState {
+        match &self.standing {
+            Standing::Live(process) => process.state.owner_state(),
+            Standing::Gone(_) => OwnerState::Gone,
+            Standing::Unknown(_) => OwnerState::Unknown,
+        }
+    }
+
+    /// The live process that owns the memory, when there is one.
+    pub fn process(&self) -> Option<&Process> {
+        match &self.standing {
+            Standing::Live(process) => Some(process),
+            Standing::Gone(_) | Standing::Unknown(_) => None,
+        }
+    }
+
+    /// How it went, when it is gone.
+    pub fn gone(&self) -> Option<&WhyGone> {
+        match &self.standing {
+            Standing::Gone(why) => Some(why),
+            Standing::Live(_) | Standing::Unknown(_) => None,
+        }
+    }
+
+    /// Its command name, when it is alive.
+    pub fn comm(&self) -> Option<&str> {
+        self.process().map(|process| process.comm.as_str())
+    }
+
+    /// It is alive although its container has ended (PID 1 of its PID namespace exited).
+    pub fn container_ended(&self) -> bool {
+        self.process().is_some_and(Process::container_ended)
+    }
+
+    /// What the owner table adds to its state word: ps's word where it says more (the
+    /// `running` label covers sleeping and idle), or how a gone owner went where that is
+    /// not plain exiting.
+    pub fn state_qualifier(&self) -> Option<StateQualifier> {
+        match &self.standing {
+            Standing::Live(process) => match process.state {
+                // The label is ps's own word.
+                ProcessState::Running | ProcessState::Stopped | ProcessState::Zombie => None,
+                ProcessState::Sleeping
+                | ProcessState::Idle
+                | ProcessState::TracingStop
+                | ProcessState::DiskSleep
+                | ProcessState::Dead => Some(StateQualifier::Process(process.state)),
+            },
+            Standing::Gone(WhyGone::Reused { .. }) => Some(StateQualifier::Reused),
+            Standing::Gone(WhyGone::Exiting) => Some(StateQualifier::Exiting),
+            Standing::Gone(WhyGone::Exited) | Standing::Unknown(_) => None,
         }
     }
 }
 
-/// One process NVML charges memory to, with its verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Owner {
-    /// Process id as NVML reports it (ours: the driver translates PIDs into our namespace).
-    pub pid: u32,
-    /// The verdict.
-    pub state: OwnerState,
-    /// Why it is gone or unknown.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<OwnerDetail>,
-    /// Bytes NVML charges it (never more than the GPU has), `None` when NVML cannot say.
-    pub used_bytes: Option<u64>,
-    /// The live process that owns the memory, when there is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub process: Option<Box<Process>>,
-    /// The process the exporter first saw under this PID, when it saw one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub first_seen: Option<Identity>,
-    /// It is alive although its container has ended (PID 1 of its PID namespace exited).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub container_exited: bool,
-}
+/// An owner in `check --json`: its standing as a `state` word with a `detail` beside it,
+/// and `container_exited` said of a live owner, as scripts have read them.
+impl Serialize for Owner {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        /// The detail of a gone or unknown owner, tagged by `reason` either way.
+        #[derive(Serialize)]
+        #[serde(untagged)]
+        enum Detail<'a> {
+            Gone(&'a WhyGone),
+            Unknown(&'a WhyUnknown),
+        }
 
-impl Owner {
-    /// Its command name, when it is alive.
-    pub fn comm(&self) -> Option<&str> {
-        self.process.as_ref().map(|process| process.comm.as_str())
+        #[derive(Serialize)]
+        struct OwnerJson<'a> {
+            pid: u32,
+            state: OwnerState,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            detail: Option<Detail<'a>>,
+            used_bytes: Option<u64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            process: Option<&'a Process>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            first_seen: Option<&'a Identity>,
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            container_exited: bool,
+        }
+
+        OwnerJson {
+            pid: self.pid,
+            state: self.state(),
+            detail: match &self.standing {
+                Standing::Live(_) => None,
+                Standing::Gone(why) => Some(Detail::Gone(why)),
+                Standing::Unknown(why) => Some(Detail::Unknown(why)),
+            },
+            used_bytes: self.used_bytes,
+            process: self.process(),
+            first_seen: self.first_seen.as_ref(),
+            container_exited: self.container_ended(),
+        }
+        .serialize(serializer)
     }
 }
 
@@ -171,39 +273,40 @@ pub fn judge_owner(
     minor: Option<u32>,
     frame: &Frame,
 ) -> Owner {
-    let mut owner = Owner {
+    let first_seen = lookup.and_then(|lookup| lookup.first_seen.clone());
+    Owner {
         pid: process.pid,
-        state: OwnerState::Gone,
-        detail: Some(OwnerDetail::Exited),
+        standing: standing(process, lookup, minor, frame),
         used_bytes: process.used_bytes,
-        process: None,
-        first_seen: None,
-        container_exited: false,
-    };
+        first_seen,
+    }
+}
+
+fn standing(
+    process: &NvmlProcess,
+    lookup: Option<&OwnerLookup>,
+    minor: Option<u32>,
+    frame: &Frame,
+) -> Standing {
     let Some(lookup) = lookup else {
-        return owner;
+        return Standing::Gone(WhyGone::Exited);
     };
-    owner.first_seen = lookup.first_seen.clone();
     let facts = match &lookup.now {
-        ProcessLookup::Missing => return owner,
+        ProcessLookup::Missing => return Standing::Gone(WhyGone::Exited),
         ProcessLookup::Unreadable { error } => {
-            return unknown(
-                owner,
-                OwnerDetail::Unreadable {
-                    error: error.clone(),
-                },
-            )
+            return Standing::Unknown(WhyUnknown::Unreadable {
+                error: error.clone(),
+            })
         }
-        ProcessLookup::NotVisible => return unknown(owner, OwnerDetail::NotVisible),
+        ProcessLookup::NotVisible => return Standing::Unknown(WhyUnknown::NotVisible),
         ProcessLookup::Present(facts) => facts,
     };
     if matches!(facts.state, 'X' | 'x') || exiting(facts) {
-        owner.detail = Some(if facts.state == 'Z' {
-            OwnerDetail::Exiting
+        return Standing::Gone(if facts.state == 'Z' {
+            WhyGone::Exiting
         } else {
-            OwnerDetail::Exited
+            WhyGone::Exited
         });
-        return owner;
     }
     let same_process = lookup
         .first_seen
@@ -211,11 +314,11 @@ pub fn judge_owner(
         .is_none_or(|first| first.start_time_ticks == facts.start_time_ticks);
     let context = match (minor, process.mps_only) {
         (_, true) => Context::Unprovable,
-        (None, false) => Context::Unknown(OwnerDetail::NoDeviceNode),
+        (None, false) => Context::Unknown(WhyUnknown::NoDeviceNode),
         (Some(minor), false) => match facts.mappings.nodes() {
             Some(nodes) if nodes.gpus.contains(&minor) => Context::Here,
             Some(_) => Context::Absent,
-            None => Context::Unknown(OwnerDetail::ContextUnreadable),
+            None => Context::Unknown(WhyUnknown::ContextUnreadable),
         },
     };
     match (context, same_process) {
@@ -223,19 +326,15 @@ pub fn judge_owner(
         // is not the process first seen under it (the first exited and freed its memory,
         // and a new CUDA process got the number before a scrape saw the gap).
         (Context::Here, _) | (Context::Unprovable, true) => {
-            owner.state = ProcessState::from_letter(facts.state).owner_state();
-            owner.detail = None;
-            owner.container_exited = NamespaceInit::exited(facts.pid_namespace_init);
-            owner.process = Some(Box::new(Process::new(facts, frame)));
+            Standing::Live(Box::new(Process::new(facts, frame)))
         }
         (Context::Absent | Context::Unprovable, _) | (Context::Unknown(_), false) => {
-            owner.detail = Some(OwnerDetail::Reused {
+            Standing::Gone(WhyGone::Reused {
                 by: Box::new(Process::new(facts, frame)),
-            });
+            })
         }
-        (Context::Unknown(detail), true) => return unknown(owner, detail),
+        (Context::Unknown(why), true) => Standing::Unknown(why),
     }
-    owner
 }
 
 /// What the mappings of the process under an owner's PID say about a context on the GPU.
@@ -247,13 +346,7 @@ enum Context {
     /// Mappings cannot prove it either way (an MPS client's context is the server's).
     Unprovable,
     /// Cannot be told, for this reason.
-    Unknown(OwnerDetail),
-}
-
-fn unknown(mut owner: Owner, detail: OwnerDetail) -> Owner {
-    owner.state = OwnerState::Unknown;
-    owner.detail = Some(detail);
-    owner
+    Unknown(WhyUnknown),
 }
 
 /// A process that has finished exiting but for its reaping: a zombie main thread with no

@@ -7,10 +7,12 @@ use super::{Frame, Owner, Process, Settings};
 use crate::observe::{ProcessFacts, ProcfsView, References};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use strum::{IntoStaticStr, VariantArray};
 
-/// What a candidate is to one GPU's orphaned memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// What a candidate is to one GPU's orphaned memory: the `role` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, IntoStaticStr, VariantArray)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Role {
     /// It holds a context on the GPU: its end frees the memory.
     Culprit,
@@ -22,16 +24,9 @@ pub enum Role {
 }
 
 impl Role {
-    /// Every role, in the order metrics list them.
-    pub const ALL: [Role; 3] = [Role::Culprit, Role::Bystander, Role::Undetermined];
-
-    /// The label value used in metrics.
+    /// The label value used in metrics (the serde name).
     pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Culprit => "culprit",
-            Role::Bystander => "bystander",
-            Role::Undetermined => "undetermined",
-        }
+        self.into()
     }
 }
 
@@ -220,13 +215,7 @@ fn kinship(holder: &ProcessFacts, scene: &Scene<'_>, frame: &Frame) -> Vec<Evide
     let gone: Vec<&Owner> = scene
         .owners
         .iter()
-        .filter(|owner| {
-            owner
-                .detail
-                .as_ref()
-                .and_then(|d| d.gone_reason())
-                .is_some()
-        })
+        .filter(|owner| owner.gone().is_some())
         .collect();
     let mut ties = Vec::new();
     for owner in gone {

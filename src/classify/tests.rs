@@ -1,251 +1,9 @@
 //! Case-by-case tests of the classifier, one rule each, with the figures measured on an
 //! H200 (see the project's GPU facts) and expected values worked out by hand.
 
+use super::fixtures::*;
 use super::*;
-use crate::observe::{
-    GpuHealth, GpuReading, HolderScan, Identity, NodeSet, OwnerLookup, ProcessList, ProcessLookup,
-    RecoveryAction, References,
-};
-
-const MIB: u64 = 1024 * 1024;
-const GIB: u64 = 1024 * MIB;
-/// v2 `used` with one live PyTorch process holding an 8 GiB tensor.
-const USED_ONE_OWNER: u64 = 9_238_806_528;
-/// What NVML charged that process.
-const CHARGED_ONE_OWNER: u64 = 9_229_565_952;
-const TOTAL: u64 = 150_754_820_096;
-const RESERVED: u64 = 644_939_776;
-/// The host booted at 2026-12-03 00:00:00 UTC.
-const BOOT: u64 = 1_796_256_000;
-
-fn memory(used: u64) -> MemoryReading {
-    MemoryReading {
-        total: TOTAL,
-        reserved: RESERVED,
-        used,
-        free: TOTAL - RESERVED - used,
-    }
-}
-
-/// What a process maps or holds: the GPU nodes given, and the control node.
-fn nodes(gpus: &[u32]) -> References {
-    References::Read(NodeSet {
-        gpus: gpus.to_vec(),
-        control: !gpus.is_empty(),
-        uvm: !gpus.is_empty(),
-        ..NodeSet::default()
-    })
-}
-
-/// A sleeping python3 that holds and maps `gpus` (a CUDA process with a context on
-/// each), started 1000 s after boot.
-fn cuda(pid: u32, gpus: &[u32]) -> ProcessFacts {
-    ProcessFacts {
-        pid,
-        local_pid: Some(pid),
-        start_time_ticks: 100_000,
-        comm: "python3".into(),
-        state: 'S',
-        ppid: 1,
-        pgid: pid,
-        sid: pid,
-        threads: 8,
-        uid: Some(0),
-        user: Some("root".into()),
-        wchan: None,
-        descriptors: nodes(gpus),
-        mappings: nodes(gpus),
-        cgroup: CgroupAttribution::default(),
-        pid_namespace_init: None,
-    }
-}
-
-/// An NVML client (a monitoring agent): it holds `gpus`' nodes open and maps nothing.
-fn nvml_client(pid: u32, comm: &str, gpus: &[u32]) -> ProcessFacts {
-    ProcessFacts {
-        comm: comm.into(),
-        mappings: nodes(&[]),
-        ..cuda(pid, &[]).with_descriptors(gpus)
-    }
-}
-
-impl ProcessFacts {
-    fn with_descriptors(mut self, gpus: &[u32]) -> ProcessFacts {
-        self.descriptors = nodes(gpus);
-        self
-    }
-
-    fn state(mut self, letter: char) -> ProcessFacts {
-        self.state = letter;
-        self
-    }
-
-    fn started(mut self, ticks: u64) -> ProcessFacts {
-        self.start_time_ticks = ticks;
-        self
-    }
-
-    fn child_of(mut self, parent: u32) -> ProcessFacts {
-        self.ppid = parent;
-        self.pgid = parent;
-        self.sid = parent;
-        self
-    }
-}
-
-/// A host being built: GPUs with their NVML readings, `/proc` under each listed PID, and
-/// the holder scan.
-struct Host {
-    gpus: Vec<GpuReading>,
-    owners: BTreeMap<u32, OwnerLookup>,
-    host_pid_namespace: Option<bool>,
-    procfs_view: ProcfsView,
-    holders: Option<Vec<ProcessFacts>>,
-    scan_cut_short: bool,
-    scan_denied: u64,
-}
-
-impl Host {
-    /// One idle H200, minor 0.
-    fn idle() -> Host {
-        Host {
-            gpus: Vec::new(),
-            owners: BTreeMap::new(),
-            host_pid_namespace: Some(true),
-            procfs_view: ProcfsView::Own,
-            holders: None,
-            scan_cut_short: false,
-            scan_denied: 0,
-        }
-        .gpu(0)
-    }
-
-    /// Another idle GPU, index and minor `index`.
-    fn gpu(mut self, index: u32) -> Host {
-        self.gpus.push(GpuReading {
-            index,
-            uuid: format!("GPU-{index}"),
-            name: "NVIDIA H200".into(),
-            pci_bus_id: format!("00000000:{:02x}:00.0", 0x19 + index),
-            minor: Some(index),
-            state: GpuState::Ok {
-                memory: memory(0),
-                processes: ProcessList::Listed(Vec::new()),
-            },
-            mig: None,
-            health: GpuHealth::default(),
-        });
-        self
-    }
-
-    fn readings(&mut self, index: usize) -> (&mut MemoryReading, &mut Vec<NvmlProcess>) {
-        match &mut self.gpus[index].state {
-            GpuState::Ok {
-                memory,
-                processes: ProcessList::Listed(processes),
-            } => (memory, processes),
-            state => panic!("GPU {index} has no plain process list: {state:?}"),
-        }
-    }
-
-    fn used(self, used: u64) -> Host {
-        self.used_on(0, used)
-    }
-
-    fn used_on(mut self, gpu: usize, used: u64) -> Host {
-        *self.readings(gpu).0 = memory(used);
-        self
-    }
-
-    /// NVML charges `bytes` to `pid` on GPU 0; `/proc` shows `now` under it, and the
-    /// exporter first saw `first` there.
-    fn owner(self, pid: u32, bytes: Option<u64>, now: ProcessLookup) -> Host {
-        self.owner_on(0, pid, bytes, now)
-    }
-
-    fn owner_on(mut self, gpu: usize, pid: u32, bytes: Option<u64>, now: ProcessLookup) -> Host {
-        self.readings(gpu).1.push(NvmlProcess {
-            pid,
-            used_bytes: bytes,
-            mps_only: false,
-        });
-        let first_seen = match &now {
-            ProcessLookup::Present(facts) => Some(Identity::of(facts)),
-            _ => None,
-        };
-        self.owners.insert(pid, OwnerLookup { first_seen, now });
-        self
-    }
-
-    /// The exporter first saw `first` under `pid`, whatever is there now.
-    fn first_seen(mut self, pid: u32, first: &ProcessFacts) -> Host {
-        self.owners.get_mut(&pid).expect("a listed PID").first_seen = Some(Identity::of(first));
-        self
-    }
-
-    /// A process the holder scan found.
-    fn holder(mut self, facts: ProcessFacts) -> Host {
-        self.holders.get_or_insert_with(Vec::new).push(facts);
-        self
-    }
-
-    /// A holder scan that found nothing.
-    fn scanned(mut self) -> Host {
-        self.holders.get_or_insert_with(Vec::new);
-        self
-    }
-
-    fn observation(&self) -> Observation {
-        Observation {
-            nvml: NvmlReading::Up {
-                driver_version: "580.159.04".into(),
-                gpus: self.gpus.clone(),
-            },
-            host_pid_namespace: self.host_pid_namespace,
-            procfs_view: self.procfs_view,
-            boot_time_unix_seconds: Some(BOOT),
-            clock_ticks_per_second: 100,
-            owners: self.owners.clone(),
-            holder_scan: self.holders.clone().map(|holders| HolderScan {
-                holders,
-                permission_errors: self.scan_denied,
-                cut_short: self.scan_cut_short,
-                duration_seconds: 0.001,
-            }),
-            procfs_errors: 0,
-            kubernetes: None,
-        }
-    }
-
-    fn report(&self) -> Report {
-        classify(&self.observation(), &Settings::default())
-    }
-
-    fn account(&self) -> GpuAccount {
-        self.account_of(0)
-    }
-
-    fn account_of(&self, gpu: usize) -> GpuAccount {
-        self.report().gpus[gpu].account().expect("measured").clone()
-    }
-}
-
-fn present(facts: ProcessFacts) -> ProcessLookup {
-    ProcessLookup::Present(Box::new(facts))
-}
-
-fn pids(suspects: &[Suspect]) -> Vec<u32> {
-    suspects.iter().map(|suspect| suspect.process.pid).collect()
-}
-
-/// The fork-inherited orphan measured on the H200: NVML charges 9,229,565,952 bytes to
-/// PID 503, which exited; its child 524 maps GPU 0 and keeps the memory.
-fn fork_orphan() -> Host {
-    Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .holder(cuda(524, &[0]).child_of(503).started(150_000))
-}
+use crate::observe::{GpuHealth, ProcessLookup, RecoveryAction, References};
 
 // Owners: identity and context.
 
@@ -265,9 +23,9 @@ fn an_owner_that_maps_its_gpu_is_live_in_its_state() {
         .owner(432, Some(CHARGED_ONE_OWNER), present(cuda(432, &[0])))
         .account();
     let owner = &account.owners[0];
-    assert_eq!(owner.state, OwnerState::Running);
-    assert_eq!(owner.detail, None);
-    let process = owner.process.as_ref().expect("the live process");
+    assert_eq!(owner.state(), OwnerState::Running);
+    assert!(matches!(owner.standing, Standing::Live(_)));
+    let process = owner.process().expect("the live process");
     assert_eq!(process.state, ProcessState::Sleeping);
     // Started 100,000 ticks (1,000 s) after a boot at BOOT.
     assert_eq!(process.started_unix_seconds, Some(BOOT + 1_000));
@@ -276,6 +34,37 @@ fn an_owner_that_maps_its_gpu_is_live_in_its_state() {
     // 16 MiB floor of one context, so nothing is unattributed.
     assert_eq!(account.unattributed_bytes, 0);
     assert_eq!(account.finding, Finding::Owned);
+}
+
+#[test]
+fn label_values_are_the_json_words() {
+    use strum::VariantArray;
+    let json = |value: serde_json::Value| value.as_str().unwrap().to_string();
+    for state in OwnerState::VARIANTS {
+        assert_eq!(json(serde_json::to_value(state).unwrap()), state.as_str());
+    }
+    for reason in GoneReason::VARIANTS {
+        assert_eq!(json(serde_json::to_value(reason).unwrap()), reason.as_str());
+    }
+    for role in Role::VARIANTS {
+        assert_eq!(json(serde_json::to_value(role).unwrap()), role.as_str());
+    }
+    // The order the series list them in.
+    let order: Vec<&str> = OwnerState::VARIANTS
+        .iter()
+        .map(|state| state.as_str())
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "running",
+            "stopped",
+            "uninterruptible",
+            "zombie",
+            "gone",
+            "unknown"
+        ]
+    );
 }
 
 #[test]
@@ -309,7 +98,7 @@ fn a_stopped_owner_keeps_its_memory_and_gets_a_note() {
             present(cuda(432, &[0]).state('T')),
         )
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Stopped);
+    assert_eq!(account.owners[0].state(), OwnerState::Stopped);
     assert_eq!(account.orphaned_bytes(), 0);
     assert_eq!(
         account.notes,
@@ -330,7 +119,7 @@ fn an_owner_in_uninterruptible_sleep_is_live() {
             present(cuda(465, &[0]).state('D')),
         )
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Uninterruptible);
+    assert_eq!(account.owners[0].state(), OwnerState::Uninterruptible);
     assert_eq!(account.orphaned_bytes(), 0);
 }
 
@@ -343,7 +132,7 @@ fn a_zombie_leader_whose_threads_map_the_gpu_is_a_live_zombie() {
         .used(4_850_000_000)
         .owner(454, Some(4_840_000_000), present(facts))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Zombie);
+    assert_eq!(account.owners[0].state(), OwnerState::Zombie);
     assert_eq!(account.orphaned_bytes(), 0);
 }
 
@@ -351,8 +140,8 @@ fn a_zombie_leader_whose_threads_map_the_gpu_is_a_live_zombie() {
 fn a_pid_with_no_process_is_gone_and_its_charge_is_orphaned() {
     let account = fork_orphan().account();
     let owner = &account.owners[0];
-    assert_eq!(owner.state, OwnerState::Gone);
-    assert_eq!(owner.detail, Some(OwnerDetail::Exited));
+    assert_eq!(owner.state(), OwnerState::Gone);
+    assert_eq!(owner.standing, Standing::Gone(WhyGone::Exited));
     assert_eq!(account.gone(GoneReason::Exited), 1);
     assert_eq!(account.orphaned_owner_gone_bytes, 9_229_565_952);
     assert_eq!(account.finding, Finding::Orphaned);
@@ -369,10 +158,10 @@ fn a_pid_reused_by_an_nvml_client_is_gone_not_live() {
         .owner(503, Some(CHARGED_ONE_OWNER), present(reuser))
         .first_seen(503, &owner)
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
     assert!(matches!(
-        &account.owners[0].detail,
-        Some(OwnerDetail::Reused { by }) if by.start_time_ticks == 400_000
+        &account.owners[0].standing,
+        Standing::Gone(WhyGone::Reused { by }) if by.start_time_ticks == 400_000
     ));
     assert_eq!(account.gone(GoneReason::Reused), 1);
     assert_eq!(account.orphaned_bytes(), CHARGED_ONE_OWNER);
@@ -394,7 +183,7 @@ fn a_pid_first_seen_without_a_context_here_is_reused_even_with_no_history() {
             present(nvml_client(503, "gpu-health", &[0])),
         )
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
     assert_eq!(account.gone(GoneReason::Reused), 1);
     // No earlier process seen: the note cannot say who the owner was.
     assert!(matches!(
@@ -415,7 +204,7 @@ fn a_pid_reused_by_a_cuda_job_of_another_gpu_is_gone_on_this_one() {
         )
         .first_seen(503, &cuda(503, &[0]))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
     assert_eq!(account.orphaned_bytes(), CHARGED_ONE_OWNER);
 }
 
@@ -428,7 +217,7 @@ fn a_new_start_time_means_a_new_process_even_when_its_mappings_cannot_be_read() 
         .owner(503, Some(CHARGED_ONE_OWNER), present(reuser))
         .first_seen(503, &cuda(503, &[0]))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
     assert_eq!(account.gone(GoneReason::Reused), 1);
 }
 
@@ -446,7 +235,7 @@ fn a_new_process_with_its_own_context_here_owns_the_charge() {
         )
         .first_seen(503, &cuda(503, &[0]))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Running);
+    assert_eq!(account.owners[0].state(), OwnerState::Running);
     assert_eq!(account.orphaned_bytes(), 0);
 }
 
@@ -461,7 +250,7 @@ fn an_exiting_zombie_is_gone_and_the_remedy_is_to_wait() {
         .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
         .scanned()
         .account();
-    assert_eq!(account.owners[0].detail, Some(OwnerDetail::Exiting));
+    assert_eq!(account.owners[0].standing, Standing::Gone(WhyGone::Exiting));
     assert_eq!(account.finding, Finding::Orphaned);
     assert_eq!(account.remedy, Remedy::Wait);
 }
@@ -474,10 +263,10 @@ fn unreadable_mappings_make_an_owner_unknown_never_gone() {
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Unknown);
+    assert_eq!(account.owners[0].state(), OwnerState::Unknown);
     assert_eq!(
-        account.owners[0].detail,
-        Some(OwnerDetail::ContextUnreadable)
+        account.owners[0].standing,
+        Standing::Unknown(WhyUnknown::ContextUnreadable)
     );
     assert_eq!(account.orphaned_bytes(), 0);
     assert_eq!(account.finding, Finding::CannotTell);
@@ -495,7 +284,7 @@ fn an_unreadable_proc_entry_is_unknown_never_gone() {
             },
         )
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Unknown);
+    assert_eq!(account.owners[0].state(), OwnerState::Unknown);
     assert_eq!(account.orphaned_bytes(), 0);
     assert_eq!(account.finding, Finding::CannotTell);
 }
@@ -511,8 +300,11 @@ fn a_pid_a_foreign_procfs_cannot_show_is_unknown_never_gone() {
     host.procfs_view = ProcfsView::Foreign;
     host.host_pid_namespace = Some(false);
     let account = host.account();
-    assert_eq!(account.owners[0].state, OwnerState::Unknown);
-    assert_eq!(account.owners[0].detail, Some(OwnerDetail::NotVisible));
+    assert_eq!(account.owners[0].state(), OwnerState::Unknown);
+    assert_eq!(
+        account.owners[0].standing,
+        Standing::Unknown(WhyUnknown::NotVisible)
+    );
     assert_eq!(account.orphaned_bytes(), 0);
     assert_eq!(account.finding, Finding::CannotTell);
 }
@@ -527,7 +319,7 @@ fn an_mps_client_is_judged_by_its_start_time_alone() {
         present(client.clone()),
     );
     host.readings(0).1[0].mps_only = true;
-    assert_eq!(host.account().owners[0].state, OwnerState::Running);
+    assert_eq!(host.account().owners[0].state(), OwnerState::Running);
     let host = host.owner(
         700,
         Some(CHARGED_ONE_OWNER),
@@ -536,7 +328,7 @@ fn an_mps_client_is_judged_by_its_start_time_alone() {
     let mut host = host.first_seen(700, &nvml_client(700, "python3", &[0]));
     host.readings(0).1.truncate(1);
     host.readings(0).1[0].mps_only = true;
-    assert_eq!(host.account().owners[0].state, OwnerState::Gone);
+    assert_eq!(host.account().owners[0].state(), OwnerState::Gone);
 }
 
 #[test]
@@ -548,7 +340,10 @@ fn without_a_device_node_no_owner_can_be_proven_live() {
     );
     host.gpus[0].minor = None;
     let account = host.account();
-    assert_eq!(account.owners[0].detail, Some(OwnerDetail::NoDeviceNode));
+    assert_eq!(
+        account.owners[0].standing,
+        Standing::Unknown(WhyUnknown::NoDeviceNode)
+    );
     assert_eq!(account.finding, Finding::CannotTell);
 }
 
@@ -930,19 +725,6 @@ fn kinship_is_not_claimed_across_pid_namespaces() {
 
 // Containers.
 
-const CONTAINER: &str = "3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a";
-const POD: &str = "1d9e2c4a-0000-4000-8000-000000000000";
-
-fn contained(mut facts: ProcessFacts, init: Option<NamespaceInit>) -> ProcessFacts {
-    facts.cgroup = CgroupAttribution {
-        cgroup: Some(format!("/kubepods/pod{POD}/{CONTAINER}")),
-        container_id: Some(CONTAINER.into()),
-        pod_uid: Some(POD.into()),
-    };
-    facts.pid_namespace_init = init;
-    facts
-}
-
 #[test]
 fn a_live_owner_carries_its_container_and_pod() {
     let facts = contained(cuda(432, &[0]), Some(NamespaceInit::Running { pid: 400 }));
@@ -950,7 +732,7 @@ fn a_live_owner_carries_its_container_and_pod() {
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
         .account();
-    let process = account.owners[0].process.as_ref().unwrap();
+    let process = account.owners[0].process().unwrap();
     assert_eq!(process.cgroup.container_id.as_deref(), Some(CONTAINER));
     assert_eq!(process.cgroup.pod_uid.as_deref(), Some(POD));
     assert_eq!(account.exited_container_processes(), 0);
@@ -963,8 +745,8 @@ fn a_reused_pid_does_not_lend_its_container_to_the_gone_owner() {
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(reuser))
         .account();
-    assert_eq!(account.owners[0].state, OwnerState::Gone);
-    assert!(account.owners[0].process.is_none());
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
+    assert!(account.owners[0].process().is_none());
 }
 
 #[test]
@@ -1099,20 +881,6 @@ fn nvml_down_is_its_own_status_with_no_gpus() {
 
 // What the driver says the GPU needs.
 
-impl Host {
-    fn health(mut self, health: GpuHealth) -> Host {
-        self.gpus[0].health = health;
-        self
-    }
-}
-
-fn recovery(action: RecoveryAction) -> GpuHealth {
-    GpuHealth {
-        recovery_action: Some(action),
-        ..GpuHealth::default()
-    }
-}
-
 #[test]
 fn an_unheld_orphan_names_the_nvml_clients_a_reset_must_wait_for() {
     let account = Host::idle()
@@ -1189,65 +957,6 @@ fn memory_the_operating_system_manages_is_never_called_orphaned() {
 }
 
 // MIG instances.
-
-/// GPU 0 in MIG mode with GPU instances 1 and 2 (capability minors 12/13 and 21/22); NVML
-/// charges PID 503, gone, in instance 2.
-fn mig_host(capabilities: bool) -> Host {
-    use crate::observe::{MigCapabilities, MigDeviceReading, MigReading};
-    let device =
-        |index: u32, gi: u32, minors: (u32, u32), processes: Vec<NvmlProcess>| MigDeviceReading {
-            index,
-            uuid: format!("MIG-{gi}"),
-            name: "NVIDIA H200 MIG 1g.18gb".into(),
-            profile: "1g.18gb".into(),
-            gpu_instance_id: Some(gi),
-            compute_instance_id: Some(0),
-            capabilities: capabilities.then_some(MigCapabilities {
-                gpu_instance: Some(minors.0),
-                compute_instance: Some(minors.1),
-            }),
-            state: GpuState::Ok {
-                memory: memory(if processes.is_empty() {
-                    0
-                } else {
-                    USED_ONE_OWNER
-                }),
-                processes: ProcessList::Listed(processes),
-            },
-        };
-    let dead = NvmlProcess {
-        pid: 503,
-        used_bytes: Some(CHARGED_ONE_OWNER),
-        mps_only: false,
-    };
-    let mut host = Host::idle().used(USED_ONE_OWNER).owner(
-        503,
-        Some(CHARGED_ONE_OWNER),
-        ProcessLookup::Missing,
-    );
-    host.gpus[0].mig = Some(MigReading {
-        enabled: true,
-        pending: true,
-        devices: vec![
-            device(0, 1, (12, 13), vec![]),
-            device(1, 2, (21, 22), vec![dead]),
-        ],
-        error: None,
-    });
-    host
-}
-
-/// A fork child of 503 mapping GPU 0 and holding the capability nodes `caps`.
-fn instance_child(pid: u32, caps: &[u32]) -> ProcessFacts {
-    let mut child = cuda(pid, &[0]).child_of(503);
-    child.descriptors = References::Read(NodeSet {
-        gpus: vec![0],
-        control: true,
-        capabilities: caps.to_vec(),
-        ..NodeSet::default()
-    });
-    child
-}
 
 #[test]
 fn a_mig_culprit_is_named_in_the_instance_whose_capabilities_it_holds() {

@@ -1,7 +1,7 @@
 //! `vram-exporter check`: one look at the host for a person, or a wait until orphaned
 //! memory is gone ("did that kill actually work?").
 
-use crate::classify::{CheckStatus, GpuVerdict, Report};
+use crate::classify::{CheckStatus, GpuVerdict, NvmlStatus, Report};
 use crate::cli::CheckConfig;
 use crate::exit_codes;
 use crate::exporter::{Exporter, HolderScanPolicy};
@@ -55,12 +55,11 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
                 .report;
             return finish_after_wait(&last, config);
         }
-        progress.show(&format!(
-            "waiting: {} still orphaned ({:.1}s of {:.0}s)",
-            format_bytes(still),
-            waited.as_secs_f64(),
-            wait.as_secs_f64()
-        ));
+        progress.show(Waiting {
+            still_orphaned: still,
+            waited,
+            wait,
+        });
         std::thread::sleep(config.wait_interval.min(wait - waited));
     }
 }
@@ -68,7 +67,7 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
 /// The GPUs the person asked about; an index that does not exist is an error. With NVML
 /// down there are none to choose from.
 fn select<'a>(report: &'a Report, config: &CheckConfig) -> anyhow::Result<Vec<&'a GpuVerdict>> {
-    if config.gpus.is_empty() || !report.nvml_up {
+    if config.gpus.is_empty() || !report.nvml.is_up() {
         return Ok(report.gpus.iter().collect());
     }
     for index in &config.gpus {
@@ -103,11 +102,8 @@ fn finish(report: &Report, config: &CheckConfig) -> anyhow::Result<ExitCode> {
         let mut json = serde_json::to_string_pretty(&check_document(report, &gpus))?;
         json.push('\n');
         std::io::stdout().write_all(json.as_bytes())?;
-    } else if !report.nvml_up {
-        bail!(
-            "NVML is not available: {}",
-            report.nvml_error.as_deref().unwrap_or("unknown error")
-        );
+    } else if let NvmlStatus::Down { error } = &report.nvml {
+        bail!("NVML is not available: {error}");
     } else {
         print!("{}", check_text(report, &gpus));
         println!("\nexit status {code}: {}", exit_codes::meaning(code));
@@ -117,7 +113,7 @@ fn finish(report: &Report, config: &CheckConfig) -> anyhow::Result<ExitCode> {
 
 /// After a wait the tables were printed already: the verdicts alone say how it ended.
 fn finish_after_wait(report: &Report, config: &CheckConfig) -> anyhow::Result<ExitCode> {
-    if config.json || !report.nvml_up {
+    if config.json || !report.nvml.is_up() {
         return finish(report, config);
     }
     let gpus = select(report, config)?;
@@ -133,11 +129,34 @@ fn finish_after_wait(report: &Report, config: &CheckConfig) -> anyhow::Result<Ex
     Ok(ExitCode::from(code))
 }
 
+/// Where a wait stands.
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    /// Orphaned bytes on the GPUs asked about.
+    still_orphaned: u64,
+    /// Time waited so far.
+    waited: Duration,
+    /// Time the wait may take.
+    wait: Duration,
+}
+
+impl Waiting {
+    fn line(self) -> String {
+        format!(
+            "waiting: {} still orphaned ({:.1}s of {:.0}s)",
+            format_bytes(self.still_orphaned),
+            self.waited.as_secs_f64(),
+            self.wait.as_secs_f64()
+        )
+    }
+}
+
 /// Progress while waiting: a spinner line on a terminal, plain lines otherwise, on stderr
 /// so standard output keeps only the verdict.
 struct Progress {
     terminal: bool,
     ticks: usize,
+    /// The orphaned bytes last printed as a plain line, as shown, and when.
     last_plain: Option<(String, Instant)>,
 }
 
@@ -150,23 +169,23 @@ impl Progress {
         }
     }
 
-    fn show(&mut self, line: &str) {
+    fn show(&mut self, waiting: Waiting) {
         let mut stderr = std::io::stderr().lock();
         if self.terminal {
             let spinner = SPINNER[self.ticks % SPINNER.len()];
             self.ticks += 1;
-            let _ = write!(stderr, "\r\x1b[2K{spinner} {line}");
+            let _ = write!(stderr, "\r\x1b[2K{spinner} {}", waiting.line());
             let _ = stderr.flush();
             return;
         }
-        // Plain lines: print when the figure changes, else every few seconds.
-        let figure = line.split(" (").next().unwrap_or(line).to_string();
+        // Plain lines: print when the figure shown changes, else every few seconds.
+        let figure = format_bytes(waiting.still_orphaned);
         let due = match &self.last_plain {
             None => true,
             Some((last, at)) => *last != figure || at.elapsed() >= PLAIN_PROGRESS_EVERY,
         };
         if due {
-            let _ = writeln!(stderr, "{line}");
+            let _ = writeln!(stderr, "{}", waiting.line());
             self.last_plain = Some((figure, Instant::now()));
         }
     }

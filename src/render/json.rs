@@ -1,14 +1,20 @@
 //! Render a [`Report`] as JSON for scripts (`check --json`): the classifier's verdict as
 //! data, with the same words `check` prints.
+//!
+//! The classifier's types serialise themselves where scripts read them as they are
+//! (owners, holders, remedies, notes, a MIG instance's account). The document and each
+//! GPU in it are shaped here, because their keys are a contract older than the types:
+//! NVML's answer as three keys, one object per GPU whether or not it answered (`error` or
+//! `memory` null), the account's figures flat beside the sentence `check` prints.
 
 use super::text::{instance_verdict, verdict, Verdict};
 use crate::classify::{
-    AssignedPod, CheckStatus, Finding, GpuOutcome, GpuVerdict, Note, Owner, OwnerState, Remedy,
-    Report, ScanSummary, Suspect,
+    AssignedPod, CheckStatus, Finding, GpuError, GpuOutcome, GpuVerdict, InstanceVerdict,
+    MemoryReading, Note, Owner, OwnerState, ProcfsView, Remedy, Report, ScanSummary, Suspect,
 };
-use crate::observe::{GpuError, MemoryReading, ProcfsView};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use strum::VariantArray;
 
 /// The whole document.
 #[derive(Debug, Serialize)]
@@ -95,19 +101,9 @@ pub struct GpuDocument<'a> {
 /// One MIG instance: the same verdict as a GPU's, for its own memory and processes.
 #[derive(Debug, Serialize)]
 pub struct InstanceDocument<'a> {
-    /// Index among the GPU's MIG devices.
-    pub index: u32,
-    /// `MIG-...`.
-    pub uuid: &'a str,
-    /// Profile, e.g. `1g.18gb`.
-    pub profile: &'a str,
-    /// GPU instance id.
-    pub gpu_instance_id: Option<u32>,
-    /// Compute instance id.
-    pub compute_instance_id: Option<u32>,
-    /// The account and verdict, or the failure.
+    /// The instance, its account and verdict, or the failure.
     #[serde(flatten)]
-    pub outcome: &'a GpuOutcome,
+    pub instance: &'a InstanceVerdict,
     /// All orphaned bytes.
     pub orphaned_bytes: u64,
     /// The verdict in words.
@@ -127,9 +123,9 @@ pub struct StateDocument {
 pub fn check_document<'a>(report: &'a Report, gpus: &[&'a GpuVerdict]) -> CheckDocument<'a> {
     CheckDocument {
         status: report.check_status(gpus),
-        nvml_up: report.nvml_up,
-        nvml_error: report.nvml_error.as_deref(),
-        driver_version: report.driver_version.as_deref(),
+        nvml_up: report.nvml.is_up(),
+        nvml_error: report.nvml.error(),
+        driver_version: report.nvml.driver_version(),
         host_pid_namespace: report.host_pid_namespace,
         procfs_view: report.procfs_view,
         holder_scan: report.holder_scan,
@@ -161,9 +157,9 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
         owners: account.map_or(&[], |account| account.owners.as_slice()),
         owners_by_state: account
             .map(|account| {
-                OwnerState::ALL
-                    .into_iter()
-                    .map(|state| {
+                OwnerState::VARIANTS
+                    .iter()
+                    .map(|&state| {
                         (
                             state.as_str(),
                             StateDocument {
@@ -192,12 +188,7 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
             .instances
             .iter()
             .map(|instance| InstanceDocument {
-                index: instance.index,
-                uuid: &instance.uuid,
-                profile: &instance.profile,
-                gpu_instance_id: instance.gpu_instance_id,
-                compute_instance_id: instance.compute_instance_id,
-                outcome: &instance.outcome,
+                instance,
                 orphaned_bytes: instance
                     .account()
                     .map_or(0, crate::classify::GpuAccount::orphaned_bytes),

@@ -4,3 +4,6 @@
 pub mod json;
 pub mod prometheus;
 pub mod text;
+
+#[cfg(test)]
+mod tests;

@@ -1,19 +1,19 @@
 //! Render a [`Report`] as Prometheus metrics through prometheus-client's encoders, one
-//! function per group of metric families.
+//! function per group of metric families. Every label set is a typed struct (its fields
+//! in the order the labels are written); every figure and every label value comes from
+//! the classifier.
 
 use crate::classify::{
-    GoneReason, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, OwnerState, Report, Role,
+    GoneReason, GpuAccount, GpuError, GpuOutcome, GpuVerdict, InstanceVerdict, KubeletSource,
+    KubernetesView, MemoryReading, OrphanReason, OwnerState, PodName, Process, ProcfsView,
+    RecoveryAction, Report, Role, StateTally,
 };
-use crate::observe::kubernetes::{KubeletSource, KubernetesView};
-use crate::observe::pods::PodName;
-use crate::observe::{
-    GpuError, GpuState, MemoryReading, MigDeviceReading, ProcessList, ProcfsView, RecoveryAction,
-};
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use std::fmt;
+use strum::VariantArray;
 
 /// At most this many `vram_holder_info` series per GPU: each is a label set of its own.
 pub const MAX_HOLDER_SERIES_PER_GPU: usize = 16;
@@ -44,60 +44,273 @@ pub struct RenderOptions {
     pub per_process_limit: Option<usize>,
 }
 
-type Labels = Vec<(&'static str, String)>;
+// Label sets.
 
-/// Name, help and reading of one per-GPU memory gauge.
+/// A series without labels.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct NoLabels {}
+
+/// `vram_build_info`.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    revision: &'static str,
+    driver_version: String,
+}
+
+/// Which GPU: the labels every per-GPU series starts with.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct GpuLabels {
+    gpu: u32,
+    uuid: String,
+}
+
+impl GpuLabels {
+    fn of(gpu: &GpuVerdict) -> GpuLabels {
+        GpuLabels {
+            gpu: gpu.index,
+            uuid: gpu.uuid.clone(),
+        }
+    }
+}
+
+/// `vram_gpu_info`.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct GpuInfoLabels {
+    #[prometheus(flatten)]
+    gpu: GpuLabels,
+    name: String,
+    pci_bus_id: String,
+    minor: Option<u32>,
+}
+
+/// Which MIG device: its parent's labels, then dcgm-exporter's names for the GPU instance
+/// id and profile and DCGM's entity name for the compute instance id, so queries can join
+/// with `DCGM_FI_*` series.
+#[allow(non_snake_case)]
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct MigLabels {
+    #[prometheus(flatten)]
+    gpu: GpuLabels,
+    GPU_I_ID: Option<u32>,
+    GPU_CI_ID: Option<u32>,
+    GPU_I_PROFILE: String,
+}
+
+impl MigLabels {
+    fn of(gpu: &GpuVerdict, instance: &InstanceVerdict) -> MigLabels {
+        MigLabels {
+            gpu: GpuLabels::of(gpu),
+            GPU_I_ID: instance.gpu_instance_id,
+            GPU_CI_ID: instance.compute_instance_id,
+            GPU_I_PROFILE: instance.profile.clone(),
+        }
+    }
+}
+
+/// `vram_mig_info`.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct MigInfoLabels {
+    #[prometheus(flatten)]
+    device: MigLabels,
+    mig_uuid: String,
+    name: String,
+}
+
+/// Where a process runs: `container_id` and `pod_uid`, then `namespace` and `pod`; each
+/// empty when the process runs in none or its pod's name is unknown.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct PlaceLabels {
+    container_id: Option<String>,
+    pod_uid: Option<String>,
+    namespace: Option<String>,
+    pod: Option<String>,
+}
+
+impl PlaceLabels {
+    fn of(process: Option<&Process>) -> PlaceLabels {
+        let pod: Option<&PodName> = process.and_then(|process| process.pod.as_ref());
+        PlaceLabels {
+            container_id: process.and_then(|process| process.cgroup.container_id.clone()),
+            pod_uid: process.and_then(|process| process.cgroup.pod_uid.clone()),
+            namespace: pod.map(|pod| pod.namespace.clone()),
+            pod: pod.map(|pod| pod.name.clone()),
+        }
+    }
+}
+
+/// `vram_holder_info`.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct HolderLabels {
+    #[prometheus(flatten)]
+    gpu: GpuLabels,
+    pid: u32,
+    start_time: Option<u64>,
+    comm: String,
+    state: &'static str,
+    #[prometheus(flatten)]
+    place: PlaceLabels,
+}
+
+/// `vram_process_used_bytes`.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct ProcessLabels {
+    #[prometheus(flatten)]
+    gpu: GpuLabels,
+    pid: u32,
+    comm: String,
+    state: &'static str,
+    #[prometheus(flatten)]
+    place: PlaceLabels,
+}
+
+/// `vram_gpu_pod_info`.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct PodLabels {
+    gpu: u32,
+    uuid: String,
+    namespace: String,
+    pod: String,
+    container: String,
+    resource: String,
+    device: String,
+}
+
+/// An owner state.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+/// Why: a gone owner's reason, or an orphan's.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// A holder's role.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct RoleLabel {
+    role: &'static str,
+}
+
+/// A kind of failure.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct ErrorLabel {
+    error: &'static str,
+}
+
+/// A recovery action.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct ActionLabel {
+    action: &'static str,
+}
+
+/// What caused a repair of memory.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct CauseLabel {
+    cause: &'static str,
+}
+
+/// An Xid number.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct XidLabel {
+    xid: u64,
+}
+
+/// A kubelet source.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct SourceLabel {
+    source: &'static str,
+}
+
+/// Name, help and reading of one memory gauge.
 type MemorySeries = (&'static str, &'static str, fn(&MemoryReading) -> u64);
 
-/// Writes one gauge family with all its samples.
-fn gauge<V, I>(encoder: &mut DescriptorEncoder, name: &str, help: &str, samples: I) -> fmt::Result
+/// Writes one family of `kind` with all its samples, each value made a metric by `metric`.
+fn family<L, V, M, I>(
+    encoder: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    kind: MetricType,
+    metric: fn(V) -> M,
+    samples: I,
+) -> fmt::Result
 where
-    V: prometheus_client::encoding::EncodeGaugeValue + Clone + Default,
-    I: IntoIterator<Item = (Labels, V)>,
+    L: EncodeLabelSet,
+    M: EncodeMetric,
+    I: IntoIterator<Item = (L, V)>,
 {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
     for (labels, value) in samples {
-        let metric = family.encode_family(&labels)?;
-        ConstGauge::new(value).encode(metric)?;
+        metric(value).encode(family.encode_family(&labels)?)?;
     }
     Ok(())
 }
 
-fn gpu_labels(gpu: &GpuVerdict) -> Labels {
-    vec![("gpu", gpu.index.to_string()), ("uuid", gpu.uuid.clone())]
+/// Writes one gauge family with all its samples.
+fn gauge<L, V, I>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: I,
+) -> fmt::Result
+where
+    L: EncodeLabelSet,
+    V: prometheus_client::encoding::EncodeGaugeValue + Clone + Default,
+    I: IntoIterator<Item = (L, V)>,
+{
+    let metric = ConstGauge::new;
+    family(encoder, (name, help), MetricType::Gauge, metric, samples)
 }
 
-fn with(mut labels: Labels, key: &'static str, value: impl Into<String>) -> Labels {
-    labels.push((key, value.into()));
-    labels
+/// Writes one counter family; prometheus-client appends `_total` to `name`.
+fn counter<L, I>(encoder: &mut DescriptorEncoder, name: &str, help: &str, samples: I) -> fmt::Result
+where
+    L: EncodeLabelSet,
+    I: IntoIterator<Item = (L, u64)>,
+{
+    let metric = ConstCounter::new;
+    family(encoder, (name, help), MetricType::Counter, metric, samples)
 }
 
-/// `container_id` and `pod_uid`, empty when the process runs in neither.
-fn container_labels(labels: Labels, container_id: Option<&str>, pod_uid: Option<&str>) -> Labels {
-    let labels = with(labels, "container_id", container_id.unwrap_or_default());
-    with(labels, "pod_uid", pod_uid.unwrap_or_default())
-}
-
-/// `namespace` and `pod`, empty when the process runs in no pod or its name is unknown.
-fn pod_labels(labels: Labels, pod: Option<&PodName>) -> Labels {
-    let labels = with(
-        labels,
-        "namespace",
-        pod.map(|pod| pod.namespace.clone()).unwrap_or_default(),
-    );
-    with(
-        labels,
-        "pod",
-        pod.map(|pod| pod.name.clone()).unwrap_or_default(),
-    )
+/// One sample without labels.
+fn single<V>(value: V) -> [(NoLabels, V); 1] {
+    [(NoLabels {}, value)]
 }
 
 fn flag(value: bool) -> i64 {
     i64::from(value)
 }
 
+/// One sample per GPU where `value` has one.
+fn per_gpu<'a, V>(
+    gpus: &'a [GpuVerdict],
+    value: impl Fn(&'a GpuVerdict) -> Option<V> + 'a,
+) -> impl Iterator<Item = (GpuLabels, V)> + 'a {
+    gpus.iter()
+        .filter_map(move |gpu| Some((GpuLabels::of(gpu), value(gpu)?)))
+}
+
+/// One sample per kind per GPU that `is` answers for: 1 for the kind the GPU shows, 0 for
+/// the others.
+fn one_hot<'a, K: 'a, L: 'a>(
+    gpus: &'a [GpuVerdict],
+    kinds: impl IntoIterator<Item = K> + Clone + 'a,
+    label: impl Fn(&K) -> L + Copy + 'a,
+    is: impl Fn(&'a GpuVerdict, &K) -> Option<bool> + Copy + 'a,
+) -> impl Iterator<Item = ((GpuLabels, L), i64)> + 'a {
+    gpus.iter().flat_map(move |gpu| {
+        kinds.clone().into_iter().filter_map(move |kind| {
+            Some(((GpuLabels::of(gpu), label(&kind)), flag(is(gpu, &kind)?)))
+        })
+    })
+}
+
 /// The GPUs that answered, with their accounts.
 type Measured<'a> = [(&'a GpuVerdict, &'a GpuAccount)];
+
+/// The MIG instances that answered, with their GPU's verdict and their accounts.
+type MeasuredInstances<'a> = [(&'a GpuVerdict, &'a InstanceVerdict, &'a GpuAccount)];
 
 /// What one scrape spent its time on.
 #[derive(Debug, Clone, Copy, Default)]
@@ -127,7 +340,6 @@ pub fn encode_report(
     memory(encoder, &measured)?;
     owners(encoder, &measured)?;
     orphans(encoder, &measured)?;
-    holders(encoder, &measured)?;
     holder_scan(encoder, report, timing.scan_seconds)?;
     if let Some(limit) = options.per_process_limit {
         per_process(encoder, &measured, limit)?;
@@ -135,14 +347,23 @@ pub fn encode_report(
     if let Some(kubernetes) = &report.kubernetes {
         encode_kubernetes(encoder, kubernetes)?;
     }
-    encode_mig(encoder, &report.gpus)?;
-    encode_instance_verdicts(encoder, &report.gpus)?;
+    let measured_instances: Vec<_> = report
+        .gpus
+        .iter()
+        .flat_map(|gpu| {
+            gpu.instances
+                .iter()
+                .filter_map(move |instance| Some((gpu, instance, instance.account()?)))
+        })
+        .collect();
+    encode_mig(encoder, &report.gpus, &measured_instances)?;
+    encode_instance_verdicts(encoder, &measured_instances)?;
     encode_gpu_health(encoder, &report.gpus)?;
     gauge(
         encoder,
         "vram_scrape_duration_seconds",
         "Seconds this scrape spent reading NVML and /proc and classifying.",
-        [(Labels::new(), timing.total_seconds)],
+        single(timing.total_seconds),
     )
 }
 
@@ -157,14 +378,11 @@ fn exporter_health(
         "vram_build_info",
         "Version and revision of the exporter and the driver it talks to; always 1.",
         [(
-            vec![
-                ("version", build.version.to_string()),
-                ("revision", build.revision.to_string()),
-                (
-                    "driver_version",
-                    report.driver_version.clone().unwrap_or_default(),
-                ),
-            ],
+            BuildLabels {
+                version: build.version,
+                revision: build.revision,
+                driver_version: report.nvml.driver_version().unwrap_or_default().into(),
+            },
             1i64,
         )],
     )?;
@@ -172,25 +390,25 @@ fn exporter_health(
         encoder,
         "vram_nvml_up",
         "1 when NVML loaded and answered this scrape, 0 when it could not be loaded or initialised.",
-        [(Labels::new(), flag(report.nvml_up))],
+        single(flag(report.nvml.is_up())),
     )?;
     gauge(
         encoder,
         "vram_host_pid_namespace",
         "1 when the exporter runs in the host PID namespace; 0 means NVML hides other namespaces' processes and unattributed memory is not called orphaned.",
-        [(Labels::new(), flag(report.host_pid_namespace == Some(true)))],
+        single(flag(!report.blind())),
     )?;
     gauge(
         encoder,
         "vram_procfs_own_pid_namespace",
         "1 when --path.procfs shows the exporter's own PID namespace, in which NVML names processes; 0 when it shows another, so owners are looked up through NSpid and those not found there are unknown.",
-        [(Labels::new(), flag(report.procfs_view == ProcfsView::Own))],
+        single(flag(report.procfs_view == ProcfsView::Own)),
     )?;
     gauge(
         encoder,
         "vram_procfs_errors",
         "Entries under /proc that existed but could not be read during this scrape.",
-        [(Labels::new(), report.procfs_errors)],
+        single(report.procfs_errors),
     )
 }
 
@@ -200,62 +418,93 @@ fn gpu_identity(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Re
         "vram_gpu_info",
         "Identity of each GPU; always 1.",
         gpus.iter().map(|gpu| {
-            let labels = gpu_labels(gpu);
-            let labels = with(labels, "name", gpu.name.clone());
-            let labels = with(labels, "pci_bus_id", gpu.pci_bus_id.clone());
-            let minor = gpu.minor.map(|m| m.to_string()).unwrap_or_default();
-            (with(labels, "minor", minor), 1i64)
+            let labels = GpuInfoLabels {
+                gpu: GpuLabels::of(gpu),
+                name: gpu.name.clone(),
+                pci_bus_id: gpu.pci_bus_id.clone(),
+                minor: gpu.minor,
+            };
+            (labels, 1i64)
         }),
     )?;
     gauge(
         encoder,
         "vram_gpu_up",
         "1 when every NVML call for this GPU answered, 0 when one failed and its other series are missing.",
-        gpus.iter()
-            .map(|gpu| (gpu_labels(gpu), flag(gpu.account().is_some()))),
+        per_gpu(gpus, |gpu| Some(flag(gpu.account().is_some()))),
     )?;
     gauge(
         encoder,
         "vram_gpu_error",
         "1 for the kind of NVML failure this GPU shows (gpu_lost, reset_required, not_supported, unknown), else 0.",
-        gpus.iter().flat_map(|gpu| {
-            let failure = match &gpu.outcome {
-                GpuOutcome::Failed { error, .. } => Some(*error),
-                GpuOutcome::Measured(_) => None,
-            };
-            GpuError::ALL.into_iter().map(move |kind| {
-                (
-                    with(gpu_labels(gpu), "error", kind.as_str()),
-                    flag(failure == Some(kind)),
-                )
-            })
-        }),
+        one_hot(
+            gpus,
+            GpuError::ALL,
+            |kind| ErrorLabel {
+                error: kind.as_str(),
+            },
+            |gpu, kind| {
+                Some(matches!(&gpu.outcome, GpuOutcome::Failed { error, .. } if error == kind))
+            },
+        ),
     )
 }
 
+/// The four memory gauges of a GPU.
+const GPU_MEMORY: [MemorySeries; 4] = [
+    ("vram_total_bytes", "Installed GPU memory in bytes.", |m| {
+        m.total
+    }),
+    (
+        "vram_used_bytes",
+        "GPU memory allocated by contexts in bytes, excluding the driver's reservation (NVML v2).",
+        |m| m.used,
+    ),
+    (
+        "vram_reserved_bytes",
+        "GPU memory reserved by the driver in bytes; never owned by a process.",
+        |m| m.reserved,
+    ),
+    (
+        "vram_free_bytes",
+        "GPU memory neither used nor reserved, in bytes.",
+        |m| m.free,
+    ),
+];
+
+/// The four memory gauges of a MIG device.
+const MIG_MEMORY: [MemorySeries; 4] = [
+    (
+        "vram_mig_total_bytes",
+        "Memory of this MIG device's GPU instance in bytes.",
+        |m| m.total,
+    ),
+    (
+        "vram_mig_used_bytes",
+        "Memory allocated in this MIG device in bytes, excluding the driver's reservation (NVML v2).",
+        |m| m.used,
+    ),
+    (
+        "vram_mig_reserved_bytes",
+        "Memory of this MIG device reserved by the driver in bytes.",
+        |m| m.reserved,
+    ),
+    (
+        "vram_mig_free_bytes",
+        "Memory of this MIG device neither used nor reserved, in bytes.",
+        |m| m.free,
+    ),
+];
+
 fn memory(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
-    let memory_series: [MemorySeries; 4] = [
-        ("vram_total_bytes", "Installed GPU memory in bytes.", |m| m.total),
-        (
-            "vram_used_bytes",
-            "GPU memory allocated by contexts in bytes, excluding the driver's reservation (NVML v2).",
-            |m| m.used,
-        ),
-        (
-            "vram_reserved_bytes",
-            "GPU memory reserved by the driver in bytes; never owned by a process.",
-            |m| m.reserved,
-        ),
-        ("vram_free_bytes", "GPU memory neither used nor reserved, in bytes.", |m| m.free),
-    ];
-    for (name, help, value) in memory_series {
+    for (name, help, value) in GPU_MEMORY {
         gauge(
             encoder,
             name,
             help,
             measured
                 .iter()
-                .map(|(gpu, account)| (gpu_labels(gpu), value(&account.memory))),
+                .map(|(gpu, account)| (GpuLabels::of(gpu), value(&account.memory))),
         )?;
     }
     gauge(
@@ -264,49 +513,106 @@ fn memory(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Resu
         "1 when NVML's memory figures for this GPU contradict each other (reserved, used or free beyond the total): the figures are clamped to the total and unattributed memory is not called orphaned.",
         measured
             .iter()
-            .map(|(gpu, account)| (gpu_labels(gpu), flag(account.memory_inconsistent))),
+            .map(|(gpu, account)| (GpuLabels::of(gpu), flag(account.memory_inconsistent))),
     )
 }
 
+/// A figure of the owners in one state: their count or their bytes.
+type TallyOf = fn(&StateTally, OwnerState) -> u64;
+
+/// Per account, one sample per kind (an owner state, a reason, a role): the account's
+/// labels with the kind's, and the account's figure for the kind.
+fn by_kind<'a, A: Clone + 'a, K: Copy + 'static, L: 'a>(
+    accounts: impl Iterator<Item = (A, &'a GpuAccount)> + 'a,
+    kinds: &'static [K],
+    label: fn(K) -> L,
+    figure: impl Fn(&GpuAccount, K) -> u64 + Copy + 'a,
+) -> impl Iterator<Item = ((A, L), u64)> + 'a {
+    accounts.flat_map(move |(labels, account)| {
+        kinds
+            .iter()
+            .map(move |&kind| ((labels.clone(), label(kind)), figure(account, kind)))
+    })
+}
+
+/// Orphaned bytes by reason, per account.
+fn orphaned_by_reason<'a, A: Clone + 'a>(
+    accounts: impl Iterator<Item = (A, &'a GpuAccount)> + 'a,
+) -> impl Iterator<Item = ((A, ReasonLabel), u64)> + 'a {
+    let label = |reason: OrphanReason| ReasonLabel {
+        reason: reason.as_str(),
+    };
+    by_kind(
+        accounts,
+        OrphanReason::VARIANTS,
+        label,
+        GpuAccount::orphaned_by,
+    )
+}
+
+/// Holders by role, per account.
+fn holders_by_role<'a, A: Clone + 'a>(
+    accounts: impl Iterator<Item = (A, &'a GpuAccount)> + 'a,
+) -> impl Iterator<Item = ((A, RoleLabel), u64)> + 'a {
+    let count = |account: &GpuAccount, role| account.holders(role).len() as u64;
+    by_kind(
+        accounts,
+        Role::VARIANTS,
+        |role| RoleLabel {
+            role: role.as_str(),
+        },
+        count,
+    )
+}
+
+fn state_label(state: OwnerState) -> StateLabel {
+    let state = state.as_str();
+    StateLabel { state }
+}
+
+/// The measured GPUs' accounts under their labels.
+fn gpu_accounts<'a>(
+    measured: &'a Measured<'a>,
+) -> impl Iterator<Item = (GpuLabels, &'a GpuAccount)> + 'a {
+    measured
+        .iter()
+        .map(|(gpu, account)| (GpuLabels::of(gpu), *account))
+}
+
 fn owners(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
-    gauge(
-        encoder,
-        "vram_owner_processes",
-        "Processes NVML charges memory to on this GPU, by state; gone means no live process holds the context any more (it exited, or its PID names another process now).",
-        measured.iter().flat_map(|(gpu, account)| {
-            OwnerState::ALL.into_iter().map(move |state| {
-                (
-                    with(gpu_labels(gpu), "state", state.as_str()),
-                    account.tally.processes(state),
-                )
-            })
-        }),
-    )?;
-    gauge(
-        encoder,
-        "vram_owned_bytes",
-        "Bytes NVML charges to owners in each state.",
-        measured.iter().flat_map(|(gpu, account)| {
-            OwnerState::ALL.into_iter().map(move |state| {
-                (
-                    with(gpu_labels(gpu), "state", state.as_str()),
-                    account.tally.bytes(state),
-                )
-            })
-        }),
-    )?;
+    let by_state_series: [(&str, &str, TallyOf); 2] = [
+        (
+            "vram_owner_processes",
+            "Processes NVML charges memory to on this GPU, by state; gone means no live process holds the context any more (it exited, or its PID names another process now).",
+            StateTally::processes,
+        ),
+        (
+            "vram_owned_bytes",
+            "Bytes NVML charges to owners in each state.",
+            StateTally::bytes,
+        ),
+    ];
+    for (name, help, tally) in by_state_series {
+        let owners = by_kind(
+            gpu_accounts(measured),
+            OwnerState::VARIANTS,
+            state_label,
+            move |account, state| tally(&account.tally, state),
+        );
+        gauge(encoder, name, help, owners)?;
+    }
     gauge(
         encoder,
         "vram_gone_owner_processes",
         "Gone owners by why: exited, or reused (the PID names another process now, one without a context on this GPU or with another start time).",
-        measured.iter().flat_map(|(gpu, account)| {
-            GoneReason::ALL.into_iter().map(move |reason| {
-                (
-                    with(gpu_labels(gpu), "reason", reason.as_str()),
-                    account.gone(reason),
-                )
-            })
-        }),
+        by_kind(
+            gpu_accounts(measured),
+            GoneReason::VARIANTS,
+            |reason| ReasonLabel {
+                reason: reason.as_str(),
+            },
+            GpuAccount::gone,
+        ),
     )?;
     gauge(
         encoder,
@@ -314,35 +620,25 @@ fn owners(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Resu
         "Owners whose memory usage NVML reports as unavailable; while a live one exists, unattributed memory is not called orphaned.",
         measured
             .iter()
-            .map(|(gpu, account)| (gpu_labels(gpu), account.usage_unavailable_owners)),
+            .map(|(gpu, account)| (GpuLabels::of(gpu), account.usage_unavailable_owners)),
     )?;
     gauge(
         encoder,
         "vram_exited_container_processes",
         "Live owners and culprits of this GPU whose container has ended (PID 1 of their PID namespace exited): they survived the SIGKILL that ends a container, typically stuck in the driver.",
         measured.iter().map(|(gpu, account)| {
-            (gpu_labels(gpu), account.exited_container_processes())
+            (GpuLabels::of(gpu), account.exited_container_processes())
         }),
     )
 }
 
+/// Orphaned memory, and the processes that hold it.
 fn orphans(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
     gauge(
         encoder,
         "vram_orphaned_bytes",
         "GPU memory held without a live owner: charged to gone owners (owner_gone) or charged to nobody above the noise floor (unattributed).",
-        measured.iter().flat_map(|(gpu, account)| {
-            [
-                (
-                    with(gpu_labels(gpu), "reason", "owner_gone"),
-                    account.orphaned_owner_gone_bytes,
-                ),
-                (
-                    with(gpu_labels(gpu), "reason", "unattributed"),
-                    account.orphaned_unattributed_bytes(),
-                ),
-            ]
-        }),
+        orphaned_by_reason(gpu_accounts(measured)),
     )?;
     gauge(
         encoder,
@@ -350,23 +646,13 @@ fn orphans(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Res
         "Used bytes charged to no listed process, above the per-context noise floor; reported even when it cannot be called orphaned.",
         measured
             .iter()
-            .map(|(gpu, account)| (gpu_labels(gpu), account.unattributed_bytes)),
-    )
-}
-
-fn holders(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
+            .map(|(gpu, account)| (GpuLabels::of(gpu), account.unattributed_bytes)),
+    )?;
     gauge(
         encoder,
         "vram_holder_processes",
         "Processes holding this GPU's device file while it has orphaned memory, by role: culprit (holds a context here: its end frees the memory), bystander (no context here: an NVML client or another GPU's job, never blamed), undetermined (mappings unreadable). 0 while nothing is orphaned.",
-        measured.iter().flat_map(|(gpu, account)| {
-            Role::ALL.into_iter().map(move |role| {
-                (
-                    with(gpu_labels(gpu), "role", role.as_str()),
-                    account.holders(role).len() as u64,
-                )
-            })
-        }),
+        holders_by_role(gpu_accounts(measured)),
     )?;
     gauge(
         encoder,
@@ -379,20 +665,14 @@ fn holders(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Res
                 .take(MAX_HOLDER_SERIES_PER_GPU)
                 .map(move |culprit| {
                     let process = &culprit.process;
-                    let labels = with(gpu_labels(gpu), "pid", process.pid.to_string());
-                    let started = process
-                        .started_unix_seconds
-                        .map(|seconds| seconds.to_string())
-                        .unwrap_or_default();
-                    let labels = with(labels, "start_time", started);
-                    let labels = with(labels, "comm", process.comm.clone());
-                    let labels = with(labels, "state", process.state.owner_state().as_str());
-                    let labels = container_labels(
-                        labels,
-                        process.cgroup.container_id.as_deref(),
-                        process.cgroup.pod_uid.as_deref(),
-                    );
-                    let labels = pod_labels(labels, process.pod.as_ref());
+                    let labels = HolderLabels {
+                        gpu: GpuLabels::of(gpu),
+                        pid: process.pid,
+                        start_time: process.started_unix_seconds,
+                        comm: process.comm.clone(),
+                        state: process.state.owner_state().as_str(),
+                        place: PlaceLabels::of(Some(process)),
+                    };
                     (labels, 1i64)
                 })
         }),
@@ -404,18 +684,17 @@ fn holder_scan(
     report: &Report,
     scan_seconds: Option<f64>,
 ) -> fmt::Result {
-    let scan = report.holder_scan;
     gauge(
         encoder,
         "vram_holder_scan_complete",
         "0 when this scrape's scan for device-file holders was cut short or denied, so holders may be missing; 1 otherwise, also when no scan was needed.",
-        [(Labels::new(), flag(scan.is_none_or(|scan| scan.complete)))],
+        single(flag(report.holders_all_seen())),
     )?;
     gauge(
         encoder,
         "vram_holder_scan_duration_seconds",
         "Seconds this scrape's scan for device-file holders took; 0 when no GPU had orphaned memory.",
-        [(Labels::new(), scan_seconds.unwrap_or(0.0))],
+        single(scan_seconds.unwrap_or(0.0)),
     )
 }
 
@@ -432,17 +711,13 @@ fn per_process(
             .iter()
             .flat_map(|(gpu, account)| {
                 account.owners.iter().map(move |owner| {
-                    let labels = with(gpu_labels(gpu), "pid", owner.pid.to_string());
-                    let labels = with(labels, "comm", owner.comm().unwrap_or_default().to_string());
-                    let labels = with(labels, "state", owner.state.as_str());
-                    let process = owner.process.as_deref();
-                    let labels = container_labels(
-                        labels,
-                        process.and_then(|process| process.cgroup.container_id.as_deref()),
-                        process.and_then(|process| process.cgroup.pod_uid.as_deref()),
-                    );
-                    let labels =
-                        pod_labels(labels, process.and_then(|process| process.pod.as_ref()));
+                    let labels = ProcessLabels {
+                        gpu: GpuLabels::of(gpu),
+                        pid: owner.pid,
+                        comm: owner.comm().unwrap_or_default().to_string(),
+                        state: owner.state().as_str(),
+                        place: PlaceLabels::of(owner.process()),
+                    };
                     (labels, owner.used_bytes.unwrap_or(0))
                 })
             })
@@ -457,15 +732,15 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         "vram_gpu_pod_info",
         "One series per container a GPU (or a MIG device on it) is assigned to, from the kubelet's pod-resources API; always 1. A GPU assigned to no pod has none.",
         kubernetes.gpu_pods.iter().map(|assigned| {
-            let labels = vec![
-                ("gpu", assigned.gpu.to_string()),
-                ("uuid", assigned.uuid.clone()),
-                ("namespace", assigned.namespace.clone()),
-                ("pod", assigned.pod.clone()),
-                ("container", assigned.container.clone()),
-                ("resource", assigned.resource.clone()),
-                ("device", assigned.device.clone()),
-            ];
+            let labels = PodLabels {
+                gpu: assigned.gpu,
+                uuid: assigned.uuid.clone(),
+                namespace: assigned.namespace.clone(),
+                pod: assigned.pod.clone(),
+                container: assigned.container.clone(),
+                resource: assigned.resource.clone(),
+                device: assigned.device.clone(),
+            };
             (labels, 1i64)
         }),
     )?;
@@ -473,13 +748,16 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         KubeletSource::PodResources => &kubernetes.pod_resources,
         KubeletSource::PodLogs => &kubernetes.pod_logs,
     };
+    let source_label = |source: KubeletSource| SourceLabel {
+        source: source.as_str(),
+    };
     gauge(
         encoder,
         "vram_kubelet_up",
         "1 when the last read of this kubelet source (pod_resources: the pod-resources API; pod_logs: the pod log directories) succeeded, 0 when it failed or the source is absent.",
         KubeletSource::ALL
             .into_iter()
-            .map(|source| (vec![("source", source.as_str().to_string())], flag(health(source).up()))),
+            .map(|source| (source_label(source), flag(health(source).up()))),
     )?;
     gauge(
         encoder,
@@ -488,10 +766,12 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         KubeletSource::ALL.into_iter().flat_map(|source| {
             let failure = health(source).error;
             source.errors().iter().map(move |&kind| {
-                let labels = vec![
-                    ("source", source.as_str().to_string()),
-                    ("error", kind.as_str().to_string()),
-                ];
+                let labels = (
+                    source_label(source),
+                    ErrorLabel {
+                        error: kind.as_str(),
+                    },
+                );
                 (labels, flag(failure == Some(kind)))
             })
         }),
@@ -502,7 +782,7 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         "When the answer of this kubelet source in use was read, in seconds since the Unix epoch; 0 when it never answered. A failing source keeps serving its last good answer.",
         KubeletSource::ALL.into_iter().map(|source| {
             (
-                vec![("source", source.as_str().to_string())],
+                source_label(source),
                 health(source).last_success_unix_seconds.unwrap_or(0.0),
             )
         }),
@@ -511,187 +791,100 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         encoder,
         "vram_kubelet_unmatched_devices",
         "GPU and MIG devices the kubelet assigns to containers that match no GPU NVML lists (a GPU NVML lost, or an id it cannot place).",
-        [(Labels::new(), kubernetes.unmatched_devices)],
+        single(kubernetes.unmatched_devices),
     )
 }
 
-// MIG devices and what the driver says a GPU needs (issue 13).
-
-/// Writes one counter family; prometheus-client appends `_total` to `name`.
-fn counter<I>(encoder: &mut DescriptorEncoder, name: &str, help: &str, samples: I) -> fmt::Result
-where
-    I: IntoIterator<Item = (Labels, u64)>,
-{
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (labels, value) in samples {
-        let metric = family.encode_family(&labels)?;
-        ConstCounter::new(value).encode(metric)?;
-    }
-    Ok(())
-}
-
-/// The labels of a MIG device: its parent's, then dcgm-exporter's names for the GPU
-/// instance id and profile and DCGM's entity name for the compute instance id, so
-/// queries can join with `DCGM_FI_*` series.
-fn mig_labels(gpu: &GpuVerdict, device: &MigDeviceReading) -> Labels {
-    let id = |id: Option<u32>| id.map(|id| id.to_string()).unwrap_or_default();
-    let labels = with(gpu_labels(gpu), "GPU_I_ID", id(device.gpu_instance_id));
-    let labels = with(labels, "GPU_CI_ID", id(device.compute_instance_id));
-    with(labels, "GPU_I_PROFILE", device.profile.clone())
-}
-
-/// The labels of a MIG instance's verdict, the same as its device's.
-fn instance_labels(gpu: &GpuVerdict, instance: &InstanceVerdict) -> Labels {
-    let id = |id: Option<u32>| id.map(|id| id.to_string()).unwrap_or_default();
-    let labels = with(gpu_labels(gpu), "GPU_I_ID", id(instance.gpu_instance_id));
-    let labels = with(labels, "GPU_CI_ID", id(instance.compute_instance_id));
-    with(labels, "GPU_I_PROFILE", instance.profile.clone())
-}
+// MIG devices and what the driver says a GPU needs.
 
 /// The verdict on each MIG instance: owners by state, orphaned memory by reason, and the
 /// holders of its capability nodes by role.
-fn encode_instance_verdicts(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Result {
-    let measured: Vec<(&GpuVerdict, &InstanceVerdict, &GpuAccount)> = gpus
-        .iter()
-        .flat_map(|gpu| {
-            gpu.instances
-                .iter()
-                .filter_map(move |instance| Some((gpu, instance, instance.account()?)))
-        })
-        .collect();
+fn encode_instance_verdicts(
+    encoder: &mut DescriptorEncoder,
+    measured: &MeasuredInstances<'_>,
+) -> fmt::Result {
+    let accounts = || {
+        measured
+            .iter()
+            .map(|(gpu, instance, account)| (MigLabels::of(gpu, instance), *account))
+    };
     gauge(
         encoder,
         "vram_mig_owner_processes",
         "Processes NVML charges memory to in this MIG instance, by state (as vram_owner_processes).",
-        measured.iter().flat_map(|(gpu, instance, account)| {
-            OwnerState::ALL.into_iter().map(move |state| {
-                (
-                    with(instance_labels(gpu, instance), "state", state.as_str()),
-                    account.tally.processes(state),
-                )
-            })
-        }),
+        by_kind(
+            accounts(),
+            OwnerState::VARIANTS,
+            state_label,
+            |account, state| account.tally.processes(state),
+        ),
     )?;
     gauge(
         encoder,
         "vram_mig_orphaned_bytes",
         "Memory of this MIG instance held without a live owner, by reason (as vram_orphaned_bytes).",
-        measured.iter().flat_map(|(gpu, instance, account)| {
-            [
-                (
-                    with(instance_labels(gpu, instance), "reason", "owner_gone"),
-                    account.orphaned_owner_gone_bytes,
-                ),
-                (
-                    with(instance_labels(gpu, instance), "reason", "unattributed"),
-                    account.orphaned_unattributed_bytes(),
-                ),
-            ]
-        }),
+        orphaned_by_reason(accounts()),
     )?;
     gauge(
         encoder,
         "vram_mig_holder_processes",
         "Processes holding this MIG instance's capability nodes while it has orphaned memory, by role (as vram_holder_processes).",
-        measured.iter().flat_map(|(gpu, instance, account)| {
-            Role::ALL.into_iter().map(move |role| {
-                (
-                    with(instance_labels(gpu, instance), "role", role.as_str()),
-                    account.holders(role).len() as u64,
-                )
-            })
-        }),
+        holders_by_role(accounts()),
     )
 }
 
-/// Every MIG device of every GPU with MIG enabled.
-fn mig_devices(gpus: &[GpuVerdict]) -> impl Iterator<Item = (&GpuVerdict, &MigDeviceReading)> {
-    gpus.iter().flat_map(|gpu| {
-        gpu.mig
-            .iter()
-            .flat_map(|mig| &mig.devices)
-            .map(move |device| (gpu, device))
-    })
-}
-
-/// A MIG device's memory and processes, when its calls answered.
-fn mig_measured(device: &MigDeviceReading) -> Option<(&MemoryReading, &ProcessList)> {
-    match &device.state {
-        GpuState::Ok { memory, processes } => Some((memory, processes)),
-        GpuState::Failed { .. } => None,
-    }
-}
-
-fn encode_mig(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Result {
-    let with_mig: Vec<_> = gpus
-        .iter()
-        .filter_map(|gpu| gpu.mig.as_ref().map(|mig| (gpu, mig)))
-        .collect();
+fn encode_mig(
+    encoder: &mut DescriptorEncoder,
+    gpus: &[GpuVerdict],
+    measured: &MeasuredInstances<'_>,
+) -> fmt::Result {
     gauge(
         encoder,
         "vram_gpu_mig_mode",
         "1 when MIG is enabled on this GPU, 0 when disabled; absent for GPUs without MIG. Read at most every 30 s: it changes only at a GPU reset.",
-        with_mig
-            .iter()
-            .map(|(gpu, mig)| (gpu_labels(gpu), flag(mig.enabled))),
+        per_gpu(gpus, |gpu| Some(flag(gpu.mig?.enabled))),
     )?;
     gauge(
         encoder,
         "vram_gpu_mig_mode_pending",
         "The MIG mode this GPU takes at its next reset (1 enabled, 0 disabled); differs from vram_gpu_mig_mode while a change waits for the reset, and shows a change within 30 s.",
-        with_mig
-            .iter()
-            .map(|(gpu, mig)| (gpu_labels(gpu), flag(mig.pending))),
+        per_gpu(gpus, |gpu| Some(flag(gpu.mig?.pending))),
     )?;
+    let instances = || {
+        gpus.iter()
+            .flat_map(|gpu| gpu.instances.iter().map(move |instance| (gpu, instance)))
+    };
     gauge(
         encoder,
         "vram_mig_info",
         "Identity of each MIG device (a compute instance inside a GPU instance); always 1.",
-        mig_devices(gpus).map(|(gpu, device)| {
-            let labels = with(mig_labels(gpu, device), "mig_uuid", device.uuid.clone());
-            (with(labels, "name", device.name.clone()), 1i64)
+        instances().map(|(gpu, instance)| {
+            let labels = MigInfoLabels {
+                device: MigLabels::of(gpu, instance),
+                mig_uuid: instance.uuid.clone(),
+                name: instance.name.clone(),
+            };
+            (labels, 1i64)
         }),
     )?;
     gauge(
         encoder,
         "vram_mig_up",
         "1 when this MIG device's memory and process calls answered, 0 when one failed and its other series are missing.",
-        mig_devices(gpus).map(|(gpu, device)| {
+        instances().map(|(gpu, instance)| {
             (
-                mig_labels(gpu, device),
-                flag(mig_measured(device).is_some()),
+                MigLabels::of(gpu, instance),
+                flag(instance.account().is_some()),
             )
         }),
     )?;
-    let memory_series: [MemorySeries; 4] = [
-        (
-            "vram_mig_total_bytes",
-            "Memory of this MIG device's GPU instance in bytes.",
-            |m| m.total,
-        ),
-        (
-            "vram_mig_used_bytes",
-            "Memory allocated in this MIG device in bytes, excluding the driver's reservation (NVML v2).",
-            |m| m.used,
-        ),
-        (
-            "vram_mig_reserved_bytes",
-            "Memory of this MIG device reserved by the driver in bytes.",
-            |m| m.reserved,
-        ),
-        (
-            "vram_mig_free_bytes",
-            "Memory of this MIG device neither used nor reserved, in bytes.",
-            |m| m.free,
-        ),
-    ];
-    for (name, help, value) in memory_series {
+    for (name, help, value) in MIG_MEMORY {
         gauge(
             encoder,
             name,
             help,
-            mig_devices(gpus).filter_map(|(gpu, device)| {
-                mig_measured(device).map(|(memory, _)| (mig_labels(gpu, device), value(memory)))
+            measured.iter().map(|(gpu, instance, account)| {
+                (MigLabels::of(gpu, instance), value(&account.memory))
             }),
         )?;
     }
@@ -699,27 +892,99 @@ fn encode_mig(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Resu
         encoder,
         "vram_mig_processes",
         "Processes NVML lists in this MIG device (compute, graphics and MPS, once each); with a refused list, those of the lists that answered.",
-        mig_devices(gpus).filter_map(|(gpu, device)| {
-            mig_measured(device).map(|(_, processes)| {
-                (
-                    mig_labels(gpu, device),
-                    processes.entries().len() as u64,
-                )
-            })
+        measured.iter().map(|(gpu, instance, account)| {
+            (MigLabels::of(gpu, instance), account.owners.len() as u64)
         }),
     )?;
     gauge(
         encoder,
         "vram_mig_process_list_denied",
         "1 when NVML refused a process list of this MIG device (no permission): who owns its memory cannot be told.",
-        mig_devices(gpus).filter_map(|(gpu, device)| {
-            mig_measured(device).map(|(_, processes)| {
-                (
-                    mig_labels(gpu, device),
-                    flag(processes.denied().is_some()),
-                )
+        measured.iter().map(|(gpu, instance, account)| {
+            (
+                MigLabels::of(gpu, instance),
+                flag(account.processes_denied.is_some()),
+            )
+        }),
+    )
+}
+
+/// A family's name and help.
+type Family = (&'static str, &'static str);
+
+/// What a GPU says of one kind of memory repair: the repairs by cause, and whether one
+/// waits for the next reset.
+type Repairs = ([u32; 2], bool);
+
+/// Row remapping's families: rows by cause, and a remapping waiting.
+const ROW_REMAPPING: [Family; 2] = [
+    (
+        "vram_gpu_remapped_rows",
+        "Memory rows this GPU has remapped to spare rows, by the errors that caused it (correctable, uncorrectable); absent on GPUs without row remapping.",
+    ),
+    (
+        "vram_gpu_row_remap_pending",
+        "1 when a row remapping waits for the next reset of this GPU.",
+    ),
+];
+
+/// Page retirement's families: pages by cause, and retirements waiting.
+const PAGE_RETIREMENT: [Family; 2] = [
+    (
+        "vram_gpu_retired_pages",
+        "Memory pages this GPU has retired, by cause (multiple_single_bit_ecc, double_bit_ecc); absent on GPUs that remap rows instead.",
+    ),
+    (
+        "vram_gpu_retired_pages_pending",
+        "1 when page retirements of this GPU wait for the next reboot or reset.",
+    ),
+];
+
+/// The causes of row remappings, in the order of [`remapped_rows`]' counts.
+const ROW_CAUSES: [&str; 2] = ["correctable", "uncorrectable"];
+
+fn remapped_rows(gpu: &GpuVerdict) -> Option<Repairs> {
+    let rows = gpu.health.remapped_rows?;
+    Some(([rows.correctable, rows.uncorrectable], rows.pending))
+}
+
+/// The causes of page retirements, in the order of [`retired_pages`]' counts.
+const PAGE_CAUSES: [&str; 2] = ["multiple_single_bit_ecc", "double_bit_ecc"];
+
+fn retired_pages(gpu: &GpuVerdict) -> Option<Repairs> {
+    let pages = gpu.health.retired_pages?;
+    Some((
+        [pages.multiple_single_bit_ecc, pages.double_bit_ecc],
+        pages.pending,
+    ))
+}
+
+/// One kind of memory repair as two families: its counts by cause, and whether one waits;
+/// absent for GPUs that `read` has nothing of.
+fn repairs(
+    encoder: &mut DescriptorEncoder,
+    gpus: &[GpuVerdict],
+    [counted, pending]: [Family; 2],
+    causes: [&'static str; 2],
+    read: fn(&GpuVerdict) -> Option<Repairs>,
+) -> fmt::Result {
+    gauge(
+        encoder,
+        counted.0,
+        counted.1,
+        gpus.iter().flat_map(|gpu| {
+            read(gpu).into_iter().flat_map(move |(counts, _)| {
+                causes.into_iter().zip(counts).map(|(cause, count)| {
+                    ((GpuLabels::of(gpu), CauseLabel { cause }), u64::from(count))
+                })
             })
         }),
+    )?;
+    gauge(
+        encoder,
+        pending.0,
+        pending.1,
+        per_gpu(gpus, move |gpu| Some(flag(read(gpu)?.1))),
     )
 }
 
@@ -728,106 +993,49 @@ fn encode_gpu_health(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fm
         encoder,
         "vram_gpu_process_list_denied",
         "1 when NVML refused a process list of this GPU (no permission; a MIG GPU's aggregate lists need root) and its MIG devices could not make up for it: memory no listed process is charged for is not called orphaned.",
-        gpus.iter().filter_map(|gpu| {
-            gpu.account()
-                .map(|account| (gpu_labels(gpu), flag(account.processes_denied.is_some())))
+        per_gpu(gpus, |gpu| {
+            Some(flag(gpu.account()?.processes_denied.is_some()))
         }),
     )?;
     gauge(
         encoder,
         "vram_gpu_recovery_action",
         "1 for the recovery action the driver asks for (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, recover_imex_domain, bus_reset, system_reboot; unknown for a value this exporter does not know), else 0; absent where the driver cannot say (before 565).",
-        gpus.iter().flat_map(|gpu| {
-            gpu.health.recovery_action.into_iter().flat_map(move |action| {
-                recovery_labels().map(move |name| {
-                    (
-                        with(gpu_labels(gpu), "action", name),
-                        flag(action.as_str() == name),
-                    )
-                })
-            })
-        }),
+        one_hot(
+            gpus,
+            // Every named action, then `unknown` for any value this build does not know.
+            RecoveryAction::NAMED
+                .into_iter()
+                .chain([RecoveryAction::Unrecognised(0)]),
+            |kind| ActionLabel {
+                action: kind.as_str(),
+            },
+            // Every unrecognised value is the one `unknown` series: compare kinds, not values.
+            |gpu, kind| {
+                let action = gpu.health.recovery_action?;
+                Some(std::mem::discriminant(&action) == std::mem::discriminant(kind))
+            },
+        ),
     )?;
-    let rows = |gpu: &GpuVerdict| gpu.health.remapped_rows;
-    gauge(
-        encoder,
-        "vram_gpu_remapped_rows",
-        "Memory rows this GPU has remapped to spare rows, by the errors that caused it (correctable, uncorrectable); absent on GPUs without row remapping.",
-        gpus.iter().flat_map(|gpu| {
-            rows(gpu).into_iter().flat_map(move |rows| {
-                [
-                    (
-                        with(gpu_labels(gpu), "cause", "correctable"),
-                        u64::from(rows.correctable),
-                    ),
-                    (
-                        with(gpu_labels(gpu), "cause", "uncorrectable"),
-                        u64::from(rows.uncorrectable),
-                    ),
-                ]
-            })
-        }),
-    )?;
-    gauge(
-        encoder,
-        "vram_gpu_row_remap_pending",
-        "1 when a row remapping waits for the next reset of this GPU.",
-        gpus.iter()
-            .filter_map(|gpu| rows(gpu).map(|rows| (gpu_labels(gpu), flag(rows.pending)))),
-    )?;
+    repairs(encoder, gpus, ROW_REMAPPING, ROW_CAUSES, remapped_rows)?;
     gauge(
         encoder,
         "vram_gpu_row_remap_failure",
         "1 when a row remapping of this GPU failed (no spare row left): the GPU should be replaced.",
-        gpus.iter().filter_map(|gpu| {
-            rows(gpu).map(|rows| (gpu_labels(gpu), flag(rows.failure)))
-        }),
+        per_gpu(gpus, |gpu| Some(flag(gpu.health.remapped_rows?.failure))),
     )?;
-    let pages = |gpu: &GpuVerdict| gpu.health.retired_pages;
-    gauge(
-        encoder,
-        "vram_gpu_retired_pages",
-        "Memory pages this GPU has retired, by cause (multiple_single_bit_ecc, double_bit_ecc); absent on GPUs that remap rows instead.",
-        gpus.iter().flat_map(|gpu| {
-            pages(gpu).into_iter().flat_map(move |pages| {
-                [
-                    (
-                        with(gpu_labels(gpu), "cause", "multiple_single_bit_ecc"),
-                        u64::from(pages.multiple_single_bit_ecc),
-                    ),
-                    (
-                        with(gpu_labels(gpu), "cause", "double_bit_ecc"),
-                        u64::from(pages.double_bit_ecc),
-                    ),
-                ]
-            })
-        }),
-    )?;
-    gauge(
-        encoder,
-        "vram_gpu_retired_pages_pending",
-        "1 when page retirements of this GPU wait for the next reboot or reset.",
-        gpus.iter()
-            .filter_map(|gpu| pages(gpu).map(|pages| (gpu_labels(gpu), flag(pages.pending)))),
-    )?;
+    repairs(encoder, gpus, PAGE_RETIREMENT, PAGE_CAUSES, retired_pages)?;
     gauge(
         encoder,
         "vram_gpu_memory_os_managed",
         "1 when this GPU's memory is a NUMA node the operating system manages (GH200, GB200 in NUMA mode): used memory then includes pages kept after processes exit, and memory charged to no process is normal.",
-        gpus.iter().map(|gpu| {
-            (gpu_labels(gpu), flag(gpu.health.numa_node.is_some()))
-        }),
+        per_gpu(gpus, |gpu| Some(flag(gpu.health.memory_os_managed))),
     )?;
     gauge(
         encoder,
         "vram_xid_watched",
         "1 while the exporter receives this GPU's critical Xid events, 0 when it cannot (not supported, NVML failing); absent outside the server.",
-        gpus.iter().filter_map(|gpu| {
-            gpu.health
-                .xid
-                .as_ref()
-                .map(|xid| (gpu_labels(gpu), flag(xid.watched)))
-        }),
+        per_gpu(gpus, |gpu| Some(flag(gpu.health.xid.as_ref()?.watched))),
     )?;
     counter(
         encoder,
@@ -837,16 +1045,8 @@ fn encode_gpu_health(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fm
             gpu.health.xid.iter().flat_map(move |xid| {
                 xid.counts
                     .iter()
-                    .map(move |(number, count)| (with(gpu_labels(gpu), "xid", number.to_string()), *count))
+                    .map(move |(&xid, &count)| ((GpuLabels::of(gpu), XidLabel { xid }), count))
             })
         }),
     )
-}
-
-/// Label values of `vram_gpu_recovery_action`: every named action, then `unknown`.
-fn recovery_labels() -> impl Iterator<Item = &'static str> {
-    RecoveryAction::NAMED
-        .into_iter()
-        .map(RecoveryAction::as_str)
-        .chain(std::iter::once(RecoveryAction::Unrecognised(0).as_str()))
 }

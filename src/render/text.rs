@@ -4,12 +4,11 @@
 //! puts it into words.
 
 use crate::classify::{
-    Blindness, Evidence, Finding, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, Note, Owner,
-    OwnerDetail, OwnerState, Process, Remedy, Report, Suspect, UnattributedTrust,
+    short_container_id, Blindness, ChargedTo, Departure, Evidence, GpuAccount, GpuOutcome,
+    GpuVerdict, InstanceVerdict, LookAgain, Note, NvmlStatus, Owner, Process, RecoveryAction,
+    Remedy, Report, Sentence, StateQualifier, Suspect, UnattributedTrust, WhyUnknown,
 };
 use crate::dates::utc_words;
-use crate::observe::cgroup::short_container_id;
-use crate::observe::RecoveryAction;
 use crate::units::format_bytes;
 use serde::Serialize;
 use std::fmt::Write;
@@ -97,8 +96,14 @@ fn process_words(process: &Process, extra: &[String]) -> String {
     words.push_str(&container_words(
         process.cgroup.container_id.as_deref(),
         pod_words(process).as_deref(),
-        process.container_ended,
     ));
+    if process.container_ended() {
+        words.push_str(if process.cgroup.container_id.is_some() {
+            ", whose container has ended"
+        } else {
+            ", whose PID namespace has ended"
+        });
+    }
     for part in extra {
         let _ = write!(words, ", {part}");
     }
@@ -114,22 +119,15 @@ fn pod_words(process: &Process) -> Option<String> {
     }
 }
 
-/// `, container 3f2a9c0b1d2e, pod ml/sglang-0` for a process in a container, with `, whose
-/// container has ended` when it outlived it; empty for a process on the host.
-fn container_words(container_id: Option<&str>, pod: Option<&str>, ended: bool) -> String {
+/// `, container 3f2a9c0b1d2e, pod ml/sglang-0` for a process in a container; empty for a
+/// process on the host.
+fn container_words(container_id: Option<&str>, pod: Option<&str>) -> String {
     let mut words = String::new();
     if let Some(id) = container_id {
         let _ = write!(words, ", container {}", short_container_id(id));
     }
     if let Some(pod) = pod {
         let _ = write!(words, ", pod {pod}");
-    }
-    if ended {
-        words.push_str(if container_id.is_some() {
-            ", whose container has ended"
-        } else {
-            ", whose PID namespace has ended"
-        });
     }
     words
 }
@@ -185,7 +183,7 @@ fn list(items: impl IntoIterator<Item = String>) -> String {
     }
 }
 
-/// `1, 2, 3` or `1, 2, ..., 8 and 9,992 more`.
+/// `1, 2, 3` or `1, 2, ..., 8, and 9992 more`.
 fn pid_list(pids: &[u32]) -> String {
     let mut named: Vec<String> = pids
         .iter()
@@ -217,6 +215,22 @@ fn blindness_words(reason: Blindness) -> String {
         ),
         Blindness::NoScan => "no scan for holders was made".into(),
     }
+}
+
+/// The first few suspects in words with their evidence, then how many more there are:
+/// `PID 524 (...), PID 525 (...) and 3 more`.
+fn suspects_words(suspects: &[Suspect], gpu: u32) -> String {
+    let named: Vec<String> = suspects
+        .iter()
+        .take(MAX_PIDS_NAMED)
+        .map(|suspect| process_words(&suspect.process, &evidence_words(suspect, gpu)))
+        .collect();
+    let mut words = named.join(", ");
+    let more = suspects.len().saturating_sub(MAX_PIDS_NAMED);
+    if more > 0 {
+        let _ = write!(words, " and {more} more");
+    }
+    words
 }
 
 fn plural(count: u64, suffix: &str) -> &str {
@@ -261,14 +275,38 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
     let notes: Vec<String> = account
         .notes
         .iter()
-        .map(|note| note_words(note, index))
-        .chain(bystander_note(account, index))
+        .map(|note| note_words(note, account, index))
         .collect();
-    let (sentence, suggestion) = match account.finding {
-        Finding::Idle => (format!("{label}: idle; nothing orphaned."), None),
-        Finding::Owned => (owned_sentence(label, account), None),
-        Finding::CannotTell => (cannot_tell_sentence(label, account), None),
-        Finding::Orphaned => orphaned_sentence(label, index, account),
+    let (sentence, suggestion) = match account.sentence() {
+        Sentence::Idle => (format!("{label}: idle; nothing orphaned."), None),
+        Sentence::WithinOverhead { used_bytes } => (
+            format!(
+                "{label}: {} used, within the driver's overhead; nothing orphaned.",
+                size_words(used_bytes)
+            ),
+            None,
+        ),
+        Sentence::Owned { bytes, processes } => (
+            format!(
+                "{label}: {} owned by {processes} live process{}; nothing orphaned.",
+                size_words(bytes),
+                plural(processes, "es")
+            ),
+            None,
+        ),
+        Sentence::CannotTell {
+            unjudged_owners,
+            unattributed,
+        } => (
+            cannot_tell_sentence(label, &unjudged_owners, unattributed),
+            None,
+        ),
+        Sentence::Orphaned { bytes, charged_to } => {
+            let mut sentence = format!("{label}: {} held", size_words(bytes));
+            sentence.push_str(&charged_to_words(&charged_to));
+            let suggestion = remedy_words(&mut sentence, index, account);
+            (sentence, suggestion)
+        }
     };
     Verdict {
         sentence,
@@ -277,48 +315,24 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
     }
 }
 
-fn owned_sentence(label: &str, account: &GpuAccount) -> String {
-    let live: Vec<&Owner> = account.live_owners().collect();
-    if live.is_empty() {
-        // Used memory under the noise floor with no owner: "0 B owned by 0 processes"
-        // would hide the memory.
-        return format!(
-            "{label}: {} used, within the driver's overhead; nothing orphaned.",
-            size_words(account.memory.used)
-        );
-    }
-    let owned = live
-        .iter()
-        .filter_map(|owner| owner.used_bytes)
-        .fold(0, u64::saturating_add);
-    format!(
-        "{label}: {} owned by {} live process{}; nothing orphaned.",
-        size_words(owned),
-        live.len(),
-        plural(live.len() as u64, "es")
-    )
-}
-
-fn cannot_tell_sentence(label: &str, account: &GpuAccount) -> String {
-    let unknown: Vec<u32> = account
-        .owners
-        .iter()
-        .filter(|owner| owner.state == OwnerState::Unknown)
-        .map(|owner| owner.pid)
-        .collect();
+fn cannot_tell_sentence(
+    label: &str,
+    unjudged_owners: &[u32],
+    unattributed: Option<(u64, UnattributedTrust)>,
+) -> String {
     let mut reasons = Vec::new();
-    if !unknown.is_empty() {
+    if !unjudged_owners.is_empty() {
         reasons.push(format!(
             "owner{} {} cannot be judged",
-            plural(unknown.len() as u64, "s"),
-            pid_list(&unknown)
+            plural(unjudged_owners.len() as u64, "s"),
+            pid_list(unjudged_owners)
         ));
     }
-    if account.unattributed_bytes > 0 {
+    if let Some((bytes, trust)) = unattributed {
         reasons.push(format!(
             "{} is charged to no visible process{}",
-            size_words(account.unattributed_bytes),
-            match account.unattributed_trust {
+            size_words(bytes),
+            match trust {
                 UnattributedTrust::Blind =>
                     ", and this process cannot see other PID namespaces' processes",
                 UnattributedTrust::OwnersUncertain =>
@@ -337,50 +351,32 @@ fn cannot_tell_sentence(label: &str, account: &GpuAccount) -> String {
     )
 }
 
-fn orphaned_sentence(label: &str, index: u32, account: &GpuAccount) -> (String, Option<String>) {
-    let gone: Vec<&Owner> = account.gone_owners().collect();
-    let gone_pids: Vec<u32> = gone.iter().map(|owner| owner.pid).collect();
-    let mut sentence = format!("{label}: {} held", size_words(account.orphaned_bytes()));
-    match gone.len() {
-        0 => sentence.push_str(" but charged to no process"),
-        1 => {
-            let _ = write!(
-                sentence,
-                " for {} PID {}",
-                gone_adjective(gone[0]),
-                gone[0].pid
-            );
-        }
-        _ => {
-            let exited = gone
-                .iter()
-                .all(|owner| owner.detail == Some(OwnerDetail::Exited));
-            let _ = write!(
-                sentence,
-                " for {} PIDs {}",
-                if exited { "exited" } else { "gone" },
-                pid_list(&gone_pids)
-            );
+/// ` for exited PID 503`, ` but charged to no process`.
+fn charged_to_words(charged_to: &ChargedTo) -> String {
+    match charged_to {
+        ChargedTo::Nobody => " but charged to no process".into(),
+        ChargedTo::GoneOwners { pids, departure } => {
+            let departure = match departure {
+                Departure::Exited => "exited",
+                Departure::Exiting => "exiting",
+                Departure::Gone => "gone",
+            };
+            match pids.as_slice() {
+                [pid] => format!(" for {departure} PID {pid}"),
+                pids => format!(" for {departure} PIDs {}", pid_list(pids)),
+            }
         }
     }
-    let suggestion = match &account.remedy {
+}
+
+/// The rest of an orphan's sentence from its remedy, and the command to suggest.
+fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Option<String> {
+    match &account.remedy {
         Remedy::Kill { targets } => {
-            let named: Vec<String> = account
-                .culprits
-                .iter()
-                .take(MAX_PIDS_NAMED)
-                .map(|culprit| process_words(&culprit.process, &evidence_words(culprit, index)))
-                .collect();
-            let more = account.culprits.len().saturating_sub(MAX_PIDS_NAMED);
             let _ = write!(
                 sentence,
-                "; still held by {}{} - killing {} should free it.",
-                named.join(", "),
-                if more > 0 {
-                    format!(" and {more} more")
-                } else {
-                    String::new()
-                },
+                "; still held by {} - killing {} should free it.",
+                suspects_words(&account.culprits, index),
                 if targets.len() == 1 {
                     targets[0].pid.to_string()
                 } else {
@@ -459,51 +455,13 @@ fn orphaned_sentence(label: &str, index: u32, account: &GpuAccount) -> (String, 
                 "; cannot tell which process holds it: {}.",
                 blindness_words(*reason)
             );
-            match reason {
-                Blindness::MappingsUnreadable { .. } | Blindness::ScanDenied { .. } => {
-                    Some(format!("sudo vram-exporter check --gpu {index}"))
-                }
-                Blindness::ScanCutShort | Blindness::NoScan => {
-                    Some(format!("vram-exporter check --gpu {index}"))
-                }
-                Blindness::CulpritsNotVisible => None,
-            }
+            reason.look_again().map(|how| match how {
+                LookAgain::AsRoot => format!("sudo vram-exporter check --gpu {index}"),
+                LookAgain::AsBefore => format!("vram-exporter check --gpu {index}"),
+            })
         }
         Remedy::None => None,
-    };
-    (sentence, suggestion)
-}
-
-/// `exited`, `reused` or `exiting` before a gone owner's PID.
-fn gone_adjective(owner: &Owner) -> &'static str {
-    match owner.detail {
-        Some(OwnerDetail::Reused { .. }) => "gone",
-        Some(OwnerDetail::Exiting) => "exiting",
-        _ => "exited",
     }
-}
-
-/// The processes set apart as bystanders, when there are any.
-fn bystander_note(account: &GpuAccount, gpu: u32) -> Option<String> {
-    if account.bystanders.is_empty() {
-        return None;
-    }
-    let named: Vec<String> = account
-        .bystanders
-        .iter()
-        .take(MAX_PIDS_NAMED)
-        .map(|bystander| process_words(&bystander.process, &evidence_words(bystander, gpu)))
-        .collect();
-    let more = account.bystanders.len().saturating_sub(MAX_PIDS_NAMED);
-    Some(format!(
-        "Not blamed, holding the device file without a context on GPU {gpu}: {}{}.",
-        named.join(", "),
-        if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
-        }
-    ))
 }
 
 /// What a recovery action asks of the operator.
@@ -523,7 +481,7 @@ fn recovery_words(action: RecoveryAction) -> &'static str {
     }
 }
 
-fn note_words(note: &Note, gpu: u32) -> String {
+fn note_words(note: &Note, account: &GpuAccount, gpu: u32) -> String {
     match note {
         Note::DriverAsks { action } => format!(
             "The driver's recovery action for this GPU is {}: {}.",
@@ -560,11 +518,10 @@ fn note_words(note: &Note, gpu: u32) -> String {
         Note::OwnerUnknown { pid, detail } => format!(
             "PID {pid} cannot be judged: {}; it is counted as unknown, not as gone.",
             match detail {
-                OwnerDetail::Unreadable { error } => format!("its /proc entry cannot be read ({error})"),
-                OwnerDetail::NotVisible => "the procfs read shows another PID namespace, without this PID (mount this namespace's /proc, or run with the host's PID namespace)".into(),
-                OwnerDetail::ContextUnreadable => "its mappings cannot be read, so whether it holds a context on this GPU cannot be told (run as root, or with CAP_SYS_PTRACE)".into(),
-                OwnerDetail::NoDeviceNode => "NVML did not say which device node this GPU is".into(),
-                OwnerDetail::Exited | OwnerDetail::Exiting | OwnerDetail::Reused { .. } => "it is gone".into(),
+                WhyUnknown::Unreadable { error } => format!("its /proc entry cannot be read ({error})"),
+                WhyUnknown::NotVisible => "the procfs read shows another PID namespace, without this PID (mount this namespace's /proc, or run with the host's PID namespace)".into(),
+                WhyUnknown::ContextUnreadable => "its mappings cannot be read, so whether it holds a context on this GPU cannot be told (run as root, or with CAP_SYS_PTRACE)".into(),
+                WhyUnknown::NoDeviceNode => "NVML did not say which device node this GPU is".into(),
             }
         ),
         Note::OwnerPidReused { pid, was, now } => format!(
@@ -578,7 +535,7 @@ fn note_words(note: &Note, gpu: u32) -> String {
         ),
         Note::OwnerContainerEnded { pid, comm, cgroup } => format!(
             "PID {pid} ({comm}{}) still owns its memory although its container has ended: it survived the SIGKILL that ends a container's processes, so it is stuck (usually in the driver); if it stays, only a reboot or GPU reset frees the memory.",
-            container_words(cgroup.container_id.as_deref(), cgroup.pod_uid.as_deref(), false)
+            container_words(cgroup.container_id.as_deref(), cgroup.pod_uid.as_deref())
         ),
         Note::MoreOwnerNotes { count } => format!(
             "{count} more such notes about owners left out; vram-exporter check --json lists every owner."
@@ -600,6 +557,11 @@ fn note_words(note: &Note, gpu: u32) -> String {
             if pids.len() == 1 { "s" } else { "" },
             if pids.len() == 1 { "its" } else { "their" },
             if pids.len() == 1 { "it holds" } else { "they hold" }
+        ),
+        // The bystanders the note names are the account's, in its order.
+        Note::BystandersNotBlamed { .. } => format!(
+            "Not blamed, holding the device file without a context on GPU {gpu}: {}.",
+            suspects_words(&account.bystanders, gpu)
         ),
     }
 }
@@ -697,16 +659,13 @@ struct Row {
 }
 
 fn owner_row(owner: &Owner) -> Row {
-    let state = match &owner.process {
-        // The series' word first, then ps's where they differ: `running (sleeping)`.
-        Some(process) if process.state.words() != owner.state.as_str() => {
-            format!("{} ({})", owner.state.as_str(), process.state.words())
-        }
-        _ => match &owner.detail {
-            Some(OwnerDetail::Reused { .. }) => "gone (reused)".into(),
-            Some(OwnerDetail::Exiting) => "gone (exiting)".into(),
-            _ => owner.state.as_str().into(),
-        },
+    // The series' word first, then what it does not say: `running (sleeping)`.
+    let state = owner.state().as_str();
+    let state = match owner.state_qualifier() {
+        None => state.to_string(),
+        Some(StateQualifier::Process(process)) => format!("{state} ({})", process.words()),
+        Some(StateQualifier::Reused) => format!("{state} (reused)"),
+        Some(StateQualifier::Exiting) => format!("{state} (exiting)"),
     };
     Row {
         cells: [
@@ -718,12 +677,7 @@ fn owner_row(owner: &Owner) -> Row {
                 |bytes| format!("{} MiB", thousands(bytes >> 20)),
             ),
         ],
-        container: owner.process.as_ref().map(|process| {
-            container_cell(
-                process.cgroup.container_id.as_deref(),
-                owner.container_exited,
-            )
-        }),
+        container: owner.process().map(container_cell),
     }
 }
 
@@ -736,10 +690,7 @@ fn suspect_row(suspect: &Suspect) -> Row {
             process.state.words().to_string(),
             process.ppid.to_string(),
         ],
-        container: Some(container_cell(
-            process.cgroup.container_id.as_deref(),
-            process.container_ended,
-        )),
+        container: Some(container_cell(process)),
     }
 }
 
@@ -781,11 +732,12 @@ fn table(out: &mut String, header: [&str; 4], rows: &[Row], what: &str) {
     }
 }
 
-fn container_cell(container_id: Option<&str>, exited: bool) -> String {
-    match (container_id, exited) {
-        (Some(id), true) => format!("{} (ended)", short_container_id(id)),
-        (Some(id), false) => short_container_id(id).to_string(),
-        (None, _) => "-".to_string(),
+/// A process's container, `(ended)` when it outlived it; `-` on the host.
+fn container_cell(process: &Process) -> String {
+    match process.cgroup.container_id.as_deref() {
+        Some(id) if process.container_ended() => format!("{} (ended)", short_container_id(id)),
+        Some(id) => short_container_id(id).to_string(),
+        None => "-".to_string(),
     }
 }
 
@@ -800,12 +752,8 @@ fn or_dash(text: &str) -> &str {
 /// Every table, every verdict and the host's notes, for `check`.
 pub fn check_text(report: &Report, gpus: &[&GpuVerdict]) -> String {
     let mut out = String::new();
-    if !report.nvml_up {
-        let _ = writeln!(
-            out,
-            "NVML is not available: {}",
-            report.nvml_error.as_deref().unwrap_or("unknown error")
-        );
+    if let NvmlStatus::Down { error } = &report.nvml {
+        let _ = writeln!(out, "NVML is not available: {error}");
         return out;
     }
     if report.blind() {

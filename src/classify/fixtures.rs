@@ -1,0 +1,352 @@
+//! Hosts to classify in tests, built a piece at a time, with the figures measured on an
+//! H200 (see the project's GPU facts): the classifier's tests and the renderers' share
+//! them, so each renderer is tested on reports the classifier really makes.
+
+use super::*;
+// Where a listed owner's PID leads in `/proc`, for the hosts the renderers' tests build.
+pub(crate) use crate::observe::ProcessLookup;
+use crate::observe::{
+    CgroupAttribution, GpuHealth, GpuReading, GpuState, HolderScan, Identity, MemoryReading,
+    NamespaceInit, NodeSet, NvmlProcess, NvmlReading, Observation, OwnerLookup, ProcessFacts,
+    ProcessList, ProcfsView, RecoveryAction, References,
+};
+
+pub(crate) const MIB: u64 = 1024 * 1024;
+pub(crate) const GIB: u64 = 1024 * MIB;
+/// v2 `used` with one live PyTorch process holding an 8 GiB tensor.
+pub(crate) const USED_ONE_OWNER: u64 = 9_238_806_528;
+/// What NVML charged that process.
+pub(crate) const CHARGED_ONE_OWNER: u64 = 9_229_565_952;
+pub(crate) const TOTAL: u64 = 150_754_820_096;
+pub(crate) const RESERVED: u64 = 644_939_776;
+/// The host booted at 2026-12-03 00:00:00 UTC.
+pub(crate) const BOOT: u64 = 1_796_256_000;
+
+pub(crate) fn memory(used: u64) -> MemoryReading {
+    MemoryReading {
+        total: TOTAL,
+        reserved: RESERVED,
+        used,
+        free: TOTAL - RESERVED - used,
+    }
+}
+
+/// What a process maps or holds: the GPU nodes given, and the control node.
+pub(crate) fn nodes(gpus: &[u32]) -> References {
+    References::Read(NodeSet {
+        gpus: gpus.to_vec(),
+        control: !gpus.is_empty(),
+        uvm: !gpus.is_empty(),
+        ..NodeSet::default()
+    })
+}
+
+/// A sleeping python3 that holds and maps `gpus` (a CUDA process with a context on
+/// each), started 1000 s after boot.
+pub(crate) fn cuda(pid: u32, gpus: &[u32]) -> ProcessFacts {
+    ProcessFacts {
+        pid,
+        local_pid: Some(pid),
+        start_time_ticks: 100_000,
+        comm: "python3".into(),
+        state: 'S',
+        ppid: 1,
+        pgid: pid,
+        sid: pid,
+        threads: 8,
+        uid: Some(0),
+        user: Some("root".into()),
+        wchan: None,
+        descriptors: nodes(gpus),
+        mappings: nodes(gpus),
+        cgroup: CgroupAttribution::default(),
+        pid_namespace_init: None,
+    }
+}
+
+/// An NVML client (a monitoring agent): it holds `gpus`' nodes open and maps nothing.
+pub(crate) fn nvml_client(pid: u32, comm: &str, gpus: &[u32]) -> ProcessFacts {
+    ProcessFacts {
+        comm: comm.into(),
+        mappings: nodes(&[]),
+        ..cuda(pid, &[]).with_descriptors(gpus)
+    }
+}
+
+impl ProcessFacts {
+    pub(crate) fn with_descriptors(mut self, gpus: &[u32]) -> ProcessFacts {
+        self.descriptors = nodes(gpus);
+        self
+    }
+
+    pub(crate) fn state(mut self, letter: char) -> ProcessFacts {
+        self.state = letter;
+        self
+    }
+
+    pub(crate) fn started(mut self, ticks: u64) -> ProcessFacts {
+        self.start_time_ticks = ticks;
+        self
+    }
+
+    pub(crate) fn child_of(mut self, parent: u32) -> ProcessFacts {
+        self.ppid = parent;
+        self.pgid = parent;
+        self.sid = parent;
+        self
+    }
+}
+
+/// A host being built: GPUs with their NVML readings, `/proc` under each listed PID, and
+/// the holder scan.
+pub(crate) struct Host {
+    pub(crate) gpus: Vec<GpuReading>,
+    pub(crate) owners: BTreeMap<u32, OwnerLookup>,
+    pub(crate) host_pid_namespace: Option<bool>,
+    pub(crate) procfs_view: ProcfsView,
+    pub(crate) holders: Option<Vec<ProcessFacts>>,
+    pub(crate) scan_cut_short: bool,
+    pub(crate) scan_denied: u64,
+}
+
+impl Host {
+    /// One idle H200, minor 0.
+    pub(crate) fn idle() -> Host {
+        Host {
+            gpus: Vec::new(),
+            owners: BTreeMap::new(),
+            host_pid_namespace: Some(true),
+            procfs_view: ProcfsView::Own,
+            holders: None,
+            scan_cut_short: false,
+            scan_denied: 0,
+        }
+        .gpu(0)
+    }
+
+    /// Another idle GPU, index and minor `index`.
+    pub(crate) fn gpu(mut self, index: u32) -> Host {
+        self.gpus.push(GpuReading {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "NVIDIA H200".into(),
+            pci_bus_id: format!("00000000:{:02x}:00.0", 0x19 + index),
+            minor: Some(index),
+            state: GpuState::Ok {
+                memory: memory(0),
+                processes: ProcessList::Listed(Vec::new()),
+            },
+            mig: None,
+            health: GpuHealth::default(),
+        });
+        self
+    }
+
+    pub(crate) fn readings(&mut self, index: usize) -> (&mut MemoryReading, &mut Vec<NvmlProcess>) {
+        match &mut self.gpus[index].state {
+            GpuState::Ok {
+                memory,
+                processes: ProcessList::Listed(processes),
+            } => (memory, processes),
+            state => panic!("GPU {index} has no plain process list: {state:?}"),
+        }
+    }
+
+    pub(crate) fn used(self, used: u64) -> Host {
+        self.used_on(0, used)
+    }
+
+    pub(crate) fn used_on(mut self, gpu: usize, used: u64) -> Host {
+        *self.readings(gpu).0 = memory(used);
+        self
+    }
+
+    /// NVML charges `bytes` to `pid` on GPU 0; `/proc` shows `now` under it, and the
+    /// exporter first saw `first` there.
+    pub(crate) fn owner(self, pid: u32, bytes: Option<u64>, now: ProcessLookup) -> Host {
+        self.owner_on(0, pid, bytes, now)
+    }
+
+    pub(crate) fn owner_on(
+        mut self,
+        gpu: usize,
+        pid: u32,
+        bytes: Option<u64>,
+        now: ProcessLookup,
+    ) -> Host {
+        self.readings(gpu).1.push(NvmlProcess {
+            pid,
+            used_bytes: bytes,
+            mps_only: false,
+        });
+        let first_seen = match &now {
+            ProcessLookup::Present(facts) => Some(Identity::of(facts)),
+            _ => None,
+        };
+        self.owners.insert(pid, OwnerLookup { first_seen, now });
+        self
+    }
+
+    /// The exporter first saw `first` under `pid`, whatever is there now.
+    pub(crate) fn first_seen(mut self, pid: u32, first: &ProcessFacts) -> Host {
+        self.owners.get_mut(&pid).expect("a listed PID").first_seen = Some(Identity::of(first));
+        self
+    }
+
+    /// A process the holder scan found.
+    pub(crate) fn holder(mut self, facts: ProcessFacts) -> Host {
+        self.holders.get_or_insert_with(Vec::new).push(facts);
+        self
+    }
+
+    /// A holder scan that found nothing.
+    pub(crate) fn scanned(mut self) -> Host {
+        self.holders.get_or_insert_with(Vec::new);
+        self
+    }
+
+    pub(crate) fn observation(&self) -> Observation {
+        Observation {
+            nvml: NvmlReading::Up {
+                driver_version: "580.159.04".into(),
+                gpus: self.gpus.clone(),
+            },
+            host_pid_namespace: self.host_pid_namespace,
+            procfs_view: self.procfs_view,
+            boot_time_unix_seconds: Some(BOOT),
+            clock_ticks_per_second: 100,
+            owners: self.owners.clone(),
+            holder_scan: self.holders.clone().map(|holders| HolderScan {
+                holders,
+                permission_errors: self.scan_denied,
+                cut_short: self.scan_cut_short,
+                duration_seconds: 0.001,
+            }),
+            procfs_errors: 0,
+            kubernetes: None,
+        }
+    }
+
+    pub(crate) fn report(&self) -> Report {
+        classify(&self.observation(), &Settings::default())
+    }
+
+    pub(crate) fn account(&self) -> GpuAccount {
+        self.account_of(0)
+    }
+
+    pub(crate) fn account_of(&self, gpu: usize) -> GpuAccount {
+        self.report().gpus[gpu].account().expect("measured").clone()
+    }
+}
+
+pub(crate) fn present(facts: ProcessFacts) -> ProcessLookup {
+    ProcessLookup::Present(Box::new(facts))
+}
+
+pub(crate) fn pids(suspects: &[Suspect]) -> Vec<u32> {
+    suspects.iter().map(|suspect| suspect.process.pid).collect()
+}
+
+/// The fork-inherited orphan measured on the H200: NVML charges 9,229,565,952 bytes to
+/// PID 503, which exited; its child 524 maps GPU 0 and keeps the memory.
+pub(crate) fn fork_orphan() -> Host {
+    Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(cuda(524, &[0]).child_of(503).started(150_000))
+}
+
+pub(crate) const CONTAINER: &str =
+    "3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a9c0b1d2e3f2a";
+pub(crate) const POD: &str = "1d9e2c4a-0000-4000-8000-000000000000";
+
+pub(crate) fn contained(mut facts: ProcessFacts, init: Option<NamespaceInit>) -> ProcessFacts {
+    facts.cgroup = CgroupAttribution {
+        cgroup: Some(format!("/kubepods/pod{POD}/{CONTAINER}")),
+        container_id: Some(CONTAINER.into()),
+        pod_uid: Some(POD.into()),
+    };
+    facts.pid_namespace_init = init;
+    facts
+}
+
+impl Host {
+    pub(crate) fn health(mut self, health: GpuHealth) -> Host {
+        self.gpus[0].health = health;
+        self
+    }
+}
+
+pub(crate) fn recovery(action: RecoveryAction) -> GpuHealth {
+    GpuHealth {
+        recovery_action: Some(action),
+        ..GpuHealth::default()
+    }
+}
+
+/// GPU 0 in MIG mode with GPU instances 1 and 2 (capability minors 12/13 and 21/22); NVML
+/// charges PID 503, gone, in instance 2.
+pub(crate) fn mig_host(capabilities: bool) -> Host {
+    use crate::observe::{MigCapabilities, MigDeviceReading, MigReading};
+    let device =
+        |index: u32, gi: u32, minors: (u32, u32), processes: Vec<NvmlProcess>| MigDeviceReading {
+            index,
+            uuid: format!("MIG-{gi}"),
+            name: "NVIDIA H200 MIG 1g.18gb".into(),
+            profile: "1g.18gb".into(),
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(0),
+            capabilities: capabilities.then_some(MigCapabilities {
+                gpu_instance: Some(minors.0),
+                compute_instance: Some(minors.1),
+            }),
+            state: GpuState::Ok {
+                memory: memory(if processes.is_empty() {
+                    0
+                } else {
+                    USED_ONE_OWNER
+                }),
+                processes: ProcessList::Listed(processes),
+            },
+        };
+    let dead = NvmlProcess {
+        pid: 503,
+        used_bytes: Some(CHARGED_ONE_OWNER),
+        mps_only: false,
+    };
+    let mut host = Host::idle().used(USED_ONE_OWNER).owner(
+        503,
+        Some(CHARGED_ONE_OWNER),
+        ProcessLookup::Missing,
+    );
+    host.gpus[0].mig = Some(MigReading {
+        enabled: true,
+        pending: true,
+        devices: vec![
+            device(0, 1, (12, 13), vec![]),
+            device(1, 2, (21, 22), vec![dead]),
+        ],
+        error: None,
+    });
+    host
+}
+
+/// A fork child of 503 mapping GPU 0 and holding the capability nodes `caps`.
+pub(crate) fn instance_child(pid: u32, caps: &[u32]) -> ProcessFacts {
+    let mut child = cuda(pid, &[0]).child_of(503);
+    child.descriptors = References::Read(NodeSet {
+        gpus: vec![0],
+        control: true,
+        capabilities: caps.to_vec(),
+        ..NodeSet::default()
+    });
+    child
+}
+
+/// NVML's answer when it cannot be loaded.
+pub(crate) fn nvml_down(error: &str) -> NvmlReading {
+    NvmlReading::Down {
+        error: error.into(),
+    }
+}

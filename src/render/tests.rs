@@ -1,0 +1,775 @@
+//! The three renderers on reports the classifier makes from fixed hosts: what each says,
+//! and that all three say the same of one report.
+
+use super::json::check_document;
+use super::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
+use super::text::{check_text, gpu_table, verdict, Verdict};
+use crate::classify::fixtures::*;
+use crate::classify::{
+    classify, NamespaceInit, RecoveryAction, References, Report, Settings, XidReading,
+};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+// Helpers.
+
+/// `check --json` of every GPU of `report`.
+fn json_of(report: &Report) -> Value {
+    let gpus: Vec<_> = report.gpus.iter().collect();
+    serde_json::to_value(check_document(report, &gpus)).unwrap()
+}
+
+/// `check`'s text of every GPU of `report`.
+fn text_of(report: &Report) -> String {
+    let gpus: Vec<_> = report.gpus.iter().collect();
+    check_text(report, &gpus)
+}
+
+#[derive(Debug)]
+struct Encoded(Report);
+
+impl Collector for Encoded {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let options = RenderOptions {
+            per_process_limit: Some(64),
+        };
+        let timing = ScrapeTiming {
+            total_seconds: 0.25,
+            scan_seconds: None,
+        };
+        let build = BuildInfo {
+            version: "1.2.3",
+            revision: "abc",
+        };
+        encode_report(&mut encoder, &self.0, &build, &options, timing)
+    }
+}
+
+/// The Prometheus text of `report`.
+fn metrics_of(report: &Report) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Encoded(report.clone())));
+    let mut text = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
+    text
+}
+
+/// One sample: family, labels in order, value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+/// The samples of a Prometheus text (label values here hold no quote or backslash).
+fn samples(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let (name, labels) = match series.split_once('{') {
+                Some((name, labels)) => (name, labels.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split("\",")
+                .filter(|pair| !pair.is_empty())
+                .map(|pair| {
+                    let (key, value) = pair.split_once("=\"").unwrap();
+                    (key.to_string(), value.trim_end_matches('"').to_string())
+                })
+                .collect();
+            (name.to_string(), labels, value.parse().unwrap())
+        })
+        .collect()
+}
+
+/// The samples of `family` whose labels include `with`.
+fn find<'a>(samples: &'a [Sample], family: &str, with: &[(&str, &str)]) -> Vec<&'a Sample> {
+    samples
+        .iter()
+        .filter(|(name, labels, _)| {
+            name == family
+                && with
+                    .iter()
+                    .all(|(key, value)| labels.iter().any(|(k, v)| k == key && v == value))
+        })
+        .collect()
+}
+
+/// The one value of `family` with `with`.
+fn value(samples: &[Sample], family: &str, with: &[(&str, &str)]) -> f64 {
+    match find(samples, family, with).as_slice() {
+        [one] => one.2,
+        other => panic!("{family} {with:?}: {other:?}"),
+    }
+}
+
+/// The PIDs a text names as `PID 524 (...)`, in order.
+fn pids_named(text: &str) -> Vec<u32> {
+    text.match_indices("PID ")
+        .filter_map(|(at, _)| {
+            let rest = &text[at + 4..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            rest[digits.len()..]
+                .starts_with(" (")
+                .then(|| digits.parse().ok())?
+        })
+        .collect()
+}
+
+/// The PIDs a JSON list of holders names.
+fn json_pids(holders: &Value) -> Vec<u32> {
+    holders
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|holder| holder["pid"].as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The fork-inherited orphan, its child 524 in a container that has ended, an NVML client
+/// 467 beside it, the driver asking for a reset, and an idle GPU 1.
+fn stuck_in_an_ended_container() -> Host {
+    Host::idle()
+        .gpu(1)
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(contained(
+            cuda(524, &[0]).child_of(503).started(150_000),
+            Some(NamespaceInit::Exited { pid: 9 }),
+        ))
+        .holder(nvml_client(467, "nvidia-smi", &[0]))
+        .health(recovery(RecoveryAction::GpuReset))
+}
+
+// Text.
+
+#[test]
+fn text_names_the_culprit_of_a_fork_orphan_and_suggests_killing_it() {
+    let report = fork_orphan().report();
+    let words = verdict(&report.gpus[0]);
+    assert_eq!(
+        words.sentence,
+        "GPU 0: 8.6 GiB (8,802 MiB) held for exited PID 503; still held by PID 524 (python3, sleeping, started 2026-12-03 00:25:00 UTC, user root, parent 503, holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, child of exited PID 503, in the process group and session of exited PID 503) - killing 524 should free it."
+    );
+    assert_eq!(
+        words.suggestion.as_deref(),
+        Some("kill 524   # 524 is python3, started 2026-12-03 00:25:00 UTC; then: vram-exporter check --gpu 0 --wait 30s")
+    );
+    assert_eq!(words.notes, Vec::<String>::new());
+}
+
+#[test]
+fn text_says_how_gone_owners_went_as_the_classifier_decided() {
+    let mut exiting = cuda(432, &[]).state('Z');
+    exiting.threads = 1;
+    let report = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), present(exiting))
+        .scanned()
+        .report();
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words.sentence.starts_with(
+            "GPU 0: 8.6 GiB (8,802 MiB) held for exiting PID 432; its owner is exiting"
+        ),
+        "{}",
+        words.sentence
+    );
+    assert_eq!(
+        words.suggestion.as_deref(),
+        Some("vram-exporter check --gpu 0 --wait 5s")
+    );
+
+    // One exited, one whose PID names an NVML client now: together they are gone.
+    let two = |second: ProcessLookup| {
+        let report = Host::idle()
+            .used(2 * USED_ONE_OWNER)
+            .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+            .owner(504, Some(CHARGED_ONE_OWNER), second)
+            .scanned()
+            .report();
+        verdict(&report.gpus[0]).sentence
+    };
+    let mixed = two(present(nvml_client(504, "gpu-health", &[0])));
+    assert!(mixed.contains(" held for gone PIDs 503, 504;"), "{mixed}");
+    let exited = two(ProcessLookup::Missing);
+    assert!(
+        exited.contains(" held for exited PIDs 503, 504;"),
+        "{exited}"
+    );
+}
+
+#[test]
+fn text_suggests_sudo_only_where_a_privilege_would_show_more() {
+    let suggestion = |host: Host| verdict(&host.report().gpus[0]).suggestion;
+    let mut unreadable = cuda(600, &[0]);
+    unreadable.mappings = References::Unreadable;
+    assert_eq!(
+        suggestion(
+            Host::idle()
+                .used(USED_ONE_OWNER)
+                .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+                .holder(unreadable)
+        )
+        .as_deref(),
+        Some("sudo vram-exporter check --gpu 0")
+    );
+    let mut cut_short = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .scanned();
+    cut_short.scan_cut_short = true;
+    assert_eq!(
+        suggestion(cut_short).as_deref(),
+        Some("vram-exporter check --gpu 0")
+    );
+    // Culprits in another PID namespace: no command from here reaches them.
+    let mut hidden = cuda(524, &[0]).child_of(503);
+    hidden.local_pid = None;
+    assert_eq!(suggestion(fork_orphan().holder(hidden)), None);
+}
+
+#[test]
+fn text_gives_the_live_owners_bytes_or_the_overhead_when_there_are_none() {
+    let owned = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), present(cuda(432, &[0])))
+        .report();
+    assert_eq!(
+        verdict(&owned.gpus[0]).sentence,
+        "GPU 0: 8.6 GiB (8,802 MiB) owned by 1 live process; nothing orphaned."
+    );
+    // A gone owner charged nothing, and its context's overhead not yet freed.
+    let overhead = Host::idle()
+        .used(9 * MIB)
+        .owner(503, Some(0), ProcessLookup::Missing)
+        .report();
+    assert_eq!(
+        verdict(&overhead.gpus[0]).sentence,
+        "GPU 0: 9.0 MiB used, within the driver's overhead; nothing orphaned."
+    );
+}
+
+#[test]
+fn text_table_adds_what_the_state_word_does_not_say() {
+    let report = Host::idle()
+        .used(3 * USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), present(cuda(432, &[0])))
+        .owner(
+            433,
+            Some(CHARGED_ONE_OWNER),
+            present(cuda(433, &[0]).state('T')),
+        )
+        .owner(
+            503,
+            Some(CHARGED_ONE_OWNER),
+            present(nvml_client(503, "gpu-health", &[0])),
+        )
+        .scanned()
+        .report();
+    let table = gpu_table(&report.gpus[0]);
+    let state_of = |pid: &str| {
+        let row = table
+            .lines()
+            .find(|line| line.split_whitespace().next() == Some(pid))
+            .unwrap_or_else(|| panic!("no row for {pid}: {table}"));
+        row[30..58].trim().to_string()
+    };
+    assert_eq!(state_of("432"), "running (sleeping)");
+    assert_eq!(state_of("433"), "stopped");
+    assert_eq!(state_of("503"), "gone (reused)");
+}
+
+#[test]
+fn text_names_eight_bystanders_then_how_many_more() {
+    let mut host = fork_orphan();
+    for pid in 700..710 {
+        host = host.holder(nvml_client(pid, "dcgmi", &[0]));
+    }
+    let report = host.report();
+    let Verdict { notes, .. } = verdict(&report.gpus[0]);
+    let note = notes
+        .iter()
+        .find(|note| note.starts_with("Not blamed"))
+        .expect("the bystanders' note");
+    assert_eq!(pids_named(note), (700..708).collect::<Vec<_>>());
+    assert!(note.ends_with(" and 2 more."), "{note}");
+}
+
+#[test]
+fn text_says_why_nvml_is_down_and_nothing_else() {
+    let mut observation = Host::idle().observation();
+    observation.nvml = nvml_down("cannot load NVML");
+    let report = classify(&observation, &Settings::default());
+    assert_eq!(
+        text_of(&report),
+        "NVML is not available: cannot load NVML\n"
+    );
+}
+
+// JSON.
+
+#[test]
+fn json_owners_say_state_and_detail_as_scripts_read_them() {
+    let report = Host::idle()
+        .used(3 * USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .owner(
+            504,
+            None,
+            ProcessLookup::Unreadable {
+                error: "permission denied".into(),
+            },
+        )
+        .owner(
+            432,
+            Some(CHARGED_ONE_OWNER),
+            present(contained(
+                cuda(432, &[0]).state('D'),
+                Some(NamespaceInit::Exited { pid: 9 }),
+            )),
+        )
+        .scanned()
+        .report();
+    let owners = &json_of(&report)["gpus"][0]["owners"];
+    assert_eq!(
+        owners[0],
+        json!({ "pid": 503, "state": "gone", "detail": { "reason": "exited" }, "used_bytes": CHARGED_ONE_OWNER })
+    );
+    assert_eq!(
+        owners[1],
+        json!({
+            "pid": 504,
+            "state": "unknown",
+            "detail": { "reason": "unreadable", "error": "permission denied" },
+            "used_bytes": null,
+        })
+    );
+    let live = &owners[2];
+    assert_eq!(live["state"], "uninterruptible");
+    assert!(live.get("detail").is_none(), "{live}");
+    assert_eq!(live["container_exited"], true);
+    assert_eq!(live["process"]["container_ended"], true);
+    assert_eq!(
+        live["process"]["pid_namespace_init"],
+        json!({ "state": "exited", "pid": 9 })
+    );
+    assert_eq!(live["first_seen"]["comm"], "python3");
+}
+
+#[test]
+fn json_keeps_nvml_and_the_scan_in_the_keys_scripts_read() {
+    let report = fork_orphan().report();
+    let document = json_of(&report);
+    assert_eq!(document["nvml_up"], true);
+    assert_eq!(document["nvml_error"], Value::Null);
+    assert_eq!(document["driver_version"], "580.159.04");
+    assert_eq!(
+        document["holder_scan"],
+        json!({ "complete": true, "cut_short": false, "permission_errors": 0, "duration_seconds": 0.001 })
+    );
+    let mut denied = fork_orphan();
+    denied.scan_denied = 3;
+    assert_eq!(json_of(&denied.report())["holder_scan"]["complete"], false);
+
+    let mut observation = Host::idle().observation();
+    observation.nvml = nvml_down("no driver");
+    let document = json_of(&classify(&observation, &Settings::default()));
+    assert_eq!(document["status"], "nvml_down");
+    assert_eq!(document["nvml_up"], false);
+    assert_eq!(document["nvml_error"], "no driver");
+    assert_eq!(document["driver_version"], Value::Null);
+}
+
+#[test]
+fn json_notes_name_the_bystanders_the_text_sets_apart() {
+    let report = stuck_in_an_ended_container().report();
+    let gpu = &json_of(&report)["gpus"][0];
+    assert_eq!(
+        gpu["notes"],
+        json!([
+            { "note": "driver_asks", "action": "gpu_reset" },
+            { "note": "culprits_container_ended", "pids": [524] },
+            { "note": "bystanders_not_blamed", "pids": [467] },
+        ])
+    );
+    assert_eq!(gpu["verdict"]["notes"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn json_instances_are_the_classifiers_with_their_words() {
+    let report = mig_host(true)
+        .holder(instance_child(524, &[21, 22]))
+        .report();
+    let instances = json_of(&report)["gpus"][0]["instances"].clone();
+    let orphaned = &instances[1];
+    assert_eq!(orphaned["uuid"], "MIG-2");
+    assert_eq!(orphaned["name"], "NVIDIA H200 MIG 1g.18gb");
+    assert_eq!(orphaned["profile"], "1g.18gb");
+    assert_eq!(orphaned["gpu_instance_id"], 2);
+    assert_eq!(orphaned["status"], "measured");
+    assert_eq!(orphaned["finding"], "orphaned");
+    assert_eq!(json_pids(&orphaned["culprits"]), [524]);
+    assert_eq!(orphaned["orphaned_bytes"], CHARGED_ONE_OWNER);
+    assert!(orphaned["verdict"]["sentence"]
+        .as_str()
+        .unwrap()
+        .starts_with(
+            "GPU 0 MIG (GI 2, CI 0, 1g.18gb): 8.6 GiB (8,802 MiB) held for exited PID 503"
+        ));
+    assert_eq!(instances[0]["finding"], "idle");
+}
+
+// Prometheus.
+
+#[test]
+fn prometheus_writes_each_label_set_in_its_order() {
+    let text = metrics_of(&stuck_in_an_ended_container().report());
+    for line in [
+        "vram_build_info{version=\"1.2.3\",revision=\"abc\",driver_version=\"580.159.04\"} 1",
+        "vram_gpu_info{gpu=\"0\",uuid=\"GPU-0\",name=\"NVIDIA H200\",pci_bus_id=\"00000000:19:00.0\",minor=\"0\"} 1",
+        "vram_orphaned_bytes{gpu=\"0\",uuid=\"GPU-0\",reason=\"owner_gone\"} 9229565952",
+        "vram_orphaned_bytes{gpu=\"0\",uuid=\"GPU-0\",reason=\"unattributed\"} 0",
+        "vram_owner_processes{gpu=\"0\",uuid=\"GPU-0\",state=\"gone\"} 1",
+        "vram_gone_owner_processes{gpu=\"0\",uuid=\"GPU-0\",reason=\"exited\"} 1",
+        "vram_holder_processes{gpu=\"0\",uuid=\"GPU-0\",role=\"bystander\"} 1",
+        &format!("vram_holder_info{{gpu=\"0\",uuid=\"GPU-0\",pid=\"524\",start_time=\"{}\",comm=\"python3\",state=\"running\",container_id=\"{CONTAINER}\",pod_uid=\"{POD}\",namespace=\"\",pod=\"\"}} 1", BOOT + 1_500),
+        "vram_process_used_bytes{gpu=\"0\",uuid=\"GPU-0\",pid=\"503\",comm=\"\",state=\"gone\",container_id=\"\",pod_uid=\"\",namespace=\"\",pod=\"\"} 9229565952",
+        "vram_exited_container_processes{gpu=\"0\",uuid=\"GPU-0\"} 1",
+        "vram_gpu_recovery_action{gpu=\"0\",uuid=\"GPU-0\",action=\"gpu_reset\"} 1",
+        "vram_gpu_recovery_action{gpu=\"0\",uuid=\"GPU-0\",action=\"unknown\"} 0",
+        "vram_gpu_error{gpu=\"1\",uuid=\"GPU-1\",error=\"gpu_lost\"} 0",
+    ] {
+        assert!(
+            text.lines().any(|written| written == line),
+            "{line} not in:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn prometheus_holder_scan_is_complete_unless_cut_short_or_denied() {
+    let complete = |host: &Host| {
+        value(
+            &samples(&metrics_of(&host.report())),
+            "vram_holder_scan_complete",
+            &[],
+        )
+    };
+    // No scan made: none was needed, nothing was missed.
+    assert_eq!(complete(&Host::idle()), 1.0);
+    assert_eq!(complete(&fork_orphan()), 1.0);
+    let mut cut_short = fork_orphan();
+    cut_short.scan_cut_short = true;
+    assert_eq!(complete(&cut_short), 0.0);
+}
+
+#[test]
+fn prometheus_counts_any_unrecognised_recovery_action_as_unknown() {
+    let mut host = Host::idle().health(recovery(RecoveryAction::Unrecognised(42)));
+    host.gpus[0].health.xid = Some(XidReading {
+        watched: true,
+        counts: BTreeMap::from([(79, 2)]),
+    });
+    let samples = samples(&metrics_of(&host.report()));
+    let actions = find(&samples, "vram_gpu_recovery_action", &[("gpu", "0")]);
+    assert_eq!(actions.len(), 9);
+    let on: Vec<&str> = actions
+        .iter()
+        .filter(|(_, _, value)| *value == 1.0)
+        .map(|(_, labels, _)| labels[2].1.as_str())
+        .collect();
+    assert_eq!(on, ["unknown"]);
+    assert_eq!(
+        value(&samples, "vram_xid_errors_total", &[("xid", "79")]),
+        2.0
+    );
+    assert_eq!(value(&samples, "vram_xid_watched", &[("gpu", "0")]), 1.0);
+}
+
+#[test]
+fn prometheus_mig_series_come_from_the_instance_verdicts() {
+    let report = mig_host(true)
+        .holder(instance_child(524, &[21, 22]))
+        .report();
+    let text = metrics_of(&report);
+    assert!(text.lines().any(|line| line
+        == "vram_mig_info{gpu=\"0\",uuid=\"GPU-0\",GPU_I_ID=\"2\",GPU_CI_ID=\"0\",GPU_I_PROFILE=\"1g.18gb\",mig_uuid=\"MIG-2\",name=\"NVIDIA H200 MIG 1g.18gb\"} 1"));
+    let samples = samples(&text);
+    let instance = |gi: &'static str| [("gpu", "0"), ("GPU_I_ID", gi)];
+    assert_eq!(value(&samples, "vram_gpu_mig_mode", &[("gpu", "0")]), 1.0);
+    assert_eq!(
+        value(&samples, "vram_gpu_mig_mode_pending", &[("gpu", "0")]),
+        1.0
+    );
+    assert_eq!(value(&samples, "vram_mig_up", &instance("2")), 1.0);
+    assert_eq!(
+        value(&samples, "vram_mig_used_bytes", &instance("2")),
+        USED_ONE_OWNER as f64
+    );
+    assert_eq!(value(&samples, "vram_mig_processes", &instance("2")), 1.0);
+    assert_eq!(value(&samples, "vram_mig_processes", &instance("1")), 0.0);
+    assert_eq!(
+        value(
+            &samples,
+            "vram_mig_orphaned_bytes",
+            &[("GPU_I_ID", "2"), ("reason", "owner_gone")]
+        ),
+        CHARGED_ONE_OWNER as f64
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "vram_mig_holder_processes",
+            &[("GPU_I_ID", "2"), ("role", "culprit")]
+        ),
+        1.0
+    );
+    // GPU 1 has no MIG: no mode, no devices.
+    assert!(find(&samples, "vram_gpu_mig_mode", &[("gpu", "1")]).is_empty());
+}
+
+// All three.
+
+/// What `check` ends with for what each output says: `status` in the document; in the
+/// text, the worst sentence; in the metrics, the figures.
+fn status_of_text(text: &str) -> &'static str {
+    let sentences: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("GPU ") && line.contains(": "))
+        .collect();
+    if text.starts_with("NVML is not available") {
+        "nvml_down"
+    } else if sentences.iter().any(|line| line.contains(" held ")) {
+        "orphaned"
+    } else if sentences
+        .iter()
+        .any(|line| line.contains(": cannot tell: "))
+    {
+        "cannot_tell"
+    } else {
+        "clear"
+    }
+}
+
+fn status_of_metrics(samples: &[Sample]) -> &'static str {
+    let total = |family: &str| -> f64 {
+        find(samples, family, &[])
+            .iter()
+            .map(|(_, _, value)| value)
+            .sum()
+    };
+    if total("vram_nvml_up") == 0.0 {
+        "nvml_down"
+    } else if total("vram_orphaned_bytes") > 0.0 {
+        "orphaned"
+    } else if find(samples, "vram_gpu_up", &[])
+        .iter()
+        .any(|(_, _, up)| *up == 0.0)
+        || value(samples, "vram_host_pid_namespace", &[]) == 0.0
+        || find(samples, "vram_owner_processes", &[("state", "unknown")])
+            .iter()
+            .any(|(_, _, count)| *count > 0.0)
+    {
+        "cannot_tell"
+    } else {
+        "clear"
+    }
+}
+
+/// The figure in MiB a sentence gives before `then`: `8,802` of `8.6 GiB (8,802 MiB)
+/// held`.
+fn mib_before(sentence: &str, then: &str) -> u64 {
+    let before = sentence.split(&format!(" MiB) {then}")).next().unwrap();
+    let figure = before.rsplit('(').next().unwrap().replace(',', "");
+    figure.parse().unwrap()
+}
+
+#[test]
+fn one_report_says_the_same_in_text_json_and_prometheus() {
+    let mut cut_short = fork_orphan().holder(nvml_client(467, "nvidia-smi", &[0]));
+    cut_short.scan_cut_short = true;
+    let mut blind = Host::idle().used(4 * GIB);
+    blind.host_pid_namespace = Some(false);
+    let hosts = [
+        ("stuck", stuck_in_an_ended_container()),
+        ("cut short", cut_short),
+        ("unheld", Host::idle().used(4 * GIB).scanned()),
+        ("blind", blind),
+        (
+            "owned",
+            Host::idle().gpu(1).used(USED_ONE_OWNER).owner(
+                432,
+                Some(CHARGED_ONE_OWNER),
+                present(cuda(432, &[0])),
+            ),
+        ),
+    ];
+    for (name, host) in hosts {
+        let report = host.report();
+        let text = text_of(&report);
+        let document = json_of(&report);
+        let samples = samples(&metrics_of(&report));
+        let status = document["status"].as_str().unwrap();
+
+        // Exit status.
+        assert_eq!(status_of_text(&text), status, "{name}: {text}");
+        assert_eq!(status_of_metrics(&samples), status, "{name}");
+        let gpus: Vec<_> = report.gpus.iter().collect();
+        let check = report.check_status(&gpus);
+        assert_eq!(json!(check), json!(status), "{name}");
+        assert_eq!(
+            crate::exit_codes::of(check),
+            match status {
+                "clear" => 0,
+                "orphaned" => 1,
+                "cannot_tell" => 3,
+                _ => 2,
+            },
+            "{name}"
+        );
+
+        for (index, gpu) in report.gpus.iter().enumerate() {
+            let label = index.to_string();
+            let gpu_labels = [("gpu", label.as_str())];
+            let json = &document["gpus"][index];
+            let words = verdict(gpu);
+
+            // Amounts.
+            let orphaned = json["orphaned_bytes"].as_u64().unwrap();
+            let metric: f64 = find(&samples, "vram_orphaned_bytes", &gpu_labels)
+                .iter()
+                .map(|(_, _, value)| value)
+                .sum();
+            assert_eq!(metric as u64, orphaned, "{name} GPU {index}");
+            if orphaned > 0 {
+                assert_eq!(
+                    mib_before(&words.sentence, "held"),
+                    orphaned >> 20,
+                    "{name}"
+                );
+            }
+            if words.sentence.contains(" owned by ") {
+                let live = ["running", "stopped", "uninterruptible", "zombie"];
+                let metric: f64 = live
+                    .iter()
+                    .map(|state| {
+                        value(
+                            &samples,
+                            "vram_owned_bytes",
+                            &[gpu_labels[0], ("state", state)],
+                        )
+                    })
+                    .sum();
+                let data: u64 = live
+                    .iter()
+                    .map(|state| json["owners_by_state"][state]["bytes"].as_u64().unwrap())
+                    .sum();
+                assert_eq!(metric as u64, data, "{name}");
+                assert_eq!(
+                    mib_before(&words.sentence, "owned by"),
+                    data >> 20,
+                    "{name}"
+                );
+            }
+            assert_eq!(
+                value(&samples, "vram_used_bytes", &gpu_labels) as u64,
+                json["memory"]["used"].as_u64().unwrap()
+            );
+
+            // Culprits: the kill the text suggests, the document's, the series'.
+            let culprits = json_pids(&json["culprits"]);
+            let killed: Vec<u32> = words
+                .suggestion
+                .as_deref()
+                .and_then(|command| command.strip_prefix("kill "))
+                .map(|rest| {
+                    rest.split("   #")
+                        .next()
+                        .unwrap()
+                        .split(' ')
+                        .map(|pid| pid.parse().unwrap())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let held_by = words
+                .sentence
+                .split("; still held by ")
+                .nth(1)
+                .map(pids_named)
+                .unwrap_or_default();
+            let series: Vec<u32> = find(&samples, "vram_holder_info", &gpu_labels)
+                .iter()
+                .map(|(_, labels, _)| labels[2].1.parse().unwrap())
+                .collect();
+            if json["remedy"]["action"] == "kill" {
+                assert_eq!(killed, culprits, "{name}");
+            }
+            assert_eq!(
+                held_by,
+                if killed.is_empty() {
+                    vec![]
+                } else {
+                    culprits.clone()
+                }
+            );
+            assert_eq!(series, culprits, "{name}");
+            let holders = |role: &str| {
+                let labels = [gpu_labels[0], ("role", role)];
+                value(&samples, "vram_holder_processes", &labels) as usize
+            };
+            assert_eq!(holders("culprit"), culprits.len(), "{name}");
+
+            // Bystanders.
+            let bystanders = json_pids(&json["bystanders"]);
+            let noted: Vec<u32> = words
+                .notes
+                .iter()
+                .filter(|note| note.starts_with("Not blamed"))
+                .flat_map(|note| pids_named(note))
+                .collect();
+            assert_eq!(noted, bystanders, "{name}");
+            assert_eq!(holders("bystander"), bystanders.len(), "{name}");
+
+            // Notes: one line each in words, one object each in data, and the series
+            // that carry the same facts.
+            let notes = json["notes"].as_array().unwrap();
+            assert_eq!(words.notes.len(), notes.len(), "{name}: {:#?}", words.notes);
+            assert_eq!(json["verdict"]["notes"], json!(words.notes));
+            let kinds: Vec<&str> = notes
+                .iter()
+                .map(|note| note["note"].as_str().unwrap())
+                .collect();
+            assert_eq!(
+                kinds.contains(&"bystanders_not_blamed"),
+                !bystanders.is_empty(),
+                "{name}"
+            );
+            assert_eq!(
+                kinds.contains(&"culprits_container_ended")
+                    || kinds.contains(&"owner_container_ended"),
+                value(&samples, "vram_exited_container_processes", &gpu_labels) > 0.0,
+                "{name}"
+            );
+            assert_eq!(
+                kinds.contains(&"driver_asks"),
+                find(&samples, "vram_gpu_recovery_action", &gpu_labels)
+                    .iter()
+                    .any(|(_, labels, value)| *value == 1.0 && labels[2].1 != "none"),
+                "{name}"
+            );
+            assert_eq!(
+                kinds.contains(&"unattributed_not_counted"),
+                value(&samples, "vram_unattributed_bytes", &gpu_labels) > 0.0
+                    && find(
+                        &samples,
+                        "vram_orphaned_bytes",
+                        &[gpu_labels[0], ("reason", "unattributed")]
+                    )[0]
+                    .2 == 0.0,
+                "{name}"
+            );
+        }
+    }
+}
