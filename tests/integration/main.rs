@@ -18,6 +18,7 @@ mod image;
 mod kubelet;
 mod kubernetes;
 mod privilege;
+mod release;
 mod serving;
 mod snapshot;
 mod textfile;
