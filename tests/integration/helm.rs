@@ -147,6 +147,28 @@ fn helm_lint_strict_passes_with_the_defaults_and_every_toggle() {
 }
 
 #[test]
+fn the_packaged_chart_carries_everything_it_renders_from() {
+    // A chart published to a repository is its .tgz alone: the rules and the dashboard
+    // must be inside it, and render the same.
+    let scratch = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let output = helm(&[
+        "package",
+        CHART,
+        "--destination",
+        scratch.path().to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "helm package: {}", said(&output));
+    let archive = scratch
+        .path()
+        .join(format!("vram-exporter-{}.tgz", env!("CARGO_PKG_VERSION")));
+    let values = values_file("all-on-values.yaml");
+    assert_eq!(
+        render(&archive, &["-f", &values]),
+        render(&repository().join(CHART), &["-f", &values])
+    );
+}
+
+#[test]
 fn every_rendered_object_passes_the_kubernetes_and_operator_schemas() {
     let expected: [&[&str]; 3] = [
         &["DaemonSet", "PrometheusRule", "Service", "ServiceMonitor"],
