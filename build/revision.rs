@@ -59,11 +59,16 @@ fn from_git(package: &Path) -> Option<Revision> {
     };
     watch.extend(git_path("HEAD"));
     if let Some(branch) = git(package, &["symbolic-ref", "-q", "HEAD"]) {
-        // The branch's folder, not its file: a commit writes the file afresh, and a
-        // branch whose ref is only in packed-refs has no file to watch yet.
-        if let Some(folder) = git_path(&branch).and_then(|file| Some(file.parent()?.to_path_buf()))
-        {
-            watch.push(folder);
+        // The branch's ref file, which each commit on it writes afresh; while the ref is
+        // only in packed-refs, the folder its file will appear in. Not the folder always:
+        // it holds every branch's ref, and in a checkout with several worktrees each
+        // commit in another one would rebuild this one's binaries.
+        if let Some(file) = git_path(&branch) {
+            if file.exists() {
+                watch.push(file);
+            } else {
+                watch.extend(file.parent().map(Path::to_path_buf));
+            }
         }
         watch.extend(git_path("packed-refs"));
     }

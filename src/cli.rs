@@ -43,13 +43,22 @@ Exit status:
   0  written
   2  error: a bad flag, NVML missing, a file that cannot be written";
 
+/// What `--version` prints: the version and the source revision that
+/// `vram_build_info{revision}` reports, so a binary names its commit without serving.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("VRAM_EXPORTER_REVISION"),
+    ")"
+);
+
 /// Tells GPU memory owned by a live process from memory that no live process owns.
 ///
 /// Without a subcommand it serves Prometheus metrics. `check` explains one GPU host to a
 /// person, `snapshot` saves what it sees for a bug report, and `textfile` writes the
 /// metrics once for node_exporter's textfile collector.
 #[derive(Debug, Parser)]
-#[command(name = "vram-exporter", version, about, long_about, after_help = SERVE_EXIT_STATUS)]
+#[command(name = "vram-exporter", version = VERSION, about, long_about, after_help = SERVE_EXIT_STATUS)]
 pub struct Cli {
     /// The mode, when it is not serving.
     #[command(subcommand)]

@@ -5,7 +5,10 @@
 # prometheus-alertmanager, python3 for one process shape, and buildah, podman and runc
 # to build and run the container image; cargo cannot install those. Missing ones are
 # installed when this runs as root with apt-get, otherwise it stops with the line that
-# installs them. No test is ever skipped.
+# installs them. The chart's tests need a pinned helm, built with Go from its module,
+# and an offline Kubernetes validator from the Python registry: tests/tools.sh installs
+# them into a cache when missing (saying what it installs first) and reuses them after.
+# No test is ever skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +17,8 @@ command -v promtool >/dev/null || packages+=(prometheus)
 command -v prometheus >/dev/null || packages+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || packages+=(prometheus-alertmanager)
 command -v python3 >/dev/null || packages+=(python3)
+# The validator's virtual environment (Debian's python3 splits venv out).
+python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 command -v systemd-analyze >/dev/null || packages+=(systemd)
 # The build-info tests make scratch repositories (a source tarball builds without git).
 command -v git >/dev/null || packages+=(git)
@@ -35,6 +40,9 @@ if ((${#packages[@]})); then
         exit 1
     fi
 fi
+
+# helm and the validator for tests/integration/helm.rs (a no-op once installed).
+tests/tools.sh install
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -12,6 +12,10 @@
 #   deploy/image/build.sh --binary PATH        # an exporter binary built elsewhere
 #   deploy/image/build.sh --image REF          # another name (default below)
 #   deploy/image/build.sh --print-image        # print the default name and exit
+#   deploy/image/build.sh --print-source       # print the source label's address and exit
+#
+# The source label is VRAM_EXPORTER_SOURCE_URL, or else the address of the checkout's
+# origin remote (git@host:path and ssh:// remotes as https://host/path).
 #
 # The image runs as nobody (65534) by default. A complete holder scan needs
 # CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE, which only root gets without file capabilities:
@@ -28,15 +32,31 @@ usage() {
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
 image="localhost/vram-exporter:$version"
 binary=""
+print_source=no
 while (($#)); do
     case "$1" in
     --binary) binary=${2:?--binary needs a path}; shift 2 ;;
     --image) image=${2:?--image needs a name}; shift 2 ;;
     --print-image) echo "$image"; exit 0 ;;
+    --print-source) print_source=yes; shift ;;
     -h | --help) usage ;;
     *) echo "build.sh: unknown argument $1" >&2; usage ;;
     esac
 done
+
+# Where the source lives, for the source label: VRAM_EXPORTER_SOURCE_URL,
+# or else the checkout's `origin` remote as a web address; none is made up.
+source_url=${VRAM_EXPORTER_SOURCE_URL:-}
+if [[ -z $source_url ]] && remote=$(git remote get-url origin 2>/dev/null); then
+    case "$remote" in
+    https://* | http://*) source_url=$(sed -E 's|^(https?://)[^/@]*@|\1|' <<<"$remote") ;;
+    ssh://*) source_url=$(sed -E 's|^ssh://([^/@]*@)?([^/:]*)(:[0-9]+)?/|https://\2/|' <<<"$remote") ;;
+    *@*:*) source_url=$(sed -E 's|^[^@]*@([^:]*):/?|https://\1/|' <<<"$remote") ;;
+    esac
+    source_url=${source_url%.git}
+    source_url=${source_url%/}
+fi
+[[ $print_source == no ]] || { echo "$source_url"; exit 0; }
 
 command -v buildah >/dev/null || {
     echo "build.sh: buildah is not installed; install it with: apt-get install -y buildah" >&2
@@ -47,16 +67,26 @@ command -v ldd >/dev/null || {
     exit 1
 }
 
-revision=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-if [[ $revision != unknown ]] && ! git diff --quiet HEAD 2>/dev/null; then
-    revision="$revision-dirty"
-fi
 if [[ -z $binary ]]; then
-    echo "build.sh: cargo build --release (revision $revision)" >&2
-    VRAM_EXPORTER_REVISION=$revision cargo build --release --locked --bin vram-exporter
+    # The developer's own release build, with nothing in the environment that it would
+    # not have: build.rs finds the same revision either way, and a variable that a plain
+    # `cargo build --release` lacks would make the next one rebuild everything.
+    echo "build.sh: cargo build --release" >&2
+    cargo build --release --locked --bin vram-exporter
     binary=target/release/vram-exporter
 fi
 [[ -x $binary ]] || { echo "build.sh: $binary is not an executable" >&2; exit 1; }
+# The revision the binary itself reports (`--version`, as in vram_build_info), so that
+# the label and the metric never disagree, whoever built the binary.
+revision=$("$binary" --version 2>/dev/null | sed -n 's/^vram-exporter .* (revision \(.*\))$/\1/p')
+[[ -n $revision ]] || revision=unknown
+
+source_labels=()
+if [[ -n $source_url ]]; then
+    source_labels=(--label "org.opencontainers.image.source=$source_url")
+else
+    echo "build.sh: no source address (set VRAM_EXPORTER_SOURCE_URL, or clone with an origin remote): the image gets no source label" >&2
+fi
 
 case "$(uname -m)" in
 x86_64) triplet=x86_64-linux-gnu; platform=linux/amd64 ;;
@@ -134,8 +164,7 @@ buildah bud \
     --label "org.opencontainers.image.revision=$revision" \
     --label "org.opencontainers.image.created=$created" \
     --label "org.opencontainers.image.licenses=Apache-2.0" \
-    --label "org.opencontainers.image.source=${VRAM_EXPORTER_SOURCE_URL:-https://replace-with-your-repository-url.invalid/vram-exporter}" \
-    --label "org.opencontainers.image.documentation=${VRAM_EXPORTER_SOURCE_URL:-https://replace-with-your-repository-url.invalid/vram-exporter}/docs/kubernetes.md" \
+    "${source_labels[@]}" \
     --tag "$image" \
     --file "$work/Containerfile" \
     "$work" >/dev/null

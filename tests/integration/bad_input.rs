@@ -466,7 +466,11 @@ fn help_and_version_go_to_standard_output_with_exit_status_0() {
     let version = run_plain(&["--version"]).stdout;
     assert_eq!(
         version,
-        format!("vram-exporter {}\n", env!("CARGO_PKG_VERSION"))
+        format!(
+            "vram-exporter {} (revision {})\n",
+            env!("CARGO_PKG_VERSION"),
+            env!("VRAM_EXPORTER_REVISION")
+        )
     );
 }
 

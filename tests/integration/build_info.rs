@@ -82,8 +82,14 @@ fn revision_is_git_short_hash_dirty_when_sources_changed_and_unknown_without_git
         "{:?}",
         found.watch
     );
+    // The branch's own ref, not the folder of every branch's.
     assert!(
-        found.watch.contains(&git_dir.join("refs/heads")),
+        found.watch.contains(&git_dir.join("refs/heads/main")),
+        "{:?}",
+        found.watch
+    );
+    assert!(
+        !found.watch.contains(&git_dir.join("refs/heads")),
         "{:?}",
         found.watch
     );
@@ -107,6 +113,17 @@ fn revision_is_git_short_hash_dirty_when_sources_changed_and_unknown_without_git
         format!("{}-dirty", &second[..12])
     );
     fs::remove_file(dir.join("src/new.rs")).unwrap();
+
+    // A branch whose ref is only in packed-refs: its folder, where the file will appear.
+    git(&dir, &["pack-refs", "--all"]);
+    assert!(!git_dir.join("refs/heads/main").exists());
+    let found = revision::find(&dir, None);
+    assert!(
+        found.watch.contains(&git_dir.join("refs/heads")),
+        "{:?}",
+        found.watch
+    );
+    assert!(found.watch.contains(&git_dir.join("packed-refs")));
 
     // A detached HEAD still has a revision.
     git(&dir, &["checkout", "-q", &first]);

@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const RUNC: &str = "/usr/sbin/runc";
+/// The address the test asks build.sh to label the image's source with.
+const SOURCE_URL: &str = "https://git.example.org/gpu/vram-exporter";
 const POD_UID: &str = "dd1bf9d1-241d-47f5-8e25-12de83135812";
 const CONTAINER: &str = "f45298cd514d1930c4fe3afc4412e59547f7e3148fddd22ca33cefce046eb830";
 /// Where the NVIDIA container toolkit mounts the driver's libraries on a Debian-like
@@ -82,6 +84,7 @@ impl Image {
         require_tool("buildah", "buildah");
         let name = format!("localhost/vram-exporter-test:{}", std::process::id());
         let output = Command::new(repository().join("deploy/image/build.sh"))
+            .env("VRAM_EXPORTER_SOURCE_URL", SOURCE_URL)
             .arg("--binary")
             .arg(exporter_binary())
             .args(["--image", &name])
@@ -197,7 +200,8 @@ fn the_image_builds_from_scratch_and_runs_the_exporter_under_podman() {
         env!("CARGO_PKG_VERSION")
     );
     assert_eq!(labels["org.opencontainers.image.licenses"], "Apache-2.0");
-    for key in ["revision", "created", "source", "description"] {
+    assert_eq!(labels["org.opencontainers.image.source"], SOURCE_URL);
+    for key in ["revision", "created", "description"] {
         let value = labels[format!("org.opencontainers.image.{key}")]
             .as_str()
             .unwrap_or_default();
@@ -206,9 +210,16 @@ fn the_image_builds_from_scratch_and_runs_the_exporter_under_podman() {
 
     let version = image.run(&[], &["--version"]);
     assert!(version.status.success(), "{}", said(&version));
+    // The revision the binary carries is the one the image is labelled with.
     assert_eq!(
         text(&version.stdout).trim(),
-        format!("vram-exporter {}", env!("CARGO_PKG_VERSION"))
+        format!(
+            "vram-exporter {} (revision {})",
+            env!("CARGO_PKG_VERSION"),
+            labels["org.opencontainers.image.revision"]
+                .as_str()
+                .unwrap()
+        )
     );
 
     let examples = format!("{}:/examples:ro", repository().join("examples").display());

@@ -1,11 +1,9 @@
 //! Integration tests: the real binary, the fake NVML, real processes and real /proc,
-//! compiled as one test binary. Three modules are shared rather than tests: `helpers`,
-//! `kubelet` (a stand-in kubelet) and `prometheusrule` (the PrometheusRule generator,
-//! also an example); every other module holds the tests of one subject.
+//! compiled as one test binary. Two modules are shared rather than tests: `helpers` and
+//! `kubelet` (a stand-in kubelet); every other module holds the tests of one subject.
 
 mod helpers;
 mod kubelet;
-mod prometheusrule;
 
 mod alerts;
 mod bad_input;
@@ -19,12 +17,14 @@ mod e2e;
 mod exporter;
 mod fake_nvml_docs;
 mod gpu_health;
+mod helm;
 mod holders;
 mod image;
 mod kubernetes;
 mod mig;
 mod privilege;
 mod readme;
+mod release;
 mod serving;
 mod snapshot;
 mod textfile;
