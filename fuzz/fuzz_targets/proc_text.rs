@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vram_exporter::observe::parse;
+use vram_exporter::observe::procfs::parse;
 
 fuzz_target!(|data: &[u8]| {
     if let Some(stat) = parse::stat(data) {

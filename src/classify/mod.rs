@@ -4,6 +4,7 @@
 //! `check` exits with. The renderers put this into words and series and decide nothing.
 
 mod owners;
+pub mod pods;
 mod suspects;
 #[cfg(test)]
 mod tests;
@@ -12,13 +13,12 @@ pub use owners::{judge_owner, Frame, GoneReason, Owner, OwnerDetail, OwnerState}
 use suspects::Within;
 pub use suspects::{Evidence, Role, Suspect};
 
-use crate::observe::kubernetes::KubernetesView;
-use crate::observe::pods::PodName;
 use crate::observe::{
     CgroupAttribution, GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigReading,
     NamespaceInit, NvmlProcess, NvmlReading, Observation, ProcessFacts, ProcessList, ProcfsView,
     RecoveryAction, References,
 };
+use pods::{KubernetesView, PodName};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use suspects::Scene;
@@ -931,7 +931,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
     let kubernetes = observation
         .kubernetes
         .as_ref()
-        .map(|kubernetes| kubernetes.view(&observation.nvml));
+        .map(|kubernetes| pods::kubernetes_view(kubernetes, &observation.nvml));
     let mut gpus = gpus;
     if let Some(view) = &kubernetes {
         name_pods(&mut gpus, view);

@@ -1,11 +1,11 @@
 //! Render a [`Report`] as Prometheus metrics through prometheus-client's encoders, one
 //! function per group of metric families.
 
+use crate::classify::pods::{KubernetesView, PodName};
 use crate::classify::{
     GoneReason, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, OwnerState, Report, Role,
 };
-use crate::observe::kubernetes::{KubeletSource, KubernetesView};
-use crate::observe::pods::PodName;
+use crate::observe::kubernetes::KubeletSource;
 use crate::observe::{
     GpuError, GpuState, MemoryReading, MigDeviceReading, ProcessList, ProcfsView, RecoveryAction,
 };
@@ -477,8 +477,7 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         encoder,
         "vram_kubelet_up",
         "1 when the last read of this kubelet source (pod_resources: the pod-resources API; pod_logs: the pod log directories) succeeded, 0 when it failed or the source is absent.",
-        KubeletSource::ALL
-            .into_iter()
+        KubeletSource::ALL.into_iter()
             .map(|source| (vec![("source", source.as_str().to_string())], flag(health(source).up()))),
     )?;
     gauge(

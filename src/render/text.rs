@@ -8,7 +8,7 @@ use crate::classify::{
     OwnerDetail, OwnerState, Process, Remedy, Report, Suspect, UnattributedTrust,
 };
 use crate::dates::utc_words;
-use crate::observe::cgroup::short_container_id;
+use crate::observe::procfs::short_container_id;
 use crate::observe::RecoveryAction;
 use crate::units::format_bytes;
 use serde::Serialize;

@@ -1,17 +1,17 @@
 //! The `/proc` and `/etc` text formats the exporter reads, parsed by hand: pure and
 //! total, so any bytes give an answer (and the fuzz targets in `fuzz/` can say so). One
 //! parser per format, shared by every reader of it. The cgroup file has its own module,
-//! [`super::cgroup`].
+//! `cgroup`.
 
 /// `PF_EXITING` in `/proc/PID/stat`'s flags: the thread has begun to exit.
-pub const PF_EXITING: u32 = 0x0000_0004;
+pub(crate) const PF_EXITING: u32 = 0x0000_0004;
 
 /// `CAP_SYS_PTRACE`, the capability that lets a process read where another user's
 /// descriptors point and what it maps.
-pub const CAP_SYS_PTRACE: u32 = 19;
+pub(crate) const CAP_SYS_PTRACE: u32 = 19;
 
 /// The character-device major number of NVIDIA's GPU and control nodes.
-pub const NVIDIA_MAJOR: u32 = 195;
+const NVIDIA_MAJOR: u32 = 195;
 /// Minor of `/dev/nvidiactl` under [`NVIDIA_MAJOR`].
 const NVIDIA_CONTROL_MINOR: u32 = 255;
 /// Minor of `/dev/nvidia-modeset` under [`NVIDIA_MAJOR`]; minors below it are GPUs.
@@ -138,7 +138,7 @@ pub fn nvidia_node(path: &[u8], prefix: &[u8]) -> Option<NvidiaNode> {
 
 /// The node a character device's numbers name, when they are NVIDIA's GPU or control
 /// numbers; names can lie (a container may show GPU 3 as `/dev/nvidia0`), numbers cannot.
-pub fn nvidia_node_by_number(major: u32, minor: u32) -> Option<NvidiaNode> {
+pub(crate) fn nvidia_node_by_number(major: u32, minor: u32) -> Option<NvidiaNode> {
     (major == NVIDIA_MAJOR).then_some(match minor {
         NVIDIA_CONTROL_MINOR => NvidiaNode::Control,
         NVIDIA_MODESET_MINOR => NvidiaNode::Other,
@@ -147,7 +147,7 @@ pub fn nvidia_node_by_number(major: u32, minor: u32) -> Option<NvidiaNode> {
 }
 
 /// Major and minor number of a Linux `dev_t` (glibc's encoding).
-pub fn device_numbers(dev: u64) -> (u32, u32) {
+pub(crate) fn device_numbers(dev: u64) -> (u32, u32) {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     (major as u32, minor as u32)
@@ -220,7 +220,7 @@ pub fn passwd_user(passwd: &str, uid: u32) -> Option<String> {
 }
 
 /// A PID as a directory name of `/proc`, or `None` for the other entries.
-pub fn pid_name(name: &[u8]) -> Option<u32> {
+pub(crate) fn pid_name(name: &[u8]) -> Option<u32> {
     small(name).filter(|&pid| pid != 0)
 }
 

@@ -6,7 +6,7 @@
 //! message bytes are decoded here with prost rather than inside tonic, so an answer that
 //! is not a `ListPodResourcesResponse` is told apart from a failed call.
 
-use super::kubernetes::SourceError;
+use super::reading::{DeviceAssignment, SourceError};
 use prost::bytes::{Buf, BufMut};
 use prost::Message;
 use std::future::Future;
@@ -17,7 +17,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 /// The method the kubelet serves (package `v1`, service `PodResourcesLister`).
-pub const LIST_PATH: &str = "/v1.PodResourcesLister/List";
+const LIST_PATH: &str = "/v1.PodResourcesLister/List";
 
 /// The kubelet's own cap on pod-resources messages (16 MiB); a node's answer is a few KiB.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -25,7 +25,7 @@ const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// The messages of `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` that `List` uses,
 /// written by hand. Fields this exporter does not read (CPU ids, memory, dynamic
 /// resources) are left out: protobuf skips fields a reader does not know.
-pub mod v1 {
+pub(super) mod v1 {
     /// `ListPodResourcesRequest`: no fields.
     #[derive(Clone, PartialEq, Eq, ::prost::Message)]
     pub struct ListPodResourcesRequest {}
@@ -97,7 +97,7 @@ pub mod v1 {
 
 /// Why the kubelet could not be asked, or what it answered instead.
 #[derive(Debug, Error)]
-pub enum KubeletError {
+pub(super) enum KubeletError {
     /// Nothing at the socket's path: no kubelet on this host, the directory is not
     /// mounted, or the kubelet is between two runs.
     #[error("no kubelet pod-resources socket at {}", path.display())]
@@ -136,7 +136,7 @@ pub enum KubeletError {
 
 impl KubeletError {
     /// The kind of failure, as the metrics name it.
-    pub fn kind(&self) -> SourceError {
+    pub(super) fn kind(&self) -> SourceError {
         match self {
             KubeletError::Absent { .. } => SourceError::Absent,
             KubeletError::Unavailable { .. } => SourceError::Unavailable,
@@ -148,7 +148,7 @@ impl KubeletError {
 }
 
 /// Calls `List` on the kubelet listening at `socket`, within `timeout`.
-pub async fn list(
+pub(super) async fn list(
     socket: &Path,
     timeout: Duration,
 ) -> Result<v1::ListPodResourcesResponse, KubeletError> {
@@ -226,6 +226,31 @@ fn call_error(socket: &Path, status: tonic::Status) -> KubeletError {
         code: status.code(),
         message: status.message().to_string(),
     }
+}
+
+/// The NVIDIA devices of an answer, sorted.
+pub(super) fn nvidia_devices(answer: &v1::ListPodResourcesResponse) -> Vec<DeviceAssignment> {
+    let mut devices = Vec::new();
+    for pod in &answer.pod_resources {
+        for container in &pod.containers {
+            for group in &container.devices {
+                if !group.resource_name.starts_with("nvidia.com/") {
+                    continue;
+                }
+                for id in &group.device_ids {
+                    devices.push(DeviceAssignment {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: container.name.clone(),
+                        resource: group.resource_name.clone(),
+                        device_id: id.clone(),
+                    });
+                }
+            }
+        }
+    }
+    devices.sort();
+    devices
 }
 
 /// One HTTP/2 connection as the service tonic's client sends requests through.
@@ -368,6 +393,62 @@ mod tests {
         let pod = [0x0a, 0x01, 0xff];
         let wire = [&[0x0a, pod.len() as u8][..], &pod].concat();
         assert!(ListPodResourcesResponse::decode(&wire[..]).is_err());
+    }
+
+    fn assigned(pod: &str, container: &str, resource: &str, id: &str) -> DeviceAssignment {
+        DeviceAssignment {
+            namespace: "ml".into(),
+            pod: pod.into(),
+            container: container.into(),
+            resource: resource.into(),
+            device_id: id.into(),
+        }
+    }
+
+    #[test]
+    fn only_nvidia_devices_are_kept_from_an_answer() {
+        let answer = ListPodResourcesResponse {
+            pod_resources: vec![
+                PodResources {
+                    name: "train".into(),
+                    namespace: "ml".into(),
+                    containers: vec![
+                        ContainerResources {
+                            name: "trainer".into(),
+                            devices: vec![
+                                ContainerDevices {
+                                    resource_name: "nvidia.com/gpu".into(),
+                                    device_ids: vec!["GPU-1".into(), "GPU-0".into()],
+                                    topology: None,
+                                },
+                                ContainerDevices {
+                                    resource_name: "example.com/fpga".into(),
+                                    device_ids: vec!["f0".into()],
+                                    topology: None,
+                                },
+                            ],
+                        },
+                        ContainerResources {
+                            name: "sidecar".into(),
+                            devices: Vec::new(),
+                        },
+                    ],
+                },
+                PodResources {
+                    name: "web".into(),
+                    namespace: "default".into(),
+                    containers: Vec::new(),
+                },
+            ],
+        };
+        let devices = nvidia_devices(&answer);
+        assert_eq!(
+            devices,
+            [
+                assigned("train", "trainer", "nvidia.com/gpu", "GPU-0"),
+                assigned("train", "trainer", "nvidia.com/gpu", "GPU-1"),
+            ]
+        );
     }
 
     #[test]
