@@ -11,20 +11,22 @@
 //! ([`LiveHost`]), or replays a snapshot instead ([`Source`]).
 
 pub mod kubernetes;
+mod lifespan;
 pub mod nvml;
 mod pod_uid;
 pub mod procfs;
 mod snapshot;
 
 pub use kubernetes::KubernetesReading;
+pub use lifespan::Lifespan;
 pub use nvml::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigCapabilities, MigDeviceReading,
     MigReading, NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
     XidReading,
 };
 pub use procfs::{
-    CgroupAttribution, HolderScan, Identity, NamespaceInit, NodeSet, ProcessFacts, ProcessLookup,
-    ProcfsView, References,
+    CgroupAttribution, HolderScan, Identity, NamespaceInit, NodeSet, PidNamespace, ProcessFacts,
+    ProcessLookup, ProcfsView, References,
 };
 pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot};
 
@@ -69,16 +71,16 @@ pub struct LiveHost {
 }
 
 impl LiveHost {
-    /// A live source reading NVML from `nvml_library` and processes from `proc_root`.
-    /// `long_running` is true for the server, which logs a missing NVML once and retries.
+    /// A live source reading NVML from `nvml_library` and processes from `proc_root`; a
+    /// server logs a missing NVML once and retries, and counts critical Xid events.
     pub fn new(
         nvml_library: Option<PathBuf>,
         proc_root: ProcRoot,
         scan_budget: Duration,
-        long_running: bool,
+        lifespan: Lifespan,
     ) -> Self {
         LiveHost {
-            nvml: NvmlSource::new(nvml_library, long_running),
+            nvml: NvmlSource::new(nvml_library, lifespan),
             placement: Placement::locate(&proc_root),
             boot_time_unix_seconds: proc_root.boot_time(),
             mig_minors: proc_root.root.join(nvml::MIG_MINORS),
@@ -91,9 +93,9 @@ impl LiveHost {
     }
 
     /// Also reads the kubelet's pod-resources socket and pod log directories, once now
-    /// and, when `long_running`, on a thread of their own every refresh interval.
-    pub fn with_kubernetes(mut self, config: KubernetesConfig, long_running: bool) -> Self {
-        self.kubernetes = Some(KubernetesWatch::start(config, long_running));
+    /// and, for a server, on a thread of their own every refresh interval.
+    pub fn with_kubernetes(mut self, config: KubernetesConfig, lifespan: Lifespan) -> Self {
+        self.kubernetes = Some(KubernetesWatch::start(config, lifespan));
         self
     }
 
@@ -133,8 +135,8 @@ impl LiveHost {
             .collect();
         self.remember_identities(&nvml, &mut owners);
         let mut procfs_errors = looked.errors;
-        let host_pid_namespace = self.proc_root.host_pid_namespace();
-        if host_pid_namespace.is_none() {
+        let pid_namespace = self.proc_root.own_pid_namespace();
+        if pid_namespace == PidNamespace::Unreadable {
             procfs_errors += 1;
         }
         let kubernetes = self
@@ -150,7 +152,7 @@ impl LiveHost {
         );
         Observation {
             nvml,
-            host_pid_namespace,
+            host_pid_namespace: pid_namespace.is_host(),
             procfs_view: looked.view,
             boot_time_unix_seconds: self.boot_time_unix_seconds,
             clock_ticks_per_second: clock_ticks_per_second(),
@@ -261,10 +263,10 @@ fn clock_ticks_per_second() -> u64 {
 impl Source {
     /// A live source that also watches the kubelet's sources (see
     /// [`LiveHost::with_kubernetes`]); a replay keeps what its snapshot recorded.
-    pub fn with_kubernetes(self, config: &KubernetesConfig, long_running: bool) -> Source {
+    pub fn with_kubernetes(self, config: &KubernetesConfig, lifespan: Lifespan) -> Source {
         match self {
             Source::Live(host) => {
-                Source::Live(Box::new(host.with_kubernetes(config.clone(), long_running)))
+                Source::Live(Box::new(host.with_kubernetes(config.clone(), lifespan)))
             }
             replay @ Source::Replay(_) => replay,
         }
@@ -294,11 +296,11 @@ impl Source {
         }
     }
 
-    /// Whether we run in the host's PID namespace (`Some(None)`: it cannot be read);
-    /// `None` for a replay.
-    pub fn host_pid_namespace(&self) -> Option<Option<bool>> {
+    /// Which PID namespace the exporter runs in; `None` for a replay, which has no live
+    /// process to ask.
+    pub fn pid_namespace(&self) -> Option<PidNamespace> {
         match self {
-            Source::Live(host) => Some(host.proc_root.host_pid_namespace()),
+            Source::Live(host) => Some(host.proc_root.own_pid_namespace()),
             Source::Replay(_) => None,
         }
     }

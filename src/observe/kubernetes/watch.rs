@@ -9,6 +9,7 @@ use super::pods::{read_pod_log_dirs, PodNameCache};
 use super::reading::{
     DeviceAssignment, KubeletSource, KubernetesReading, SourceError, SourceHealth,
 };
+use crate::observe::lifespan::Lifespan;
 use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -33,11 +34,22 @@ pub(crate) struct KubernetesWatch {
     latest: Arc<Mutex<Latest>>,
 }
 
+/// Which read of the sources this is, which decides what is worth a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// A one-shot command's only read: its output says what failed, the log nothing.
+    Only,
+    /// A server's first read: a failure is worth a line, a missing kubelet only a quiet one.
+    First,
+    /// A server's later refresh: a change of state is worth a line.
+    Again,
+}
+
 impl KubernetesWatch {
-    /// Reads both sources once, waiting at most for one call's timeout; when
-    /// `long_running`, a thread then refreshes them every `refresh_interval`. Only
-    /// changes of state are logged (at info and warning level when `long_running`).
-    pub(crate) fn start(config: KubernetesConfig, long_running: bool) -> KubernetesWatch {
+    /// Reads both sources once, waiting at most for one call's timeout; for a server, a
+    /// thread then refreshes them every `refresh_interval`. Only changes of state are
+    /// logged, and only by a server.
+    pub(crate) fn start(config: KubernetesConfig, lifespan: Lifespan) -> KubernetesWatch {
         let latest = Arc::new(Mutex::new(Latest {
             pod_resources: not_yet_read(),
             devices: Vec::new(),
@@ -49,7 +61,7 @@ impl KubernetesWatch {
         let shared = Arc::clone(&latest);
         let spawned = std::thread::Builder::new()
             .name("kubelet-refresh".into())
-            .spawn(move || refresh_loop(&config, timeout, &shared, long_running, first_done));
+            .spawn(move || refresh_loop(&config, timeout, &shared, lifespan, first_done));
         match spawned {
             // A kubelet that hangs at start leaves the first reading "not read yet".
             Ok(_) => {
@@ -98,7 +110,7 @@ fn refresh_loop(
     config: &KubernetesConfig,
     timeout: Duration,
     latest: &Mutex<Latest>,
-    long_running: bool,
+    lifespan: Lifespan,
     first_done: mpsc::Sender<()>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -111,14 +123,17 @@ fn refresh_loop(
             return;
         }
     };
-    let mut first = true;
+    let mut read = match lifespan {
+        Lifespan::Serving => Read::First,
+        Lifespan::OneShot => Read::Only,
+    };
     loop {
-        refresh(config, timeout, &runtime, latest, long_running, first);
-        first = false;
+        refresh(config, timeout, &runtime, latest, read);
         let _ = first_done.send(());
-        if !long_running {
+        if read == Read::Only {
             return;
         }
+        read = Read::Again;
         std::thread::sleep(config.refresh_interval);
     }
 }
@@ -129,8 +144,7 @@ fn refresh(
     timeout: Duration,
     runtime: &tokio::runtime::Runtime,
     latest: &Mutex<Latest>,
-    long_running: bool,
-    first: bool,
+    read: Read,
 ) {
     let answer = runtime.block_on(pod_resources::list(&config.pod_resources_socket, timeout));
     let listing = read_pod_log_dirs(&config.pod_logs);
@@ -156,8 +170,7 @@ fn refresh(
         &config.pod_resources_socket,
         &previous,
         &latest.pod_resources,
-        long_running,
-        first,
+        read,
     );
     let previous = latest.pod_logs.clone();
     match listing {
@@ -188,8 +201,7 @@ fn refresh(
         &config.pod_logs,
         &previous,
         &latest.pod_logs,
-        long_running,
-        first,
+        read,
     );
     tracing::debug!(
         pod_resources = latest.pod_resources.error.map_or("up", SourceError::as_str),
@@ -210,12 +222,14 @@ fn log_change(
     path: &Path,
     previous: &SourceHealth,
     now: &SourceHealth,
-    long_running: bool,
-    first: bool,
+    read: Read,
 ) {
-    if !long_running || (!first && previous.error == now.error) {
-        return;
+    match read {
+        Read::Only => return,
+        Read::Again if previous.error == now.error => return,
+        Read::First | Read::Again => {}
     }
+    let first = read == Read::First;
     let source = source.as_str();
     let path = path.display();
     match now.error {

@@ -4,6 +4,7 @@
 use super::device::{read_all, Answers, Identity};
 use super::reading::NvmlReading;
 use super::xid::XidCounter;
+use crate::observe::lifespan::Lifespan;
 use crate::sync::lock;
 use nvml_wrapper::Nvml;
 use std::collections::{BTreeMap, HashMap};
@@ -41,7 +42,7 @@ pub(crate) struct NvmlSource {
     path: Option<PathBuf>,
     /// A server says once, loudly, that it keeps going without NVML; a one-shot command
     /// reports the failure in its own output instead.
-    long_running: bool,
+    lifespan: Lifespan,
     state: Mutex<State>,
     /// The counts of critical Xid events, kept across NVML reloads; only a server
     /// watches them (a one-shot command would see none).
@@ -50,16 +51,16 @@ pub(crate) struct NvmlSource {
 
 impl NvmlSource {
     /// A source loading `path`, or the system's `libnvidia-ml.so.1` when `None`.
-    pub(crate) fn new(path: Option<PathBuf>, long_running: bool) -> NvmlSource {
+    pub(crate) fn new(path: Option<PathBuf>, lifespan: Lifespan) -> NvmlSource {
         NvmlSource {
             path,
-            long_running,
+            lifespan,
             state: Mutex::new(State {
                 library: None,
                 identities: HashMap::new(),
                 answers: HashMap::new(),
             }),
-            xid: long_running.then(|| Arc::new(XidCounter::default())),
+            xid: (lifespan == Lifespan::Serving).then(|| Arc::new(XidCounter::default())),
         }
     }
 
@@ -97,7 +98,7 @@ impl NvmlSource {
                 }
                 Err(error) => {
                     let backoff = previous_backoff.map_or(FIRST_RETRY, |b| (b * 2).min(MAX_RETRY));
-                    if previous_backoff.is_none() && self.long_running {
+                    if previous_backoff.is_none() && self.lifespan == Lifespan::Serving {
                         tracing::error!(error = %error, retry_in = ?backoff, "cannot load NVML; serving vram_nvml_up 0 and retrying");
                     } else {
                         tracing::debug!(error = %error, retry_in = ?backoff, "NVML still not loadable");

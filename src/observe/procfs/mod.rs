@@ -35,4 +35,4 @@ pub use reading::{
     HolderScan, Identity, NamespaceInit, NodeSet, ProcessFacts, ProcessLookup, ProcfsView,
     References,
 };
-pub use root::{ProcRoot, DEVICE_PREFIX};
+pub use root::{PidNamespace, ProcRoot, DEVICE_PREFIX};

@@ -24,6 +24,28 @@ pub struct ProcRoot {
     pub device_prefix: Vec<u8>,
 }
 
+/// Which PID namespace the exporter runs in, as `{procfs}/self/ns/pid` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PidNamespace {
+    /// The host's (initial) PID namespace: NVML lists the processes of every namespace.
+    Host,
+    /// Another one (a container without `hostPID`): NVML hides the processes of others.
+    Other,
+    /// The link cannot be read: which, the exporter cannot tell.
+    Unreadable,
+}
+
+impl PidNamespace {
+    /// As an observation records it: whether it is the host's, `None` when unreadable.
+    pub(crate) fn is_host(self) -> Option<bool> {
+        match self {
+            PidNamespace::Host => Some(true),
+            PidNamespace::Other => Some(false),
+            PidNamespace::Unreadable => None,
+        }
+    }
+}
+
 /// Why a process could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Unread {
@@ -72,10 +94,13 @@ impl ProcRoot {
         parse::pid_name(link.as_os_str().as_bytes())
     }
 
-    /// Whether we run in the host's PID namespace; `None` when it cannot be read.
-    pub(crate) fn host_pid_namespace(&self) -> Option<bool> {
-        let link = fs::read_link(self.root.join("self/ns/pid")).ok()?;
-        Some(link.as_os_str() == HOST_PID_NAMESPACE)
+    /// Which PID namespace we run in.
+    pub(crate) fn own_pid_namespace(&self) -> PidNamespace {
+        match fs::read_link(self.root.join("self/ns/pid")) {
+            Ok(link) if link.as_os_str() == HOST_PID_NAMESPACE => PidNamespace::Host,
+            Ok(_) => PidNamespace::Other,
+            Err(_) => PidNamespace::Unreadable,
+        }
     }
 
     /// When the host booted, in seconds since the Unix epoch.
