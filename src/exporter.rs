@@ -123,11 +123,11 @@ impl Exporter {
         match self.try_observe_and_classify(policy) {
             Ok(collected) => collected,
             Err(error) => {
+                // The error and its causes, each once, in one line.
+                let error = format!("{:#}", anyhow::Error::new(error));
                 tracing::error!(error = %error, "cannot observe");
                 let observation = Observation {
-                    nvml: NvmlReading::Down {
-                        error: error.to_string(),
-                    },
+                    nvml: NvmlReading::Down { error },
                     host_pid_namespace: None,
                     procfs_view: ProcfsView::Own,
                     boot_time_unix_seconds: None,

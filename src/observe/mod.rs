@@ -10,6 +10,7 @@
 //! elsewhere ([`Snapshot`]). This module is the one place that combines the sources
 //! ([`LiveHost`]), or replays a snapshot instead ([`Source`]).
 
+mod error_line;
 pub mod kubernetes;
 mod lifespan;
 pub mod nvml;

@@ -81,20 +81,20 @@ impl Snapshot {
 #[derive(Debug, Error)]
 pub enum ObserveError {
     /// The replay file could not be read.
-    #[error("cannot read snapshot {path}: {error}")]
+    #[error("cannot read snapshot {path}")]
     ReadSnapshot {
         /// The file.
         path: PathBuf,
-        /// The I/O error, said in the message and therefore not a `source` as well.
-        error: std::io::Error,
+        /// Why.
+        source: std::io::Error,
     },
     /// The replay file is not a snapshot.
-    #[error("{path} is not a vram-exporter snapshot: {error}")]
+    #[error("{path} is not a vram-exporter snapshot")]
     ParseSnapshot {
         /// The file.
         path: PathBuf,
-        /// The JSON error, said in the message and therefore not a `source` as well.
-        error: serde_json::Error,
+        /// What the JSON reader found.
+        source: serde_json::Error,
     },
     /// The replay file is from an incompatible version.
     #[error(
@@ -111,14 +111,14 @@ pub enum ObserveError {
 
 /// Reads a snapshot written by `vram-exporter snapshot`.
 pub fn read_snapshot(path: &Path) -> Result<Observation, ObserveError> {
-    let text = std::fs::read_to_string(path).map_err(|error| ObserveError::ReadSnapshot {
+    let text = std::fs::read_to_string(path).map_err(|source| ObserveError::ReadSnapshot {
         path: path.to_path_buf(),
-        error,
+        source,
     })?;
     let snapshot: Snapshot =
-        serde_json::from_str(&text).map_err(|error| ObserveError::ParseSnapshot {
+        serde_json::from_str(&text).map_err(|source| ObserveError::ParseSnapshot {
             path: path.to_path_buf(),
-            error,
+            source,
         })?;
     if snapshot.format != Snapshot::FORMAT {
         return Err(ObserveError::SnapshotFormat {

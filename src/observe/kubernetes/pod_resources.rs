@@ -9,6 +9,7 @@
 use super::reading::{DeviceAssignment, SourceError};
 use prost::bytes::{Buf, BufMut};
 use prost::Message;
+use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -106,12 +107,12 @@ pub(super) enum KubeletError {
         path: PathBuf,
     },
     /// The socket exists but the connection failed (refused, reset, not HTTP/2).
-    #[error("cannot talk to the kubelet at {}: {message}", path.display())]
+    #[error("cannot talk to the kubelet at {}", path.display())]
     Unavailable {
         /// The socket's path.
         path: PathBuf,
         /// What failed.
-        message: String,
+        source: ConnectionError,
     },
     /// No answer within the time allowed.
     #[error("the kubelet at {} did not answer within {timeout:?}", path.display())]
@@ -126,12 +127,12 @@ pub(super) enum KubeletError {
     Rpc {
         /// The gRPC status code.
         code: tonic::Code,
-        /// Its message.
+        /// The kubelet's words.
         message: String,
     },
     /// The answer is not a `ListPodResourcesResponse`.
-    #[error("the kubelet's answer is not a ListPodResourcesResponse: {0}")]
-    Malformed(String),
+    #[error("the kubelet's answer is not a ListPodResourcesResponse")]
+    Malformed(#[source] prost::DecodeError),
 }
 
 impl KubeletError {
@@ -144,6 +145,39 @@ impl KubeletError {
             KubeletError::Rpc { .. } => SourceError::RpcError,
             KubeletError::Malformed(_) => SourceError::Malformed,
         }
+    }
+}
+
+/// What failed on the way to the kubelet's answer.
+#[derive(Debug, Error)]
+pub(super) enum ConnectionError {
+    /// Connecting to the socket.
+    #[error(transparent)]
+    Connect(std::io::Error),
+    /// The HTTP/2 handshake (the socket may not be the kubelet's).
+    #[error("HTTP/2 handshake failed")]
+    Handshake(#[source] hyper::Error),
+    /// The connection, before the call could be sent.
+    #[error(transparent)]
+    Connection(hyper::Error),
+    /// The call, as tonic reports a connection that failed under it.
+    #[error(transparent)]
+    Call(FailedCall),
+}
+
+/// A call tonic gave up on: its words, and the connection's error as the cause.
+#[derive(Debug)]
+pub(super) struct FailedCall(tonic::Status);
+
+impl fmt::Display for FailedCall {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.0.message())
+    }
+}
+
+impl std::error::Error for FailedCall {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
     }
 }
 
@@ -162,9 +196,9 @@ pub(super) async fn list(
 }
 
 async fn list_unbounded(socket: &Path) -> Result<v1::ListPodResourcesResponse, KubeletError> {
-    let unavailable = |message: String| KubeletError::Unavailable {
+    let unavailable = |source: ConnectionError| KubeletError::Unavailable {
         path: socket.to_path_buf(),
-        message,
+        source,
     };
     let stream = tokio::net::UnixStream::connect(socket)
         .await
@@ -174,14 +208,14 @@ async fn list_unbounded(socket: &Path) -> Result<v1::ListPodResourcesResponse, K
                     path: socket.to_path_buf(),
                 }
             }
-            _ => unavailable(error.to_string()),
+            _ => unavailable(ConnectionError::Connect(error)),
         })?;
     let (sender, connection) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         hyper_util::rt::TokioIo::new(stream),
     )
     .await
-    .map_err(|error| unavailable(format!("HTTP/2 handshake failed: {error}")))?;
+    .map_err(|error| unavailable(ConnectionError::Handshake(error)))?;
     // The connection is driven beside the call and ends with it (its sender is dropped).
     let driver = tokio::spawn(async move {
         let _ = connection.await;
@@ -196,7 +230,7 @@ async fn list_unbounded(socket: &Path) -> Result<v1::ListPodResourcesResponse, K
         client
             .ready()
             .await
-            .map_err(|error| unavailable(error.to_string()))?;
+            .map_err(|error| unavailable(ConnectionError::Connection(error)))?;
         client
             .unary(
                 tonic::Request::new(v1::ListPodResourcesRequest {}.encode_to_vec()),
@@ -209,17 +243,16 @@ async fn list_unbounded(socket: &Path) -> Result<v1::ListPodResourcesResponse, K
     .await;
     driver.abort();
     let bytes = answer?.into_inner();
-    v1::ListPodResourcesResponse::decode(bytes.as_slice())
-        .map_err(|error| KubeletError::Malformed(error.to_string()))
+    v1::ListPodResourcesResponse::decode(bytes.as_slice()).map_err(KubeletError::Malformed)
 }
 
 /// A status made by tonic from a failed connection carries that error as its source; one
 /// the server sent (in trailers, or as a non-gRPC HTTP status) carries none.
 fn call_error(socket: &Path, status: tonic::Status) -> KubeletError {
-    if let Some(source) = std::error::Error::source(&status) {
+    if std::error::Error::source(&status).is_some() {
         return KubeletError::Unavailable {
             path: socket.to_path_buf(),
-            message: format!("{}: {source}", status.message()),
+            source: ConnectionError::Call(FailedCall(status)),
         };
     }
     KubeletError::Rpc {

@@ -8,10 +8,12 @@
 //! well.) Namespace and pod names are DNS labels and subdomains, which never contain `_`,
 //! so the three parts split cleanly.
 
-use super::reading::PodName;
+use super::reading::{PodName, SourceError};
 use crate::observe::pod_uid::is_pod_uid;
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::io;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
 
 /// Most uids remembered. Names are kept after a pod's directory goes (a stuck process
 /// can outlive its pod by days, and a uid never changes its name), so the cache is
@@ -37,11 +39,33 @@ fn parse_log_dir_name(name: &str) -> Option<(String, PodName)> {
     ))
 }
 
+/// The directory of pod log directories could not be listed.
+#[derive(Debug, Error)]
+#[error("cannot list {}", dir.display())]
+pub(super) struct ListError {
+    dir: PathBuf,
+    source: io::Error,
+}
+
+impl ListError {
+    /// The kind of failure, as the metrics name it.
+    pub(super) fn kind(&self) -> SourceError {
+        match self.source.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => SourceError::Absent,
+            _ => SourceError::Unreadable,
+        }
+    }
+}
+
 /// Every pod directory under `dir`; entries with other names are skipped.
-pub(super) fn read_pod_log_dirs(dir: &Path) -> std::io::Result<Vec<(String, PodName)>> {
+pub(super) fn read_pod_log_dirs(dir: &Path) -> Result<Vec<(String, PodName)>, ListError> {
+    let failed = |source| ListError {
+        dir: dir.to_path_buf(),
+        source,
+    };
     let mut pods = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
+    for entry in std::fs::read_dir(dir).map_err(failed)? {
+        let entry = entry.map_err(failed)?;
         if let Some(pod) = entry.file_name().to_str().and_then(parse_log_dir_name) {
             pods.push(pod);
         }

@@ -9,6 +9,7 @@ use super::pods::{read_pod_log_dirs, PodNameCache};
 use super::reading::{
     DeviceAssignment, KubeletSource, KubernetesReading, SourceError, SourceHealth,
 };
+use crate::observe::error_line::one_line;
 use crate::observe::lifespan::Lifespan;
 use crate::sync::lock;
 use std::collections::BTreeMap;
@@ -162,7 +163,7 @@ fn refresh(
         }
         Err(error) => {
             latest.pod_resources.error = Some(error.kind());
-            latest.pod_resources.message = Some(error.to_string());
+            latest.pod_resources.message = Some(one_line(&error));
         }
     }
     log_change(
@@ -183,17 +184,8 @@ fn refresh(
             };
         }
         Err(error) => {
-            let kind = match error.kind() {
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory => {
-                    SourceError::Absent
-                }
-                _ => SourceError::Unreadable,
-            };
-            latest.pod_logs.error = Some(kind);
-            latest.pod_logs.message = Some(format!(
-                "cannot list {}: {error}",
-                config.pod_logs.display()
-            ));
+            latest.pod_logs.error = Some(error.kind());
+            latest.pod_logs.message = Some(one_line(&error));
         }
     }
     log_change(

@@ -4,24 +4,47 @@
 use super::device::{read_all, Answers, Identity};
 use super::reading::NvmlReading;
 use super::xid::XidCounter;
+use crate::observe::error_line::one_line;
 use crate::observe::lifespan::Lifespan;
 use crate::sync::lock;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use thiserror::Error;
 
 /// First wait before loading NVML again after a failure; doubles up to [`MAX_RETRY`].
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(300);
+
+/// The library NVML is loaded from when no path is given.
+const SYSTEM_LIBRARY: &str = "libnvidia-ml.so.1";
+
+/// Why NVML gave no reading.
+#[derive(Debug, Error)]
+enum Failure {
+    /// The library could not be loaded or initialised.
+    #[error("cannot load NVML from {library}")]
+    Load {
+        /// The library's path, as given.
+        library: String,
+        /// NVML's answer.
+        source: NvmlError,
+    },
+    /// The library was loaded, then a call that every reading makes failed.
+    #[error("NVML stopped answering")]
+    StoppedAnswering(#[source] NvmlError),
+}
 
 #[derive(Debug)]
 enum Library {
     /// Shared with the thread that counts Xid events.
     Loaded(Arc<Nvml>),
     Failed {
+        /// Why, in one line: what the reading says while NVML is down.
         error: String,
         retry_at: Instant,
         backoff: Duration,
@@ -96,7 +119,8 @@ impl NvmlSource {
                     }
                     Library::Loaded(nvml)
                 }
-                Err(error) => {
+                Err(failure) => {
+                    let error = one_line(&failure);
                     let backoff = previous_backoff.map_or(FIRST_RETRY, |b| (b * 2).min(MAX_RETRY));
                     if previous_backoff.is_none() && self.lifespan == Lifespan::Serving {
                         tracing::error!(error = %error, retry_in = ?backoff, "cannot load NVML; serving vram_nvml_up 0 and retrying");
@@ -117,11 +141,11 @@ impl NvmlSource {
                     Ok(reading) => reading,
                     Err(error) => {
                         // The driver went away under us (unloaded, upgraded): start over.
-                        let message = format!("NVML stopped answering: {error}");
                         tracing::error!(error = %error, "NVML stopped answering; reloading on a later scrape");
                         if let Some(xid) = &self.xid {
                             xid.stop();
                         }
+                        let message = one_line(&Failure::StoppedAnswering(error));
                         *library = Some(Library::Failed {
                             error: message.clone(),
                             retry_at: now + FIRST_RETRY,
@@ -156,17 +180,17 @@ impl NvmlSource {
             .collect()
     }
 
-    fn load(&self) -> Result<Nvml, String> {
-        let result = match &self.path {
-            Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
-            None => Nvml::builder()
-                .lib_path(OsStr::new("libnvidia-ml.so.1"))
-                .init(),
+    fn load(&self) -> Result<Nvml, Failure> {
+        let library = match &self.path {
+            Some(path) => path.as_os_str(),
+            None => OsStr::new(SYSTEM_LIBRARY),
         };
-        let shown = self
-            .path
-            .as_deref()
-            .map_or_else(|| "libnvidia-ml.so.1".into(), |p| p.display().to_string());
-        result.map_err(|error| format!("cannot load NVML from {shown}: {error}"))
+        Nvml::builder()
+            .lib_path(library)
+            .init()
+            .map_err(|source| Failure::Load {
+                library: library.to_string_lossy().into_owned(),
+                source,
+            })
     }
 }
