@@ -14,6 +14,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use std::fmt;
+use strum::IntoEnumIterator;
 
 /// At most this many `vram_holder_info` series per GPU: each is a label set of its own.
 pub const MAX_HOLDER_SERIES_PER_GPU: usize = 16;
@@ -223,7 +224,7 @@ fn gpu_identity(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Re
                 GpuOutcome::Failed { error, .. } => Some(*error),
                 GpuOutcome::Measured(_) => None,
             };
-            GpuError::ALL.into_iter().map(move |kind| {
+            GpuError::iter().map(move |kind| {
                 (
                     with(gpu_labels(gpu), "error", kind.as_str()),
                     flag(failure == Some(kind)),
@@ -477,14 +478,14 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         encoder,
         "vram_kubelet_up",
         "1 when the last read of this kubelet source (pod_resources: the pod-resources API; pod_logs: the pod log directories) succeeded, 0 when it failed or the source is absent.",
-        KubeletSource::ALL.into_iter()
+        KubeletSource::iter()
             .map(|source| (vec![("source", source.as_str().to_string())], flag(health(source).up()))),
     )?;
     gauge(
         encoder,
         "vram_kubelet_error",
         "1 for the kind of failure of this kubelet source's last read (absent: nothing at its path, no kubelet or not mounted; unavailable, timeout, rpc_error, malformed, unreadable), else 0.",
-        KubeletSource::ALL.into_iter().flat_map(|source| {
+        KubeletSource::iter().flat_map(|source| {
             let failure = health(source).error;
             source.errors().iter().map(move |&kind| {
                 let labels = vec![
@@ -499,7 +500,7 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         encoder,
         "vram_kubelet_last_success_timestamp_seconds",
         "When the answer of this kubelet source in use was read, in seconds since the Unix epoch; 0 when it never answered. A failing source keeps serving its last good answer.",
-        KubeletSource::ALL.into_iter().map(|source| {
+        KubeletSource::iter().map(|source| {
             (
                 vec![("source", source.as_str().to_string())],
                 health(source).last_success_unix_seconds.unwrap_or(0.0),
@@ -844,8 +845,5 @@ fn encode_gpu_health(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fm
 
 /// Label values of `vram_gpu_recovery_action`: every named action, then `unknown`.
 fn recovery_labels() -> impl Iterator<Item = &'static str> {
-    RecoveryAction::NAMED
-        .into_iter()
-        .map(RecoveryAction::as_str)
-        .chain(std::iter::once(RecoveryAction::Unrecognised(0).as_str()))
+    RecoveryAction::iter().map(RecoveryAction::as_str)
 }

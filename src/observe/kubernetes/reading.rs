@@ -3,10 +3,15 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use strum::{EnumIter, IntoStaticStr};
 
-/// Which kubelet source a reading or a series is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Which kubelet source a reading or a series is about. Its label value is its name in
+/// snake case; [`KubeletSource::iter`] lists both in the order metrics do.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, IntoStaticStr, EnumIter,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum KubeletSource {
     /// `v1.PodResourcesLister/List` on the kubelet's socket.
     PodResources,
@@ -15,15 +20,9 @@ pub enum KubeletSource {
 }
 
 impl KubeletSource {
-    /// Both, in the order metrics list them.
-    pub const ALL: [KubeletSource; 2] = [KubeletSource::PodResources, KubeletSource::PodLogs];
-
     /// The label value.
     pub fn as_str(self) -> &'static str {
-        match self {
-            KubeletSource::PodResources => "pod_resources",
-            KubeletSource::PodLogs => "pod_logs",
-        }
+        self.into()
     }
 
     /// The kinds of failure this source can have, in the order metrics list them.
@@ -41,9 +40,10 @@ impl KubeletSource {
     }
 }
 
-/// Why a source's last refresh failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Why a source's last refresh failed. Its label value is its name in snake case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum SourceError {
     /// Nothing where it should be: no kubelet on this host, or the path is not mounted.
     Absent,
@@ -62,14 +62,7 @@ pub enum SourceError {
 impl SourceError {
     /// The label value.
     pub fn as_str(self) -> &'static str {
-        match self {
-            SourceError::Absent => "absent",
-            SourceError::Unavailable => "unavailable",
-            SourceError::Timeout => "timeout",
-            SourceError::RpcError => "rpc_error",
-            SourceError::Malformed => "malformed",
-            SourceError::Unreadable => "unreadable",
-        }
+        self.into()
     }
 }
 

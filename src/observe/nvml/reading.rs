@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use strum::{EnumIter, IntoStaticStr};
 
 /// NVML's answer: either a driver with its GPUs, or the reason it could not be asked.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,9 +145,13 @@ impl NvmlProcess {
     }
 }
 
-/// Why a GPU's readings are missing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Why a GPU's readings are missing. Its label value (in metrics and JSON alike) is its
+/// name in snake case; [`GpuError::iter`] lists every kind in the order metrics do.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, IntoStaticStr, EnumIter,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum GpuError {
     /// The GPU fell off the bus.
     GpuLost,
@@ -161,24 +166,9 @@ pub enum GpuError {
 }
 
 impl GpuError {
-    /// Every kind, in the order metrics list them.
-    pub const ALL: [GpuError; 5] = [
-        GpuError::GpuLost,
-        GpuError::ResetRequired,
-        GpuError::NotSupported,
-        GpuError::NoPermission,
-        GpuError::Unknown,
-    ];
-
     /// The label value used in metrics and JSON.
     pub fn as_str(self) -> &'static str {
-        match self {
-            GpuError::GpuLost => "gpu_lost",
-            GpuError::ResetRequired => "reset_required",
-            GpuError::NotSupported => "not_supported",
-            GpuError::NoPermission => "no_permission",
-            GpuError::Unknown => "unknown",
-        }
+        self.into()
     }
 }
 
@@ -309,12 +299,17 @@ impl GpuHealth {
 }
 
 /// What the driver says must happen before a GPU can be used again
-/// (`nvmlDeviceGpuRecoveryAction_t`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// (`nvmlDeviceGpuRecoveryAction_t`). Its label value in metrics is its name in snake case,
+/// `unknown` for a value this build does not know. [`RecoveryAction::iter`] gives each
+/// label once, in the order metrics list them: the named actions by raw value, then
+/// `Unrecognised(0)` standing for every unknown one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, IntoStaticStr, EnumIter)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum RecoveryAction {
     /// Nothing: new processes can use the GPU (`NVML_GPU_RECOVERY_ACTION_NONE`).
     #[serde(rename = "none")]
+    #[strum(serialize = "none")]
     NoneNeeded,
     /// End every process on the GPU and reset it (`nvidia-smi -r`).
     GpuReset,
@@ -331,7 +326,9 @@ pub enum RecoveryAction {
     BusReset,
     /// Reboot the whole system.
     SystemReboot,
-    /// A value this build does not know (a newer driver's).
+    /// A value this build does not know (a newer driver's); written to snapshots with
+    /// its value, labelled `unknown` in metrics.
+    #[strum(serialize = "unknown")]
     Unrecognised(u32),
 }
 
@@ -343,18 +340,6 @@ impl RecoveryAction {
             RecoveryAction::NodeReboot | RecoveryAction::SystemReboot
         )
     }
-
-    /// Every named action, in the order metrics list them.
-    pub const NAMED: [RecoveryAction; 8] = [
-        RecoveryAction::NoneNeeded,
-        RecoveryAction::GpuReset,
-        RecoveryAction::NodeReboot,
-        RecoveryAction::DrainP2p,
-        RecoveryAction::DrainAndReset,
-        RecoveryAction::RecoverImexDomain,
-        RecoveryAction::BusReset,
-        RecoveryAction::SystemReboot,
-    ];
 
     /// The action NVML's raw field value names.
     pub(crate) fn from_raw(value: u32) -> RecoveryAction {
@@ -373,17 +358,7 @@ impl RecoveryAction {
 
     /// The label value used in metrics: `unknown` for an unrecognised value.
     pub fn as_str(self) -> &'static str {
-        match self {
-            RecoveryAction::NoneNeeded => "none",
-            RecoveryAction::GpuReset => "gpu_reset",
-            RecoveryAction::NodeReboot => "node_reboot",
-            RecoveryAction::DrainP2p => "drain_p2p",
-            RecoveryAction::DrainAndReset => "drain_and_reset",
-            RecoveryAction::RecoverImexDomain => "recover_imex_domain",
-            RecoveryAction::BusReset => "bus_reset",
-            RecoveryAction::SystemReboot => "system_reboot",
-            RecoveryAction::Unrecognised(_) => "unknown",
-        }
+        self.into()
     }
 }
 
@@ -425,6 +400,7 @@ pub struct XidReading {
 mod tests {
     use super::*;
     use serde_json::json;
+    use strum::IntoEnumIterator;
 
     #[test]
     fn gpu_readings_of_older_versions_read_without_mig_or_health() {
@@ -500,7 +476,9 @@ mod tests {
 
     #[test]
     fn every_named_recovery_action_has_its_raw_value_and_label() {
-        for (raw, action) in RecoveryAction::NAMED.into_iter().enumerate() {
+        let named = RecoveryAction::iter()
+            .filter(|action| !matches!(action, RecoveryAction::Unrecognised(_)));
+        for (raw, action) in named.enumerate() {
             assert_eq!(RecoveryAction::from_raw(raw as u32), action);
             assert_ne!(action.as_str(), "unknown");
         }
