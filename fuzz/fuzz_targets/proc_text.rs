@@ -14,7 +14,6 @@ fuzz_target!(|data: &[u8]| {
         assert!(!levels.is_empty());
     }
     let _ = parse::namespace_inode(data);
-    let _ = parse::boot_time(data);
     for mapping in parse::shared_mappings(data) {
         assert!(!mapping.path.is_empty() && mapping.inode != 0);
         let _ = parse::nvidia_node(mapping.path, b"/dev/nvidia");

@@ -12,7 +12,7 @@
 //! - `memory`: what is kept of each process from one look to the next ([`Memory`]).
 //! - `pidns`: whether a process's container has ended, from its PID namespace.
 //! - `cgroup`: the container and pod a process runs in ([`CgroupAttribution`]).
-//! - [`parse`]: the text formats, parsed by hand.
+//! - [`parse`]: the text formats, parsed by hand where procfs-core cannot serve.
 
 mod cgroup;
 mod looks;

@@ -4,6 +4,7 @@
 
 use super::cgroup::{parse_cgroup_file, CgroupAttribution, MAX_CGROUP_FILE_BYTES};
 use super::parse::{self, Stat, Status};
+use procfs_core::{ExplicitSystemInfo, FromBufReadSI, KernelStats};
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
@@ -103,9 +104,9 @@ impl ProcRoot {
         }
     }
 
-    /// When the host booted, in seconds since the Unix epoch.
+    /// When the host booted, in seconds since the Unix epoch (`btime` of `/proc/stat`).
     pub(crate) fn boot_time(&self) -> Option<u64> {
-        parse::boot_time(&fs::read(self.root.join("stat")).ok()?)
+        boot_time(&fs::read(self.root.join("stat")).ok()?)
     }
 
     /// The host's name, as the kernel knows it.
@@ -148,4 +149,35 @@ impl ProcRoot {
 
 fn malformed() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, "malformed stat line")
+}
+
+/// The boot time (`btime`, seconds since the Unix epoch) of a `/proc/stat`, through
+/// procfs-core's parser: read once at start, off every scrape's path, from a file the
+/// kernel always writes whole.
+fn boot_time(proc_stat: &[u8]) -> Option<u64> {
+    // The parser wants the system's figures to turn the CPU lines' ticks into times;
+    // only `btime` is used here, which is in seconds, so they do not matter.
+    let system = ExplicitSystemInfo {
+        boot_time_secs: 0,
+        ticks_per_second: 100,
+        page_size: 4096,
+        is_little_endian: cfg!(target_endian = "little"),
+    };
+    KernelStats::from_buf_read(proc_stat, &system)
+        .ok()
+        .map(|stats| stats.btime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_time_line() {
+        // The lines procfs-core needs (the CPU totals, ctxt, btime and processes), as a
+        // kernel writes them.
+        let text = b"cpu  1 2 3 4 5 6 7 0 0 0\ncpu0 1 2 3 4 5 6 7 0 0 0\nintr 5\nctxt 88\nbtime 1764754262\nprocesses 9\nprocs_running 1\nprocs_blocked 0\n";
+        assert_eq!(boot_time(text), Some(1_764_754_262));
+        assert_eq!(boot_time(b"btime x\n"), None);
+    }
 }
