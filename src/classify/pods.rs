@@ -131,6 +131,7 @@ fn gpu_of<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::kubernetes::examples::{assigned, reading};
     use crate::observe::{GpuHealth, GpuState, MemoryReading, ProcessList};
 
     fn gpu(index: u32) -> GpuReading {
@@ -151,26 +152,6 @@ mod tests {
             },
             mig: None,
             health: GpuHealth::default(),
-        }
-    }
-
-    fn assigned(pod: &str, container: &str, resource: &str, id: &str) -> DeviceAssignment {
-        DeviceAssignment {
-            namespace: "ml".into(),
-            pod: pod.into(),
-            container: container.into(),
-            resource: resource.into(),
-            device_id: id.into(),
-        }
-    }
-
-    fn reading(devices: Vec<DeviceAssignment>) -> KubernetesReading {
-        KubernetesReading {
-            pod_resources: SourceHealth::default(),
-            devices,
-            mig_parents: BTreeMap::from([("MIG-a".to_string(), "GPU-3".to_string())]),
-            pod_logs: SourceHealth::default(),
-            pod_names: BTreeMap::new(),
         }
     }
 

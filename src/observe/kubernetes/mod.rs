@@ -20,6 +20,8 @@ mod reading;
 mod watch;
 
 pub use config::{KubernetesConfig, DEFAULT_POD_LOGS, DEFAULT_POD_RESOURCES_SOCKET};
+#[cfg(test)]
+pub(crate) use reading::examples;
 pub use reading::{
     DeviceAssignment, KubeletSource, KubernetesReading, PodName, SourceError, SourceHealth,
 };

@@ -358,6 +358,7 @@ impl tonic::codec::Decoder for BytesCodec {
 mod tests {
     use super::v1::*;
     use super::*;
+    use crate::observe::kubernetes::reading::examples::assigned;
 
     #[test]
     fn messages_have_the_api_field_numbers() {
@@ -426,16 +427,6 @@ mod tests {
         let pod = [0x0a, 0x01, 0xff];
         let wire = [&[0x0a, pod.len() as u8][..], &pod].concat();
         assert!(ListPodResourcesResponse::decode(&wire[..]).is_err());
-    }
-
-    fn assigned(pod: &str, container: &str, resource: &str, id: &str) -> DeviceAssignment {
-        DeviceAssignment {
-            namespace: "ml".into(),
-            pod: pod.into(),
-            container: container.into(),
-            resource: resource.into(),
-            device_id: id.into(),
-        }
     }
 
     #[test]

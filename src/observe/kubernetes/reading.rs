@@ -156,11 +156,19 @@ impl KubernetesReading {
     }
 }
 
+/// Readings for the tests of the kubelet's sources and of what classification makes of
+/// them.
 #[cfg(test)]
-mod tests {
+pub(crate) mod examples {
     use super::*;
 
-    fn assigned(pod: &str, container: &str, resource: &str, id: &str) -> DeviceAssignment {
+    /// A device assigned to a container of a pod in namespace `ml`.
+    pub(crate) fn assigned(
+        pod: &str,
+        container: &str,
+        resource: &str,
+        id: &str,
+    ) -> DeviceAssignment {
         DeviceAssignment {
             namespace: "ml".into(),
             pod: pod.into(),
@@ -170,7 +178,9 @@ mod tests {
         }
     }
 
-    fn reading(devices: Vec<DeviceAssignment>) -> KubernetesReading {
+    /// Both sources up, with `devices` assigned; NVML placed MIG device `MIG-a` on GPU
+    /// `GPU-3`.
+    pub(crate) fn reading(devices: Vec<DeviceAssignment>) -> KubernetesReading {
         KubernetesReading {
             pod_resources: SourceHealth::default(),
             devices,
@@ -179,6 +189,12 @@ mod tests {
             pod_names: BTreeMap::new(),
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::examples::{assigned, reading};
+    use super::*;
 
     #[test]
     fn mig_device_ids_are_what_nvml_must_place() {
