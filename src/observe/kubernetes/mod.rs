@@ -5,7 +5,7 @@
 //!   device.
 //! - `pods`: the pod log directories, which name the pod of a uid ([`PodName`]): a
 //!   process's cgroup gives only the uid.
-//! - `watch`: the thread that refreshes both ([`KubernetesWatch`]).
+//! - `watch`: the thread that refreshes both (`KubernetesWatch`).
 //! - `reading`: what they said ([`KubernetesReading`]), plain serialisable data.
 //! - `config`: where the sources are, and how often to read them ([`KubernetesConfig`]).
 //!

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use strum::{EnumIter, IntoStaticStr};
 
 /// Which kubelet source a reading or a series is about. Its label value is its name in
-/// snake case; [`KubeletSource::iter`] lists both in the order metrics do.
+/// snake case; `KubeletSource::iter()` (strum's `IntoEnumIterator`) lists both in the
+/// order metrics do.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, IntoStaticStr, EnumIter,
 )]

@@ -3,7 +3,7 @@
 //!
 //! - `reading`: what a look yields ([`NvmlReading`] and its parts), plain serialisable
 //!   data.
-//! - `source`: the library, loaded lazily and again after failures ([`NvmlSource`]).
+//! - `source`: the library, loaded lazily and again after failures (`NvmlSource`).
 //! - `device`: one GPU or MIG device read through its handle.
 //! - `mig`: the capability device nodes of MIG devices, from the driver's table.
 //! - `xid`: the thread that counts critical Xid events, so a scrape never waits on them.

@@ -146,7 +146,8 @@ impl NvmlProcess {
 }
 
 /// Why a GPU's readings are missing. Its label value (in metrics and JSON alike) is its
-/// name in snake case; [`GpuError::iter`] lists every kind in the order metrics do.
+/// name in snake case; `GpuError::iter()` (strum's `IntoEnumIterator`) lists every kind
+/// in the order metrics do.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, IntoStaticStr, EnumIter,
 )]
@@ -300,7 +301,7 @@ impl GpuHealth {
 
 /// What the driver says must happen before a GPU can be used again
 /// (`nvmlDeviceGpuRecoveryAction_t`). Its label value in metrics is its name in snake case,
-/// `unknown` for a value this build does not know. [`RecoveryAction::iter`] gives each
+/// `unknown` for a value this build does not know. `RecoveryAction::iter()` gives each
 /// label once, in the order metrics list them: the named actions by raw value, then
 /// `Unrecognised(0)` standing for every unknown one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, IntoStaticStr, EnumIter)]
