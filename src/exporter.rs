@@ -1,7 +1,7 @@
 //! Ties the flow together: observe -> classify -> render, once per scrape.
 
 use crate::classify::{classify, Report, Settings};
-use crate::observe::{NvmlReading, Observation, ObserveError, ProcfsView, Source};
+use crate::observe::{NvmlReading, Observation, ObserveError, PidNamespace, ProcfsView, Source};
 use crate::render::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -123,11 +123,11 @@ impl Exporter {
         match self.try_observe_and_classify(policy) {
             Ok(collected) => collected,
             Err(error) => {
+                // The error and its causes, each once, in one line.
+                let error = format!("{:#}", anyhow::Error::new(error));
                 tracing::error!(error = %error, "cannot observe");
                 let observation = Observation {
-                    nvml: NvmlReading::Down {
-                        error: error.to_string(),
-                    },
+                    nvml: NvmlReading::Down { error },
                     host_pid_namespace: None,
                     procfs_view: ProcfsView::Own,
                     boot_time_unix_seconds: None,
@@ -146,10 +146,9 @@ impl Exporter {
         }
     }
 
-    /// Whether the exporter runs in the host's PID namespace (`Some(None)`: it cannot
-    /// tell); `None` for a replay.
-    pub fn host_pid_namespace(&self) -> Option<Option<bool>> {
-        self.source.host_pid_namespace()
+    /// Which PID namespace the exporter runs in; `None` for a replay.
+    pub fn host_pid_namespace(&self) -> Option<PidNamespace> {
+        self.source.pid_namespace()
     }
 
     /// The name of the host observed.

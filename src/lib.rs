@@ -22,7 +22,7 @@ pub mod web;
 use cli::{Cli, CliError, Config, Mode};
 use exporter::Exporter;
 use observe::procfs::ProcRoot;
-use observe::{LiveHost, Source};
+use observe::{Lifespan, LiveHost, PidNamespace, Source};
 use render::prometheus::RenderOptions;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -61,8 +61,12 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
         },
         _ => None,
     };
+    let lifespan = match config.mode {
+        Mode::Serve(_) => Lifespan::Serving,
+        _ => Lifespan::OneShot,
+    };
     let exporter = Arc::new(Exporter::new(
-        source(&config).with_kubernetes(&config.kubernetes, matches!(config.mode, Mode::Serve(_))),
+        source(&config, lifespan).with_kubernetes(&config.kubernetes, lifespan),
         config.settings.clone(),
         RenderOptions {
             per_process_limit: config.per_process_limit,
@@ -86,7 +90,7 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn source(config: &Config) -> Source {
+fn source(config: &Config, lifespan: Lifespan) -> Source {
     match &config.replay {
         Some(path) => Source::Replay(path.clone()),
         None => Source::Live(Box::new(
@@ -97,7 +101,7 @@ fn source(config: &Config) -> Source {
                     device_prefix: config.device_prefix.clone(),
                 },
                 config.scan_timeout,
-                matches!(config.mode, Mode::Serve(_)),
+                lifespan,
             )
             .with_mig_minors(config.mig_minors.clone()),
         )),
@@ -108,11 +112,11 @@ fn source(config: &Config) -> Source {
 fn warn_if_blind(exporter: &Exporter, config: &Config) {
     match exporter.host_pid_namespace() {
         // A replay has nothing live to look at.
-        None | Some(Some(true)) => {}
-        Some(Some(false)) => tracing::warn!(
+        None | Some(PidNamespace::Host) => {}
+        Some(PidNamespace::Other) => tracing::warn!(
             "not in the host PID namespace: NVML hides processes of other namespaces, so memory without a visible owner is reported as unattributed, never as orphaned (vram_host_pid_namespace 0); run with the host's PID namespace (hostPID: true, --pid=host)"
         ),
-        Some(None) => tracing::warn!(
+        Some(PidNamespace::Unreadable) => tracing::warn!(
             procfs = %config.procfs.display(),
             "cannot read the PID namespace of this process; treating the exporter as blind"
         ),

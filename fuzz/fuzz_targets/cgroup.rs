@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vram_exporter::observe::cgroup::{parse_cgroup_file, parse_cgroup_path, short_container_id};
+use vram_exporter::observe::procfs::{parse_cgroup_file, parse_cgroup_path, short_container_id};
 
 fuzz_target!(|data: &[u8]| {
     for attribution in [parse_cgroup_file(data), parse_cgroup_path(data)] {

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vram_exporter::observe::parse;
+use vram_exporter::observe::procfs::parse;
 
 fuzz_target!(|data: &[u8]| {
     if let Some(stat) = parse::stat(data) {
@@ -14,7 +14,6 @@ fuzz_target!(|data: &[u8]| {
         assert!(!levels.is_empty());
     }
     let _ = parse::namespace_inode(data);
-    let _ = parse::boot_time(data);
     for mapping in parse::shared_mappings(data) {
         assert!(!mapping.path.is_empty() && mapping.inode != 0);
         let _ = parse::nvidia_node(mapping.path, b"/dev/nvidia");

@@ -6,6 +6,7 @@
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod owners;
+pub mod pods;
 mod sentence;
 mod suspects;
 #[cfg(test)]
@@ -30,15 +31,13 @@ use suspects::Scene;
 
 // What the verdict carries of the observation, named here so that the renderers need
 // nothing from `observe`.
-pub use crate::observe::cgroup::short_container_id;
-pub use crate::observe::kubernetes::{
-    GpuPod, KubeletSource, KubernetesView, SourceError, SourceHealth,
-};
-pub use crate::observe::pods::PodName;
+pub use crate::observe::kubernetes::{KubeletSource, SourceError, SourceHealth};
+pub use crate::observe::procfs::short_container_id;
 pub use crate::observe::{
     CgroupAttribution, GpuError, Identity, MemoryReading, NamespaceInit, NodeSet, ProcfsView,
     RecoveryAction, References, RemappedRows, RetiredPages, XidReading,
 };
+pub use pods::{GpuPod, KubernetesView, PodName};
 
 /// Tunables of the classification.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1136,7 +1135,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
     let kubernetes = observation
         .kubernetes
         .as_ref()
-        .map(|kubernetes| kubernetes.view(&observation.nvml));
+        .map(|kubernetes| pods::kubernetes_view(kubernetes, &observation.nvml));
     let mut gpus = gpus;
     if let Some(view) = &kubernetes {
         name_pods(&mut gpus, view);

@@ -1,63 +1,44 @@
-//! Observe: the only code that touches the system (NVML and `/proc`), or replays a
-//! snapshot of them.
+//! Observe: the only code that touches the system, one folder per source, none of which
+//! imports another:
+//!
+//! - [`nvml`]: the GPUs, their memory and the processes NVML charges for it, MIG, and
+//!   what the driver says each GPU needs;
+//! - [`procfs`]: the processes NVML names and those that hold NVIDIA device files;
+//! - [`kubernetes`]: the kubelet's pod-resources API and pod log directories.
+//!
+//! `snapshot` holds what one look saw ([`Observation`]) and the file that carries it
+//! elsewhere ([`Snapshot`]). This module is the one place that combines the sources
+//! ([`LiveHost`]), or replays a snapshot instead ([`Source`]).
 
-pub mod cgroup;
-mod holders;
-pub mod mig;
-mod model;
-pub mod nvml;
-pub mod parse;
-mod pidns;
-pub mod procfs;
-mod xid;
-
-pub mod kubelet;
+mod error_line;
 pub mod kubernetes;
-pub mod pods;
+mod lifespan;
+pub mod nvml;
+mod pod_uid;
+pub mod procfs;
+mod snapshot;
 
-pub use model::*;
+pub use kubernetes::KubernetesReading;
+pub use lifespan::Lifespan;
+pub use nvml::{
+    GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigCapabilities, MigDeviceReading,
+    MigReading, NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
+    XidReading,
+};
+pub use procfs::{
+    CgroupAttribution, HolderScan, Identity, NamespaceInit, NodeSet, PidNamespace, ProcessFacts,
+    ProcessLookup, ProcfsView, References,
+};
+pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot};
 
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::NvmlSource;
-use self::procfs::{Memory, OwnersRead, Placement, ProcRoot, Reader, Remembered, Unread};
+use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
 use crate::sync::lock;
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use thiserror::Error;
-
-/// Why an observation could not be made at all.
-#[derive(Debug, Error)]
-pub enum ObserveError {
-    /// The replay file could not be read.
-    #[error("cannot read snapshot {path}: {error}")]
-    ReadSnapshot {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error, said in the message and therefore not a `source` as well.
-        error: std::io::Error,
-    },
-    /// The replay file is not a snapshot.
-    #[error("{path} is not a vram-exporter snapshot: {error}")]
-    ParseSnapshot {
-        /// The file.
-        path: PathBuf,
-        /// The JSON error, said in the message and therefore not a `source` as well.
-        error: serde_json::Error,
-    },
-    /// The replay file is from an incompatible version.
-    #[error(
-        "{path} has snapshot format {format}; this build reads format {}",
-        Snapshot::FORMAT
-    )]
-    SnapshotFormat {
-        /// The file.
-        path: PathBuf,
-        /// The format it declares.
-        format: u32,
-    },
-}
 
 /// Where observations come from.
 #[derive(Debug)]
@@ -68,7 +49,7 @@ pub enum Source {
     Replay(PathBuf),
 }
 
-/// NVML and `/proc` of the machine we run on.
+/// NVML, `/proc` and the kubelet of the machine we run on.
 #[derive(Debug)]
 pub struct LiveHost {
     nvml: NvmlSource,
@@ -91,19 +72,19 @@ pub struct LiveHost {
 }
 
 impl LiveHost {
-    /// A live source reading NVML from `nvml_library` and processes from `proc_root`.
-    /// `long_running` is true for the server, which logs a missing NVML once and retries.
+    /// A live source reading NVML from `nvml_library` and processes from `proc_root`; a
+    /// server logs a missing NVML once and retries, and counts critical Xid events.
     pub fn new(
         nvml_library: Option<PathBuf>,
         proc_root: ProcRoot,
         scan_budget: Duration,
-        long_running: bool,
+        lifespan: Lifespan,
     ) -> Self {
         LiveHost {
-            nvml: NvmlSource::new(nvml_library, long_running),
+            nvml: NvmlSource::new(nvml_library, lifespan),
             placement: Placement::locate(&proc_root),
             boot_time_unix_seconds: proc_root.boot_time(),
-            mig_minors: proc_root.root.join(mig::MIG_MINORS),
+            mig_minors: proc_root.root.join(nvml::MIG_MINORS),
             proc_root,
             scan_budget,
             first_seen: Mutex::new(HashMap::new()),
@@ -113,33 +94,10 @@ impl LiveHost {
     }
 
     /// Also reads the kubelet's pod-resources socket and pod log directories, once now
-    /// and, when `long_running`, on a thread of their own every refresh interval.
-    pub fn with_kubernetes(mut self, config: KubernetesConfig, long_running: bool) -> Self {
-        self.kubernetes = Some(KubernetesWatch::start(config, long_running));
+    /// and, for a server, on a thread of their own every refresh interval.
+    pub fn with_kubernetes(mut self, config: KubernetesConfig, lifespan: Lifespan) -> Self {
+        self.kubernetes = Some(KubernetesWatch::start(config, lifespan));
         self
-    }
-
-    /// The kubelet's sources as last refreshed, with the names of the owners' pods and
-    /// NVML's answer to which GPU each assigned MIG device is part of.
-    fn kubernetes_reading(
-        &self,
-        watch: &KubernetesWatch,
-        owners: &BTreeMap<u32, OwnerLookup>,
-    ) -> KubernetesReading {
-        let uids = owners.values().filter_map(|owner| match &owner.now {
-            ProcessLookup::Present(facts) => facts.cgroup.pod_uid.as_deref(),
-            _ => None,
-        });
-        let mut reading = watch.reading(uids);
-        let mig: Vec<String> = reading
-            .mig_device_ids()
-            .into_iter()
-            .map(str::to_string)
-            .collect();
-        if !mig.is_empty() {
-            reading.mig_parents = self.nvml.mig_parents(&mig);
-        }
-        reading
     }
 
     /// Reads the MIG capability minors from `path` instead of the procfs's own table
@@ -151,78 +109,35 @@ impl LiveHost {
         self
     }
 
-    /// The `/proc` root this host reads.
-    pub fn proc_root(&self) -> &ProcRoot {
-        &self.proc_root
-    }
-
     fn observe(&self) -> Observation {
         let started = Instant::now();
         let mut nvml = self.nvml.read();
         let nvml_read = started.elapsed();
-        mig::attach_capabilities(&mut nvml, &self.mig_minors);
-        let mut memory = lock(&self.memory);
-        let listed = listed_pids(&nvml);
-        let reader = Reader::with_memory(&self.proc_root, self.placement, &memory)
-            .holding_stat_files(listed.len() <= MAX_HELD_STAT_FILES);
-        let mut procfs_errors = 0;
-        let mut read_as_owners = HashSet::new();
-        let mut inits =
-            pidns::NamespaceInits::new(&self.proc_root, Instant::now() + self.scan_budget);
-        let mut owners = BTreeMap::new();
-        let mut learnt = Vec::new();
-        let mut gone = Vec::new();
-        for (pid, gpus) in listed {
-            let now = match reader.procfs_pid(pid) {
-                None => ProcessLookup::NotVisible,
-                Some(procfs_pid) => {
-                    read_as_owners.insert(procfs_pid);
-                    let looked = reader.read_owner(procfs_pid, &gpus);
-                    procfs_errors += looked.errors;
-                    if let Some(remember) = looked.remember {
-                        learnt.push((procfs_pid, remember));
-                    }
-                    match looked.facts {
-                        Ok(mut facts) => {
-                            // Which owners' containers have ended: a short walk up from
-                            // each owner in a nested PID namespace, a pass over /proc at
-                            // most once.
-                            if looked.nested != Some(false) {
-                                facts.pid_namespace_init = inits.of(procfs_pid);
-                            }
-                            ProcessLookup::Present(Box::new(facts))
-                        }
-                        Err(Unread::Missing) => {
-                            gone.push(procfs_pid);
-                            ProcessLookup::Missing
-                        }
-                        Err(Unread::Unreadable(error)) => ProcessLookup::Unreadable { error },
-                    }
-                }
-            };
-            owners.insert(
-                pid,
-                OwnerLookup {
-                    first_seen: None,
-                    now,
-                },
-            );
-        }
-        let procfs_view = reader.view();
-        drop(reader);
-        for pid in gone {
-            memory.remove(&pid);
-        }
-        remember(&mut memory, learnt);
-        for (pid, known) in memory.iter_mut() {
-            if !read_as_owners.contains(pid) {
-                known.let_go_of_stat_file();
-            }
-        }
-        drop(memory);
+        nvml::attach_capabilities(&mut nvml, &self.mig_minors);
+        let looked = procfs::look_at_owners(
+            &self.proc_root,
+            self.placement,
+            &mut lock(&self.memory),
+            &nvml.listed_pids(),
+            Instant::now() + self.scan_budget,
+        );
+        let mut owners: BTreeMap<u32, OwnerLookup> = looked
+            .lookups
+            .into_iter()
+            .map(|(pid, now)| {
+                (
+                    pid,
+                    OwnerLookup {
+                        first_seen: None,
+                        now,
+                    },
+                )
+            })
+            .collect();
         self.remember_identities(&nvml, &mut owners);
-        let host_pid_namespace = self.proc_root.host_pid_namespace();
-        if host_pid_namespace.is_none() {
+        let mut procfs_errors = looked.errors;
+        let pid_namespace = self.proc_root.own_pid_namespace();
+        if pid_namespace == PidNamespace::Unreadable {
             procfs_errors += 1;
         }
         let kubernetes = self
@@ -238,8 +153,8 @@ impl LiveHost {
         );
         Observation {
             nvml,
-            host_pid_namespace,
-            procfs_view,
+            host_pid_namespace: pid_namespace.is_host(),
+            procfs_view: looked.view,
             boot_time_unix_seconds: self.boot_time_unix_seconds,
             clock_ticks_per_second: clock_ticks_per_second(),
             owners,
@@ -252,18 +167,14 @@ impl LiveHost {
     /// The holder scan, served from and adding to what earlier looks found.
     fn scan(&self, until: Option<Instant>, owners_read: OwnersRead) -> HolderScan {
         let mut memory = lock(&self.memory);
-        let reader = Reader::with_memory(&self.proc_root, self.placement, &memory)
-            .with_owners_read(owners_read);
-        let (scan, learnt) =
-            reader.scan_and_remember(scan_deadline(Instant::now(), self.scan_budget, until));
-        drop(reader);
-        // A complete scan saw every process: what it did not see has exited.
-        if !scan.cut_short {
-            let seen: HashSet<u32> = learnt.iter().map(|(pid, _)| *pid).collect();
-            memory.retain(|pid, _| seen.contains(pid));
-        }
-        remember(&mut memory, learnt);
-        scan
+        let deadline = scan_deadline(Instant::now(), self.scan_budget, until);
+        procfs::look_for_holders(
+            &self.proc_root,
+            self.placement,
+            &mut memory,
+            owners_read,
+            deadline,
+        )
     }
 
     /// Fill in each owner's first-seen identity, remembering new ones and forgetting the
@@ -292,32 +203,34 @@ impl LiveHost {
             };
         }
     }
-}
 
-/// Every PID NVML lists on a GPU that answered or on one of its MIG devices, with the
-/// minor numbers of the GPUs it is listed on (a MIG device's context maps its GPU's node).
-fn listed_pids(nvml: &NvmlReading) -> BTreeMap<u32, Vec<u32>> {
-    let mut listed: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    if let NvmlReading::Up { gpus, .. } = nvml {
-        for gpu in gpus {
-            let instances = gpu.mig.iter().flat_map(|mig| &mig.devices);
-            let states = std::iter::once(&gpu.state).chain(instances.map(|device| &device.state));
-            for state in states {
-                if let GpuState::Ok { processes, .. } = state {
-                    for process in processes.entries() {
-                        let minors = listed.entry(process.pid).or_default();
-                        minors.extend(gpu.minor.filter(|minor| !minors.contains(minor)));
-                    }
-                }
-            }
+    /// The kubelet's sources as last refreshed, with the names of the owners' pods and
+    /// NVML's answer to which GPU each assigned MIG device is part of.
+    fn kubernetes_reading(
+        &self,
+        watch: &KubernetesWatch,
+        owners: &BTreeMap<u32, OwnerLookup>,
+    ) -> KubernetesReading {
+        let uids = owners.values().filter_map(|owner| match &owner.now {
+            ProcessLookup::Present(facts) => facts.cgroup.pod_uid.as_deref(),
+            _ => None,
+        });
+        let mut reading = watch.reading(uids);
+        let mig: Vec<String> = reading
+            .mig_device_ids()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if !mig.is_empty() {
+            reading.mig_parents = self.nvml.mig_parents(&mig);
         }
+        reading
     }
-    listed
 }
 
 /// The owners this observation read, for the holder scan that follows it.
 fn owners_read(observation: &Observation) -> OwnersRead {
-    let listed = listed_pids(&observation.nvml);
+    let listed = observation.nvml.listed_pids();
     observation
         .owners
         .iter()
@@ -331,22 +244,6 @@ fn owners_read(observation: &Observation) -> OwnersRead {
         .collect()
 }
 
-/// Add what a look learnt to the memory, keeping a reading the look did not redo.
-fn remember(memory: &mut Memory, learnt: Vec<(u32, Remembered)>) {
-    for (pid, newer) in learnt {
-        let merged = match memory.remove(&pid) {
-            Some(older) => older.updated_by(newer),
-            None => newer,
-        };
-        memory.insert(pid, merged);
-    }
-}
-
-/// The kernel's `USER_HZ`, in which `/proc` gives start times.
-/// The most owners whose stat files are held open between scrapes (one descriptor each);
-/// beyond it, each is opened again on every scrape.
-const MAX_HELD_STAT_FILES: usize = 512;
-
 /// When a scan that starts `now` must stop: after `budget`, or at `until` when that is
 /// sooner (a scrape that stops waiting then; a scan already past it stops at once).
 fn scan_deadline(now: Instant, budget: Duration, until: Option<Instant>) -> Instant {
@@ -354,6 +251,7 @@ fn scan_deadline(now: Instant, budget: Duration, until: Option<Instant>) -> Inst
     until.map_or(own, |until| own.min(until))
 }
 
+/// The kernel's `USER_HZ`, in which `/proc` gives start times.
 fn clock_ticks_per_second() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
@@ -366,10 +264,10 @@ fn clock_ticks_per_second() -> u64 {
 impl Source {
     /// A live source that also watches the kubelet's sources (see
     /// [`LiveHost::with_kubernetes`]); a replay keeps what its snapshot recorded.
-    pub fn with_kubernetes(self, config: &KubernetesConfig, long_running: bool) -> Source {
+    pub fn with_kubernetes(self, config: &KubernetesConfig, lifespan: Lifespan) -> Source {
         match self {
             Source::Live(host) => {
-                Source::Live(Box::new(host.with_kubernetes(config.clone(), long_running)))
+                Source::Live(Box::new(host.with_kubernetes(config.clone(), lifespan)))
             }
             replay @ Source::Replay(_) => replay,
         }
@@ -399,11 +297,11 @@ impl Source {
         }
     }
 
-    /// Whether we run in the host's PID namespace (`Some(None)`: it cannot be read);
-    /// `None` for a replay.
-    pub fn host_pid_namespace(&self) -> Option<Option<bool>> {
+    /// Which PID namespace the exporter runs in; `None` for a replay, which has no live
+    /// process to ask.
+    pub fn pid_namespace(&self) -> Option<PidNamespace> {
         match self {
-            Source::Live(host) => Some(host.proc_root.host_pid_namespace()),
+            Source::Live(host) => Some(host.proc_root.own_pid_namespace()),
             Source::Replay(_) => None,
         }
     }
@@ -415,26 +313,6 @@ impl Source {
             Source::Replay(_) => String::new(),
         }
     }
-}
-
-/// Reads a snapshot written by `vram-exporter snapshot`.
-pub fn read_snapshot(path: &Path) -> Result<Observation, ObserveError> {
-    let text = std::fs::read_to_string(path).map_err(|error| ObserveError::ReadSnapshot {
-        path: path.to_path_buf(),
-        error,
-    })?;
-    let snapshot: Snapshot =
-        serde_json::from_str(&text).map_err(|error| ObserveError::ParseSnapshot {
-            path: path.to_path_buf(),
-            error,
-        })?;
-    if snapshot.format != Snapshot::FORMAT {
-        return Err(ObserveError::SnapshotFormat {
-            path: path.to_path_buf(),
-            format: snapshot.format,
-        });
-    }
-    Ok(snapshot.observation)
 }
 
 #[cfg(test)]

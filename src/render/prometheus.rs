@@ -13,7 +13,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use std::fmt;
-use strum::VariantArray;
+use strum::{IntoEnumIterator, VariantArray};
 
 /// At most this many `vram_holder_info` series per GPU: each is a label set of its own.
 pub const MAX_HOLDER_SERIES_PER_GPU: usize = 16;
@@ -439,7 +439,7 @@ fn gpu_identity(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Re
         "1 for the kind of NVML failure this GPU shows (gpu_lost, reset_required, not_supported, unknown), else 0.",
         one_hot(
             gpus,
-            GpuError::ALL,
+            GpuError::iter(),
             |kind| ErrorLabel {
                 error: kind.as_str(),
             },
@@ -755,15 +755,14 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         encoder,
         "vram_kubelet_up",
         "1 when the last read of this kubelet source (pod_resources: the pod-resources API; pod_logs: the pod log directories) succeeded, 0 when it failed or the source is absent.",
-        KubeletSource::ALL
-            .into_iter()
+        KubeletSource::iter()
             .map(|source| (source_label(source), flag(health(source).up()))),
     )?;
     gauge(
         encoder,
         "vram_kubelet_error",
         "1 for the kind of failure of this kubelet source's last read (absent: nothing at its path, no kubelet or not mounted; unavailable, timeout, rpc_error, malformed, unreadable), else 0.",
-        KubeletSource::ALL.into_iter().flat_map(|source| {
+        KubeletSource::iter().flat_map(|source| {
             let failure = health(source).error;
             source.errors().iter().map(move |&kind| {
                 let labels = (
@@ -780,7 +779,7 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         encoder,
         "vram_kubelet_last_success_timestamp_seconds",
         "When the answer of this kubelet source in use was read, in seconds since the Unix epoch; 0 when it never answered. A failing source keeps serving its last good answer.",
-        KubeletSource::ALL.into_iter().map(|source| {
+        KubeletSource::iter().map(|source| {
             (
                 source_label(source),
                 health(source).last_success_unix_seconds.unwrap_or(0.0),
@@ -1003,10 +1002,9 @@ fn encode_gpu_health(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fm
         "1 for the recovery action the driver asks for (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, recover_imex_domain, bus_reset, system_reboot; unknown for a value this exporter does not know), else 0; absent where the driver cannot say (before 565).",
         one_hot(
             gpus,
-            // Every named action, then `unknown` for any value this build does not know.
-            RecoveryAction::NAMED
-                .into_iter()
-                .chain([RecoveryAction::Unrecognised(0)]),
+            // Every named action, then `Unrecognised(0)`: `unknown` for any value this
+            // build does not know.
+            RecoveryAction::iter(),
             |kind| ActionLabel {
                 action: kind.as_str(),
             },

@@ -1,10 +1,12 @@
-//! NVML, loaded at run time: the GPUs, their memory and the processes charged for it.
+//! Reading one GPU through NVML: its identity, memory and process lists, its MIG devices
+//! (each through its own handle), and what the driver says it needs. A call this driver
+//! or GPU does not support leaves its part unknown, never fails the GPU.
 
-use super::xid::XidCounter;
-use super::{
+use super::reading::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigDeviceReading, MigReading,
     NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
 };
+use super::xid::XidCounter;
 use nvml_wrapper::enum_wrappers::device::RetirementCause;
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
@@ -12,42 +14,16 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 use nvml_wrapper::{Device, Nvml};
-use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsStr;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
-
-/// First wait before loading NVML again after a failure; doubles up to [`MAX_RETRY`].
-const FIRST_RETRY: Duration = Duration::from_secs(1);
-const MAX_RETRY: Duration = Duration::from_secs(300);
 
 /// Identity of a GPU as last seen, so a GPU that is lost keeps its labels.
 #[derive(Debug, Clone, Default)]
-struct Identity {
+pub(super) struct Identity {
     uuid: String,
     name: String,
     pci_bus_id: String,
     minor: Option<u32>,
-}
-
-#[derive(Debug)]
-enum Library {
-    /// Shared with the thread that counts Xid events.
-    Loaded(Arc<Nvml>),
-    Failed {
-        error: String,
-        retry_at: Instant,
-        backoff: Duration,
-    },
-}
-
-#[derive(Debug)]
-struct State {
-    library: Option<Library>,
-    identities: HashMap<u32, Identity>,
-    /// By device index, for the library loaded now.
-    answers: HashMap<u32, Answers>,
 }
 
 /// What a GPU cannot answer, and its MIG mode, which changes only at a reset: kept so
@@ -56,7 +32,7 @@ struct State {
 /// `nvmlDeviceGetRetiredPagesPendingStatus` 90 to 300 us to say NotSupported, against
 /// about 80 us for everything else a scrape asks of a GPU.
 #[derive(Debug, Default)]
-struct Answers {
+pub(super) struct Answers {
     retired_pages_unsupported: bool,
     numa_node_unsupported: bool,
     /// The MIG mode (current, pending) and when it was read; `None` inside: no MIG.
@@ -69,145 +45,8 @@ struct Answers {
 /// much later at most.
 const MIG_MODE_FOR: Duration = Duration::from_secs(30);
 
-/// A handle on NVML that loads it lazily and retries with back-off when it cannot.
-#[derive(Debug)]
-pub struct NvmlSource {
-    path: Option<PathBuf>,
-    /// A server says once, loudly, that it keeps going without NVML; a one-shot command
-    /// reports the failure in its own output instead.
-    long_running: bool,
-    state: Mutex<State>,
-    /// The counts of critical Xid events, kept across NVML reloads; only a server
-    /// watches them (a one-shot command would see none).
-    xid: Option<Arc<XidCounter>>,
-}
-
-impl NvmlSource {
-    /// A source loading `path`, or the system's `libnvidia-ml.so.1` when `None`.
-    pub fn new(path: Option<PathBuf>, long_running: bool) -> NvmlSource {
-        NvmlSource {
-            path,
-            long_running,
-            state: Mutex::new(State {
-                library: None,
-                identities: HashMap::new(),
-                answers: HashMap::new(),
-            }),
-            xid: long_running.then(|| Arc::new(XidCounter::default())),
-        }
-    }
-
-    /// Read every GPU; NVML's own failures become a `Down` reading, never a panic.
-    pub fn read(&self) -> NvmlReading {
-        let mut state = crate::sync::lock(&self.state);
-        let State {
-            library,
-            identities,
-            answers,
-        } = &mut *state;
-        let now = Instant::now();
-        let must_load = match library {
-            None => true,
-            Some(Library::Failed { retry_at, .. }) => now >= *retry_at,
-            Some(Library::Loaded(_)) => false,
-        };
-        if must_load {
-            let previous_backoff = match library {
-                Some(Library::Failed { backoff, .. }) => Some(*backoff),
-                _ => None,
-            };
-            *library = Some(match self.load() {
-                Ok(nvml) => {
-                    // Another library (a driver upgraded under us) may answer otherwise.
-                    answers.clear();
-                    if previous_backoff.is_some() {
-                        tracing::info!("NVML loaded after earlier failures");
-                    }
-                    let nvml = Arc::new(nvml);
-                    if let Some(xid) = &self.xid {
-                        xid.start(Arc::clone(&nvml));
-                    }
-                    Library::Loaded(nvml)
-                }
-                Err(error) => {
-                    let backoff = previous_backoff.map_or(FIRST_RETRY, |b| (b * 2).min(MAX_RETRY));
-                    if previous_backoff.is_none() && self.long_running {
-                        tracing::error!(error = %error, retry_in = ?backoff, "cannot load NVML; serving vram_nvml_up 0 and retrying");
-                    } else {
-                        tracing::debug!(error = %error, retry_in = ?backoff, "NVML still not loadable");
-                    }
-                    Library::Failed {
-                        error,
-                        retry_at: now + backoff,
-                        backoff,
-                    }
-                }
-            });
-        }
-        match library {
-            Some(Library::Loaded(nvml)) => {
-                match read_all(nvml, identities, answers, self.xid.as_deref()) {
-                    Ok(reading) => reading,
-                    Err(error) => {
-                        // The driver went away under us (unloaded, upgraded): start over.
-                        let message = format!("NVML stopped answering: {error}");
-                        tracing::error!(error = %error, "NVML stopped answering; reloading on a later scrape");
-                        if let Some(xid) = &self.xid {
-                            xid.stop();
-                        }
-                        *library = Some(Library::Failed {
-                            error: message.clone(),
-                            retry_at: now + FIRST_RETRY,
-                            backoff: FIRST_RETRY,
-                        });
-                        NvmlReading::Down { error: message }
-                    }
-                }
-            }
-            Some(Library::Failed { error, .. }) => NvmlReading::Down {
-                error: error.clone(),
-            },
-            None => unreachable!("the library was set above"),
-        }
-    }
-
-    /// The UUID of the GPU each of these MIG devices (`MIG-...` UUIDs, as the kubelet
-    /// names them) is part of. Devices NVML does not know, and any answer while NVML is
-    /// not loaded, are left out: those devices stay unplaced rather than guessed.
-    pub fn mig_parents(&self, mig_uuids: &[String]) -> BTreeMap<String, String> {
-        let state = self
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Some(Library::Loaded(nvml)) = &state.library else {
-            return BTreeMap::new();
-        };
-        mig_uuids
-            .iter()
-            .filter_map(|uuid| {
-                let device = nvml.device_by_uuid(uuid.as_str()).ok()?;
-                let parent = device.mig_parent_device().ok()?;
-                Some((uuid.clone(), parent.uuid().ok()?))
-            })
-            .collect()
-    }
-
-    fn load(&self) -> Result<Nvml, String> {
-        let result = match &self.path {
-            Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
-            None => Nvml::builder()
-                .lib_path(OsStr::new("libnvidia-ml.so.1"))
-                .init(),
-        };
-        let shown = self
-            .path
-            .as_deref()
-            .map_or_else(|| "libnvidia-ml.so.1".into(), |p| p.display().to_string());
-        result.map_err(|error| format!("cannot load NVML from {shown}: {error}"))
-    }
-}
-
-fn read_all(
+/// Every GPU NVML lists, in index order; `Err` when NVML itself stops answering.
+pub(super) fn read_all(
     nvml: &Nvml,
     identities: &mut HashMap<u32, Identity>,
     answers: &mut HashMap<u32, Answers>,
@@ -465,7 +304,7 @@ fn read_mig_device(index: u32, device: &Device) -> MigDeviceReading {
 
 /// The profile a MIG device's name ends with: `1g.18gb` of `NVIDIA H200 MIG 1g.18gb`,
 /// `1c.3g.20gb` of a compute instance smaller than its GPU instance.
-pub fn mig_profile(name: &str) -> &str {
+fn mig_profile(name: &str) -> &str {
     name.rsplit_once(" MIG ")
         .map_or("", |(_, profile)| profile.trim())
 }

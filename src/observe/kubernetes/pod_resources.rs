@@ -6,9 +6,10 @@
 //! message bytes are decoded here with prost rather than inside tonic, so an answer that
 //! is not a `ListPodResourcesResponse` is told apart from a failed call.
 
-use super::kubernetes::SourceError;
+use super::reading::{DeviceAssignment, SourceError};
 use prost::bytes::{Buf, BufMut};
 use prost::Message;
+use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -17,7 +18,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 /// The method the kubelet serves (package `v1`, service `PodResourcesLister`).
-pub const LIST_PATH: &str = "/v1.PodResourcesLister/List";
+const LIST_PATH: &str = "/v1.PodResourcesLister/List";
 
 /// The kubelet's own cap on pod-resources messages (16 MiB); a node's answer is a few KiB.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -25,7 +26,7 @@ const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// The messages of `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` that `List` uses,
 /// written by hand. Fields this exporter does not read (CPU ids, memory, dynamic
 /// resources) are left out: protobuf skips fields a reader does not know.
-pub mod v1 {
+pub(super) mod v1 {
     /// `ListPodResourcesRequest`: no fields.
     #[derive(Clone, PartialEq, Eq, ::prost::Message)]
     pub struct ListPodResourcesRequest {}
@@ -97,7 +98,7 @@ pub mod v1 {
 
 /// Why the kubelet could not be asked, or what it answered instead.
 #[derive(Debug, Error)]
-pub enum KubeletError {
+pub(super) enum KubeletError {
     /// Nothing at the socket's path: no kubelet on this host, the directory is not
     /// mounted, or the kubelet is between two runs.
     #[error("no kubelet pod-resources socket at {}", path.display())]
@@ -106,12 +107,12 @@ pub enum KubeletError {
         path: PathBuf,
     },
     /// The socket exists but the connection failed (refused, reset, not HTTP/2).
-    #[error("cannot talk to the kubelet at {}: {message}", path.display())]
+    #[error("cannot talk to the kubelet at {}", path.display())]
     Unavailable {
         /// The socket's path.
         path: PathBuf,
         /// What failed.
-        message: String,
+        source: ConnectionError,
     },
     /// No answer within the time allowed.
     #[error("the kubelet at {} did not answer within {timeout:?}", path.display())]
@@ -126,17 +127,17 @@ pub enum KubeletError {
     Rpc {
         /// The gRPC status code.
         code: tonic::Code,
-        /// Its message.
+        /// The kubelet's words.
         message: String,
     },
     /// The answer is not a `ListPodResourcesResponse`.
-    #[error("the kubelet's answer is not a ListPodResourcesResponse: {0}")]
-    Malformed(String),
+    #[error("the kubelet's answer is not a ListPodResourcesResponse")]
+    Malformed(#[source] prost::DecodeError),
 }
 
 impl KubeletError {
     /// The kind of failure, as the metrics name it.
-    pub fn kind(&self) -> SourceError {
+    pub(super) fn kind(&self) -> SourceError {
         match self {
             KubeletError::Absent { .. } => SourceError::Absent,
             KubeletError::Unavailable { .. } => SourceError::Unavailable,
@@ -147,8 +148,41 @@ impl KubeletError {
     }
 }
 
+/// What failed on the way to the kubelet's answer.
+#[derive(Debug, Error)]
+pub(super) enum ConnectionError {
+    /// Connecting to the socket.
+    #[error(transparent)]
+    Connect(std::io::Error),
+    /// The HTTP/2 handshake (the socket may not be the kubelet's).
+    #[error("HTTP/2 handshake failed")]
+    Handshake(#[source] hyper::Error),
+    /// The connection, before the call could be sent.
+    #[error(transparent)]
+    Connection(hyper::Error),
+    /// The call, as tonic reports a connection that failed under it.
+    #[error(transparent)]
+    Call(FailedCall),
+}
+
+/// A call tonic gave up on: its words, and the connection's error as the cause.
+#[derive(Debug)]
+pub(super) struct FailedCall(tonic::Status);
+
+impl fmt::Display for FailedCall {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.0.message())
+    }
+}
+
+impl std::error::Error for FailedCall {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
+    }
+}
+
 /// Calls `List` on the kubelet listening at `socket`, within `timeout`.
-pub async fn list(
+pub(super) async fn list(
     socket: &Path,
     timeout: Duration,
 ) -> Result<v1::ListPodResourcesResponse, KubeletError> {
@@ -162,9 +196,9 @@ pub async fn list(
 }
 
 async fn list_unbounded(socket: &Path) -> Result<v1::ListPodResourcesResponse, KubeletError> {
-    let unavailable = |message: String| KubeletError::Unavailable {
+    let unavailable = |source: ConnectionError| KubeletError::Unavailable {
         path: socket.to_path_buf(),
-        message,
+        source,
     };
     let stream = tokio::net::UnixStream::connect(socket)
         .await
@@ -174,14 +208,14 @@ async fn list_unbounded(socket: &Path) -> Result<v1::ListPodResourcesResponse, K
                     path: socket.to_path_buf(),
                 }
             }
-            _ => unavailable(error.to_string()),
+            _ => unavailable(ConnectionError::Connect(error)),
         })?;
     let (sender, connection) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         hyper_util::rt::TokioIo::new(stream),
     )
     .await
-    .map_err(|error| unavailable(format!("HTTP/2 handshake failed: {error}")))?;
+    .map_err(|error| unavailable(ConnectionError::Handshake(error)))?;
     // The connection is driven beside the call and ends with it (its sender is dropped).
     let driver = tokio::spawn(async move {
         let _ = connection.await;
@@ -196,7 +230,7 @@ async fn list_unbounded(socket: &Path) -> Result<v1::ListPodResourcesResponse, K
         client
             .ready()
             .await
-            .map_err(|error| unavailable(error.to_string()))?;
+            .map_err(|error| unavailable(ConnectionError::Connection(error)))?;
         client
             .unary(
                 tonic::Request::new(v1::ListPodResourcesRequest {}.encode_to_vec()),
@@ -209,23 +243,47 @@ async fn list_unbounded(socket: &Path) -> Result<v1::ListPodResourcesResponse, K
     .await;
     driver.abort();
     let bytes = answer?.into_inner();
-    v1::ListPodResourcesResponse::decode(bytes.as_slice())
-        .map_err(|error| KubeletError::Malformed(error.to_string()))
+    v1::ListPodResourcesResponse::decode(bytes.as_slice()).map_err(KubeletError::Malformed)
 }
 
 /// A status made by tonic from a failed connection carries that error as its source; one
 /// the server sent (in trailers, or as a non-gRPC HTTP status) carries none.
 fn call_error(socket: &Path, status: tonic::Status) -> KubeletError {
-    if let Some(source) = std::error::Error::source(&status) {
+    if std::error::Error::source(&status).is_some() {
         return KubeletError::Unavailable {
             path: socket.to_path_buf(),
-            message: format!("{}: {source}", status.message()),
+            source: ConnectionError::Call(FailedCall(status)),
         };
     }
     KubeletError::Rpc {
         code: status.code(),
         message: status.message().to_string(),
     }
+}
+
+/// The NVIDIA devices of an answer, sorted.
+pub(super) fn nvidia_devices(answer: &v1::ListPodResourcesResponse) -> Vec<DeviceAssignment> {
+    let mut devices = Vec::new();
+    for pod in &answer.pod_resources {
+        for container in &pod.containers {
+            for group in &container.devices {
+                if !group.resource_name.starts_with("nvidia.com/") {
+                    continue;
+                }
+                for id in &group.device_ids {
+                    devices.push(DeviceAssignment {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: container.name.clone(),
+                        resource: group.resource_name.clone(),
+                        device_id: id.clone(),
+                    });
+                }
+            }
+        }
+    }
+    devices.sort();
+    devices
 }
 
 /// One HTTP/2 connection as the service tonic's client sends requests through.
@@ -300,6 +358,7 @@ impl tonic::codec::Decoder for BytesCodec {
 mod tests {
     use super::v1::*;
     use super::*;
+    use crate::observe::kubernetes::reading::examples::assigned;
 
     #[test]
     fn messages_have_the_api_field_numbers() {
@@ -368,6 +427,52 @@ mod tests {
         let pod = [0x0a, 0x01, 0xff];
         let wire = [&[0x0a, pod.len() as u8][..], &pod].concat();
         assert!(ListPodResourcesResponse::decode(&wire[..]).is_err());
+    }
+
+    #[test]
+    fn only_nvidia_devices_are_kept_from_an_answer() {
+        let answer = ListPodResourcesResponse {
+            pod_resources: vec![
+                PodResources {
+                    name: "train".into(),
+                    namespace: "ml".into(),
+                    containers: vec![
+                        ContainerResources {
+                            name: "trainer".into(),
+                            devices: vec![
+                                ContainerDevices {
+                                    resource_name: "nvidia.com/gpu".into(),
+                                    device_ids: vec!["GPU-1".into(), "GPU-0".into()],
+                                    topology: None,
+                                },
+                                ContainerDevices {
+                                    resource_name: "example.com/fpga".into(),
+                                    device_ids: vec!["f0".into()],
+                                    topology: None,
+                                },
+                            ],
+                        },
+                        ContainerResources {
+                            name: "sidecar".into(),
+                            devices: Vec::new(),
+                        },
+                    ],
+                },
+                PodResources {
+                    name: "web".into(),
+                    namespace: "default".into(),
+                    containers: Vec::new(),
+                },
+            ],
+        };
+        let devices = nvidia_devices(&answer);
+        assert_eq!(
+            devices,
+            [
+                assigned("train", "trainer", "nvidia.com/gpu", "GPU-0"),
+                assigned("train", "trainer", "nvidia.com/gpu", "GPU-1"),
+            ]
+        );
     }
 
     #[test]

@@ -8,33 +8,20 @@
 //! well.) Namespace and pod names are DNS labels and subdomains, which never contain `_`,
 //! so the three parts split cleanly.
 
-use super::cgroup::is_pod_uid;
-use serde::{Deserialize, Serialize};
+use super::reading::{PodName, SourceError};
+use crate::observe::pod_uid::is_pod_uid;
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::io;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
 
 /// Most uids remembered. Names are kept after a pod's directory goes (a stuck process
 /// can outlive its pod by days, and a uid never changes its name), so the cache is
 /// bounded instead: a node runs at most a few hundred pods at once.
-pub const MAX_REMEMBERED_PODS: usize = 4096;
-
-/// A pod's namespace and name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct PodName {
-    /// The namespace.
-    pub namespace: String,
-    /// The pod's name.
-    pub name: String,
-}
-
-impl std::fmt::Display for PodName {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(formatter, "{}/{}", self.namespace, self.name)
-    }
-}
+const MAX_REMEMBERED_PODS: usize = 4096;
 
 /// The uid and name a pod log directory's name gives, or `None` for another name.
-pub fn parse_log_dir_name(name: &str) -> Option<(String, PodName)> {
+fn parse_log_dir_name(name: &str) -> Option<(String, PodName)> {
     let mut parts = name.split('_');
     let (namespace, pod, uid) = (parts.next()?, parts.next()?, parts.next()?);
     if parts.next().is_some() || namespace.is_empty() || pod.is_empty() {
@@ -52,11 +39,33 @@ pub fn parse_log_dir_name(name: &str) -> Option<(String, PodName)> {
     ))
 }
 
+/// The directory of pod log directories could not be listed.
+#[derive(Debug, Error)]
+#[error("cannot list {}", dir.display())]
+pub(super) struct ListError {
+    dir: PathBuf,
+    source: io::Error,
+}
+
+impl ListError {
+    /// The kind of failure, as the metrics name it.
+    pub(super) fn kind(&self) -> SourceError {
+        match self.source.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => SourceError::Absent,
+            _ => SourceError::Unreadable,
+        }
+    }
+}
+
 /// Every pod directory under `dir`; entries with other names are skipped.
-pub fn read_pod_log_dirs(dir: &Path) -> std::io::Result<Vec<(String, PodName)>> {
+pub(super) fn read_pod_log_dirs(dir: &Path) -> Result<Vec<(String, PodName)>, ListError> {
+    let failed = |source| ListError {
+        dir: dir.to_path_buf(),
+        source,
+    };
     let mut pods = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
+    for entry in std::fs::read_dir(dir).map_err(failed)? {
+        let entry = entry.map_err(failed)?;
         if let Some(pod) = entry.file_name().to_str().and_then(parse_log_dir_name) {
             pods.push(pod);
         }
@@ -66,7 +75,7 @@ pub fn read_pod_log_dirs(dir: &Path) -> std::io::Result<Vec<(String, PodName)>> 
 
 /// Pod names by uid, remembered across refreshes.
 #[derive(Debug, Default)]
-pub struct PodNameCache {
+pub(super) struct PodNameCache {
     /// Each uid's name and the refresh that last saw its directory.
     names: HashMap<String, (PodName, u64)>,
     refreshes: u64,
@@ -75,7 +84,7 @@ pub struct PodNameCache {
 impl PodNameCache {
     /// Takes in one listing of the directories; the least recently seen uids go once
     /// there are more than [`MAX_REMEMBERED_PODS`].
-    pub fn update(&mut self, listing: Vec<(String, PodName)>) {
+    pub(super) fn update(&mut self, listing: Vec<(String, PodName)>) {
         self.refreshes += 1;
         for (uid, name) in listing {
             self.names.insert(uid, (name, self.refreshes));
@@ -95,12 +104,12 @@ impl PodNameCache {
     }
 
     /// The name of the pod with `uid`, if it was ever seen.
-    pub fn get(&self, uid: &str) -> Option<&PodName> {
+    pub(super) fn get(&self, uid: &str) -> Option<&PodName> {
         self.names.get(uid).map(|(name, _)| name)
     }
 
     /// The names of those of `uids` that are known.
-    pub fn names_of<'a>(
+    pub(super) fn names_of<'a>(
         &self,
         uids: impl IntoIterator<Item = &'a str>,
     ) -> BTreeMap<String, PodName> {
@@ -110,13 +119,8 @@ impl PodNameCache {
     }
 
     /// How many uids are remembered.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.names.len()
-    }
-
-    /// Whether none is.
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
     }
 }
 

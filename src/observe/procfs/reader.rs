@@ -1,231 +1,32 @@
 //! The one reader of `/proc`: one walk over its processes, one descriptor scanner, one
 //! reader of stat, status and maps, used for NVML's owners and for the holder scan alike.
 //!
-//! What a real H200 showed (see the project's GPU facts) decides what is read: every NVML
-//! client holds the GPU's device files open, but only a CUDA context, own or inherited
-//! by fork, *maps* them shared. So each process is read for both: the descriptors say
-//! who holds a file, the mappings say who holds a context.
+//! The holder scan looks at every process for NVIDIA device files: it finds the live
+//! process that keeps a dead owner's memory alive, which NVML never names, and the NVML
+//! clients that hold the same files without a context. Each holder is read whole
+//! (descriptors and mappings), as an owner is.
 
-use super::cgroup::{parse_cgroup_file, MAX_CGROUP_FILE_BYTES};
-use super::parse::{self, NvidiaNode, Stat, Status};
-use super::{NodeSet, ProcessFacts, ProcfsView, References};
-use std::collections::{BTreeSet, HashMap};
+use super::memory::{open_stat_file, read_held_stat, Memory, Remembered};
+use super::parse::{self, Stat, Status};
+use super::pidns::NamespaceInits;
+use super::placement::{Placement, Position};
+use super::reading::{HolderScan, NodeSet, ProcessFacts, ProcfsView, References};
+use super::references::{self, Descriptors, OpenFile};
+use super::root::{gone, ProcRoot, Unread};
+use std::collections::HashMap;
 use std::fs;
-use std::io::{self, Read};
-use std::os::linux::fs::MetadataExt;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileTypeExt;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::io;
+use std::path::Path;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
-/// The inode of the initial PID namespace, fixed by the kernel (`PROC_PID_INIT_INO`).
-const HOST_PID_NAMESPACE: &str = "pid:[4026531836]";
-
-/// The device-node prefix NVIDIA's driver uses; only tests point it elsewhere.
-pub const DEVICE_PREFIX: &[u8] = b"/dev/nvidia";
-
-/// Where to read processes from.
-#[derive(Debug, Clone)]
-pub struct ProcRoot {
-    /// The procfs mount (`/proc` on a host, `/host/proc` in a container).
-    pub root: PathBuf,
-    /// Byte prefix of NVIDIA device paths (see [`parse::nvidia_node`]).
-    pub device_prefix: Vec<u8>,
-}
-
-/// Why a process could not be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unread {
-    /// It does not exist (or exited while it was read).
-    Missing,
-    /// It exists but its entry could not be read; the error in one line.
-    Unreadable(String),
-}
-
-impl ProcRoot {
-    /// The process directory of `pid`.
-    pub fn pid_dir(&self, pid: u32) -> PathBuf {
-        self.root.join(pid.to_string())
-    }
-
-    /// Every PID the procfs lists: the one walk over processes.
-    pub fn pids(&self) -> io::Result<Vec<u32>> {
-        Ok(fs::read_dir(&self.root)?
-            .flatten()
-            .filter_map(|entry| parse::pid_name(entry.file_name().as_bytes()))
-            .collect())
-    }
-
-    /// The PID the procfs gives the process reading it (`{procfs}/self`): ours in our
-    /// namespace, another number when the procfs belongs to another PID namespace.
-    pub fn self_pid(&self) -> Option<u32> {
-        let link = fs::read_link(self.root.join("self")).ok()?;
-        parse::pid_name(link.as_os_str().as_bytes())
-    }
-
-    /// Whether we run in the host's PID namespace; `None` when it cannot be read.
-    pub fn host_pid_namespace(&self) -> Option<bool> {
-        let link = fs::read_link(self.root.join("self/ns/pid")).ok()?;
-        Some(link.as_os_str() == HOST_PID_NAMESPACE)
-    }
-
-    /// When the host booted, in seconds since the Unix epoch.
-    pub fn boot_time(&self) -> Option<u64> {
-        parse::boot_time(&fs::read(self.root.join("stat")).ok()?)
-    }
-
-    /// The host's name, as the kernel knows it.
-    pub fn hostname(&self) -> Option<String> {
-        let name = fs::read_to_string(self.root.join("sys/kernel/hostname")).ok()?;
-        Some(name.trim().to_string()).filter(|name| !name.is_empty())
-    }
-
-    /// The stat line of a process or thread directory.
-    pub fn stat(&self, dir: &Path) -> io::Result<Stat> {
-        parse::stat(&fs::read(dir.join("stat"))?).ok_or_else(malformed)
-    }
-
-    /// The status file of a process or thread directory.
-    pub fn status(&self, dir: &Path) -> io::Result<Status> {
-        Ok(parse::status(&fs::read(dir.join("status"))?))
-    }
-
-    /// The inode of the PID namespace of the process whose directory is `dir`; reading
-    /// another user's needs CAP_SYS_PTRACE.
-    pub fn pid_namespace(&self, dir: &Path) -> Option<u64> {
-        let link = fs::read_link(dir.join("ns/pid")).ok()?;
-        parse::namespace_inode(link.as_os_str().as_bytes())
-    }
-
-    /// The container and pod `dir`'s cgroup names; nothing when its cgroup file cannot be
-    /// read (every user may read it, so only a process that exited cannot).
-    fn cgroup(&self, dir: &Path) -> super::CgroupAttribution {
-        let mut content = Vec::new();
-        let read = fs::File::open(dir.join("cgroup")).and_then(|file| {
-            file.take(MAX_CGROUP_FILE_BYTES as u64)
-                .read_to_end(&mut content)
-        });
-        match read {
-            Ok(_) => parse_cgroup_file(&content),
-            Err(_) => super::CgroupAttribution::default(),
-        }
-    }
-}
-
-fn malformed() -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, "malformed stat line")
-}
-
-/// Where the exporter stands relative to the procfs it reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Position {
-    /// The procfs shows our own PID namespace.
-    Own,
-    /// It shows an ancestor namespace, in which ours is `namespace`, `level` levels down.
-    Foreign { level: usize, namespace: u64 },
-    /// It shows another namespace and ours cannot be located in it.
-    Lost,
-}
-
-/// The exporter's own place in the procfs it reads, found once: a process does not move
-/// between PID namespaces or change its capabilities.
-#[derive(Debug, Clone, Copy)]
-pub struct Placement {
-    /// The procfs's PID for the exporter itself.
-    own_pid: u32,
-    position: Position,
-    /// Whether a denied `readlink` of a descriptor makes the process unreadable. Listing
-    /// another user's descriptors needs CAP_DAC_READ_SEARCH, reading where they point
-    /// CAP_SYS_PTRACE: an exporter with only the first may list every process and read no
-    /// link, and would miss holders in a scan that looks complete. With CAP_SYS_PTRACE a
-    /// denial comes from beyond what capabilities grant (a process of a parent user
-    /// namespace, such as a sandbox's own init) and is passed over.
-    count_denied_links: bool,
-}
-
-impl Placement {
-    /// Locate the exporter in `root`.
-    pub fn locate(root: &ProcRoot) -> Placement {
-        let ours = std::process::id();
-        let own_pid = root.self_pid().unwrap_or(ours);
-        let position = if own_pid == ours {
-            Position::Own
-        } else {
-            let dir = root.pid_dir(own_pid);
-            let level = root
-                .status(&dir)
-                .ok()
-                .and_then(|status| status.nspid)
-                .map(|levels| levels.len() - 1);
-            match (level, root.pid_namespace(&dir)) {
-                (Some(level), Some(namespace)) => Position::Foreign { level, namespace },
-                _ => Position::Lost,
-            }
-        };
-        let count_denied_links = fs::read(root.root.join("self/status"))
-            .ok()
-            .and_then(|status| parse::status(&status).effective_capabilities)
-            .is_none_or(|caps| caps & (1 << parse::CAP_SYS_PTRACE) == 0);
-        Placement {
-            own_pid,
-            position,
-            count_denied_links,
-        }
-    }
-}
-
-/// What the exporter keeps of a process from one look to the next. A PID names a
-/// process only with its start time, so an entry serves only the process it was read
-/// from: any other start time under the PID is a stranger, read afresh.
-#[derive(Debug, Clone)]
-pub struct Remembered {
-    start_time_ticks: u64,
-    /// The last full reading, when one was made (holders and owners).
-    facts: Option<ProcessFacts>,
-    /// Whether it lives in a PID namespace nested in the procfs's: only then is its
-    /// container's PID 1 looked up again (`None`: not known yet).
-    nested: Option<bool>,
-    /// Its descriptor count at the last scan; with the start time, what tells the scan
-    /// that a process without NVIDIA files still has none.
-    open_files: Option<u64>,
-    /// Whether the last scan found NVIDIA files among its descriptors.
-    held_nvidia: bool,
-    /// An owner's stat file, held open: reading it again is one system call instead of
-    /// three, and once the process is gone a read fails (ESRCH) rather than show another
-    /// process that got its PID.
-    stat_file: Option<Arc<fs::File>>,
-}
-
-impl Remembered {
-    /// Whether it lives in a PID namespace nested in the procfs's (`None`: not known).
-    pub fn nested(&self) -> Option<bool> {
-        self.nested
-    }
-
-    /// Close the held stat file of a process that is no longer an owner.
-    pub fn let_go_of_stat_file(&mut self) {
-        self.stat_file = None;
-    }
-
-    /// This entry brought up to date by a newer look at the same PID: the newer wins, but
-    /// a full reading it did not redo is kept while the process is the same.
-    pub fn updated_by(self, newer: Remembered) -> Remembered {
-        if self.start_time_ticks != newer.start_time_ticks {
-            return newer;
-        }
-        Remembered {
-            facts: newer.facts.or(self.facts),
-            nested: newer.nested.or(self.nested),
-            open_files: newer.open_files.or(self.open_files),
-            stat_file: newer.stat_file.or(self.stat_file),
-            ..newer
-        }
-    }
-}
-
-/// Processes remembered from earlier looks, by the procfs's PID.
-pub type Memory = HashMap<u32, Remembered>;
+/// How many processes to look at between two checks of the clock.
+const CLOCK_CHECK_EVERY: usize = 64;
+/// Most threads one scan uses. The scan is one system call per open file (a `readlink`
+/// costs 2-4 us in a VM), so it spreads over cores; more would crowd a busy GPU host.
+const MAX_SCAN_THREADS: usize = 4;
+/// Fewest processes worth a thread of their own (starting one costs tens of microseconds).
+const MIN_PROCESSES_PER_THREAD: usize = 32;
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags.
 const PF_KTHREAD: u32 = 0x0020_0000;
@@ -235,13 +36,25 @@ const PF_KTHREAD: u32 = 0x0020_0000;
 #[derive(Debug)]
 pub struct Looked {
     /// The facts, or why there are none.
-    pub facts: Result<ProcessFacts, Unread>,
+    pub(super) facts: Result<ProcessFacts, Unread>,
     /// Entries that existed but could not be read.
-    pub errors: u64,
+    pub(super) errors: u64,
     /// Whether it lives in a nested PID namespace (`None`: not known).
-    pub nested: Option<bool>,
+    pub(super) nested: Option<bool>,
     /// What to remember of it for the next look.
     pub remember: Option<Remembered>,
+}
+
+impl Looked {
+    fn failed(unread: Unread) -> Looked {
+        let errors = u64::from(matches!(unread, Unread::Unreadable(_)));
+        Looked {
+            facts: Err(unread),
+            errors,
+            nested: None,
+            remember: None,
+        }
+    }
 }
 
 /// Reads processes for one observation; cheap to make, shared by the scan's threads.
@@ -263,7 +76,7 @@ pub struct Reader<'a> {
 
 /// The NVML-listed owners read in this collection, by PID of the procfs: their start time
 /// and the minor numbers of the GPUs NVML lists them on.
-pub type OwnersRead = HashMap<u32, (u64, Vec<u32>)>;
+pub(crate) type OwnersRead = HashMap<u32, (u64, Vec<u32>)>;
 
 /// An empty memory, for a reader that starts from nothing.
 static NOTHING_REMEMBERED: std::sync::LazyLock<Memory> = std::sync::LazyLock::new(Memory::new);
@@ -294,7 +107,7 @@ impl<'a> Reader<'a> {
 
     /// This reader, holding the stat files of the owners it reads open for the next look
     /// (for a long-running exporter with a bounded number of owners).
-    pub fn holding_stat_files(mut self, hold: bool) -> Reader<'a> {
+    pub(super) fn holding_stat_files(mut self, hold: bool) -> Reader<'a> {
         self.hold_stat_files = hold;
         self
     }
@@ -302,32 +115,19 @@ impl<'a> Reader<'a> {
     /// This reader, told which owners were read in this collection (with their readings
     /// in its memory): the holder scan takes those readings as they are when they can
     /// blame the owner for no GPU, instead of reading every owner's mappings again.
-    pub fn with_owners_read(mut self, owners_read: OwnersRead) -> Reader<'a> {
+    pub(super) fn with_owners_read(mut self, owners_read: OwnersRead) -> Reader<'a> {
         self.owners_read = owners_read;
         self
     }
 
-    /// The procfs this reader reads.
-    pub fn root(&self) -> &'a ProcRoot {
-        self.root
-    }
-
-    /// The procfs's PID for the exporter itself, which the holder scan leaves out.
-    pub fn own_pid(&self) -> u32 {
-        self.placement.own_pid
-    }
-
     /// Whether the procfs shows our own PID namespace.
-    pub fn view(&self) -> ProcfsView {
-        match self.placement.position {
-            Position::Own => ProcfsView::Own,
-            Position::Foreign { .. } | Position::Lost => ProcfsView::Foreign,
-        }
+    pub(super) fn view(&self) -> ProcfsView {
+        self.placement.view()
     }
 
     /// The procfs's PID of the process that is `pid` in our namespace (NVML's PIDs are
     /// ours); `None` when the procfs shows no such process.
-    pub fn procfs_pid(&self, pid: u32) -> Option<u32> {
+    pub(super) fn procfs_pid(&self, pid: u32) -> Option<u32> {
         match self.placement.position {
             Position::Own => Some(pid),
             Position::Lost => None,
@@ -393,7 +193,7 @@ impl<'a> Reader<'a> {
             Some(stat) => stat,
             None => match self.root.stat(&dir) {
                 Ok(stat) => stat,
-                Err(error) => return Looked::failed(unread(error)),
+                Err(error) => return Looked::failed(Unread::from_error(error)),
             },
         };
         let mut looked = self.read_owner_with(pid, &dir, stat, gpus);
@@ -447,7 +247,7 @@ impl<'a> Reader<'a> {
     ) -> Looked {
         let status = match self.root.status(dir) {
             Ok(status) => status,
-            Err(error) => return Looked::failed(unread(error)),
+            Err(error) => return Looked::failed(Unread::from_error(error)),
         };
         let open_files = descriptors.as_ref().map(|found| found.open_files as u64);
         let (descriptor_refs, mappings, mut errors) = match self.references(dir, &stat, descriptors)
@@ -578,7 +378,7 @@ impl<'a> Reader<'a> {
     /// One process of the holder scan: `None` when it holds no NVIDIA file (or is gone),
     /// else its facts; with what to remember of it. A process remembered with no NVIDIA
     /// file, the same start time and as many descriptors as then is not listed again.
-    pub(super) fn scan_one(&self, pid: u32) -> Scanned {
+    fn scan_one(&self, pid: u32) -> Scanned {
         if let Some((known, facts)) = self.owner_reading(pid) {
             return Scanned::Holder(Box::new(facts.clone()), known.clone());
         }
@@ -626,115 +426,125 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// The NVIDIA device files a process holds open: the one descriptor scanner. Through
-    /// its own list or, when that is empty and the main thread is a zombie, its live
-    /// threads' lists (a zombie leader's `/proc/PID/fd` is empty while its threads keep
-    /// the files).
-    pub fn descriptors(&self, dir: &Path, zombie_leader: bool) -> io::Result<Descriptors> {
-        let mut found = Descriptors::default();
-        self.scan_fd_dir(
-            &dir.join("fd"),
-            &mut found,
+    /// The NVIDIA device files a process holds open (see [`references::descriptors`]).
+    fn descriptors(&self, dir: &Path, zombie_leader: bool) -> io::Result<Descriptors> {
+        references::descriptors(
+            &self.root.device_prefix,
+            dir,
+            zombie_leader,
             self.placement.count_denied_links,
-        )?;
-        if found.open_files == 0 && zombie_leader {
-            if let Ok(tasks) = fs::read_dir(dir.join("task")) {
-                for task in tasks.flatten() {
-                    // A denied thread list was already denied for the process itself.
-                    let _ = self.scan_fd_dir(&task.path().join("fd"), &mut found, false);
-                }
-            }
-        }
-        Ok(found)
+        )
     }
 
-    fn scan_fd_dir(
-        &self,
-        fd_dir: &Path,
-        found: &mut Descriptors,
-        count_denied_links: bool,
-    ) -> io::Result<()> {
-        // Links are read relative to the open directory: one path component to resolve
-        // per descriptor instead of four, on the scan's hottest path.
-        let directory = fs::File::open(fd_dir)?;
-        let mut target = [0u8; LINK_PREFIX_BYTES];
-        for entry in fs::read_dir(fd_dir)? {
-            let Ok(entry) = entry else { continue };
-            found.open_files += 1;
-            let name = entry.file_name();
-            let length = match read_link_at(&directory, &name, &mut target) {
-                Ok(length) => length,
-                Err(error)
-                    if count_denied_links && error.kind() == io::ErrorKind::PermissionDenied =>
-                {
-                    return Err(error)
-                }
-                // Closed since the listing.
-                Err(_) => continue,
-            };
-            if !target[..length].starts_with(&self.root.device_prefix) {
-                continue;
+    /// The NVIDIA device files a process maps (see [`references::mappings`]).
+    fn mappings(&self, dir: &Path, files: &[OpenFile], zombie_leader: bool) -> io::Result<NodeSet> {
+        references::mappings(&self.root.device_prefix, dir, files, zombie_leader)
+    }
+
+    /// Scan every process but the exporter for NVIDIA device files, stopping at `budget`.
+    pub fn scan_holders(&self, budget: Duration) -> HolderScan {
+        self.scan_and_remember(Instant::now() + budget).0
+    }
+
+    /// Scan every process but the exporter for NVIDIA device files, stopping at
+    /// `deadline`; with what to remember of every process seen, for the next scan.
+    pub fn scan_and_remember(&self, deadline: Instant) -> (HolderScan, Vec<(u32, Remembered)>) {
+        let started = Instant::now();
+        let mut inits = NamespaceInits::new(self.root, deadline);
+        let pids: Vec<u32> = match self.root.pids() {
+            Ok(pids) => pids
+                .into_iter()
+                .filter(|&pid| pid != self.placement.own_pid)
+                .collect(),
+            Err(_) => {
+                let scan = HolderScan {
+                    holders: Vec::new(),
+                    permission_errors: 1,
+                    cut_short: false,
+                    duration_seconds: started.elapsed().as_secs_f64(),
+                };
+                return (scan, Vec::new());
             }
-            // A long target may have been cut: read an NVIDIA one whole.
-            let full;
-            let path = if length == target.len() {
-                full = fs::read_link(entry.path())?;
-                full.as_os_str().as_bytes()
-            } else {
-                &target[..length]
-            };
-            let Some(mut node) = parse::nvidia_node(path, &self.root.device_prefix) else {
-                continue;
-            };
-            // Following the descriptor's link gives the file itself: a device node's
-            // numbers say which GPU it is whatever it is called in the process's /dev,
-            // and its inode matches the process's mappings of it.
-            if let Ok(file) = fs::metadata(entry.path()) {
-                if file.file_type().is_char_device() {
-                    let (major, minor) = parse::device_numbers(file.st_rdev());
-                    node = parse::nvidia_node_by_number(major, minor).unwrap_or(node);
-                }
-                found.files.push(OpenFile {
-                    device: parse::device_numbers(file.st_dev()),
-                    inode: file.st_ino(),
-                    node,
+        };
+        let threads = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(MAX_SCAN_THREADS)
+            .min(pids.len() / MIN_PROCESSES_PER_THREAD)
+            .max(1);
+        // Threads take every `threads`-th PID, so kernel threads (low PIDs, no files)
+        // and busy processes spread evenly over them.
+        let share = |first: usize| pids.iter().copied().skip(first).step_by(threads);
+        let parts: Vec<PartialScan> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (1..threads)
+                .map(|first| {
+                    std::thread::Builder::new()
+                        .name("holder-scan".into())
+                        .spawn_scoped(scope, move || self.scan_some(share(first), deadline))
+                        .map_err(|_| first)
+                })
+                .collect();
+            let mut parts = vec![self.scan_some(share(0), deadline)];
+            for worker in workers {
+                parts.push(match worker {
+                    Ok(handle) => handle
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                    // No thread to be had: scan its share here.
+                    Err(first) => self.scan_some(share(first), deadline),
                 });
             }
-            found.nodes.insert(node);
+            parts
+        });
+        let mut scan = HolderScan {
+            holders: Vec::new(),
+            permission_errors: 0,
+            cut_short: false,
+            duration_seconds: 0.0,
+        };
+        let mut remembered = Vec::new();
+        let mut holders = Vec::new();
+        for part in parts {
+            holders.extend(part.holders);
+            scan.permission_errors += part.permission_errors;
+            scan.cut_short |= part.cut_short;
+            remembered.extend(part.remembered);
         }
-        Ok(())
+        holders.sort_by_key(|(holder, _)| holder.pid);
+        // Few processes hold a GPU: which containers have ended is asked of them alone,
+        // and not of those known to share the procfs's PID namespace.
+        scan.holders = holders
+            .into_iter()
+            .map(|(mut holder, nested)| {
+                if nested != Some(false) {
+                    holder.pid_namespace_init = inits.of(holder.pid);
+                }
+                holder
+            })
+            .collect();
+        scan.duration_seconds = started.elapsed().as_secs_f64();
+        (scan, remembered)
     }
 
-    /// The NVIDIA device files a process maps shared, matched to its open files by
-    /// device and inode where it has them open, else by name. A zombie leader has no
-    /// mappings of its own; a live thread's (they share one address space) are read.
-    fn mappings(&self, dir: &Path, files: &[OpenFile], zombie_leader: bool) -> io::Result<NodeSet> {
-        let mut maps = fs::read(dir.join("maps"))?;
-        if maps.is_empty() && zombie_leader {
-            if let Ok(tasks) = fs::read_dir(dir.join("task")) {
-                for task in tasks.flatten() {
-                    if let Ok(text) = fs::read(task.path().join("maps")) {
-                        if !text.is_empty() {
-                            maps = text;
-                            break;
-                        }
-                    }
+    /// Scan `pids`, stopping once the scan is past its deadline.
+    fn scan_some(&self, pids: impl Iterator<Item = u32>, deadline: Instant) -> PartialScan {
+        let mut part = PartialScan::default();
+        for (seen, pid) in pids.enumerate() {
+            if seen % CLOCK_CHECK_EVERY == 0 && Instant::now() > deadline {
+                part.cut_short = true;
+                break;
+            }
+            match self.scan_one(pid) {
+                Scanned::Holder(facts, remember) => {
+                    part.holders.push((*facts, remember.nested()));
+                    part.remembered.push((pid, remember));
                 }
+                Scanned::Nothing(remember) => part.remembered.push((pid, remember)),
+                Scanned::Denied => part.permission_errors += 1,
+                // The process exited while we looked: it holds nothing any more.
+                Scanned::Gone => {}
             }
         }
-        let mut nodes = BTreeSet::new();
-        for mapping in parse::shared_mappings(&maps) {
-            let by_file = files
-                .iter()
-                .find(|file| file.device == mapping.device && file.inode == mapping.inode)
-                .map(|file| file.node);
-            if let Some(node) =
-                by_file.or_else(|| parse::nvidia_node(mapping.path, &self.root.device_prefix))
-            {
-                nodes.insert(node);
-            }
-        }
-        Ok(node_set(&nodes))
+        part
     }
 
     fn user_name(&self, uid: u32) -> Option<String> {
@@ -751,69 +561,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Bytes of a descriptor's target read at first: enough to tell an NVIDIA node (whose
-/// paths are short) from anything else, which needs no more.
-const LINK_PREFIX_BYTES: usize = 96;
-
-/// `readlinkat(2)` of `name` in `directory` into `buffer`: how many bytes it wrote (as
-/// many as the buffer holds when the target is longer).
-fn read_link_at(
-    directory: &fs::File,
-    name: &std::ffi::OsStr,
-    buffer: &mut [u8],
-) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    let name = std::ffi::CString::new(name.as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in a file name"))?;
-    // SAFETY: the directory descriptor is open for the call, the name is NUL-terminated,
-    // and the kernel writes at most `buffer.len()` bytes into the buffer we own.
-    let written = unsafe {
-        libc::readlinkat(
-            directory.as_raw_fd(),
-            name.as_ptr(),
-            buffer.as_mut_ptr().cast(),
-            buffer.len(),
-        )
-    };
-    usize::try_from(written).map_err(|_| io::Error::last_os_error())
-}
-
-/// A file a process holds open, identified as its mappings name it.
-#[derive(Debug, Clone, Copy)]
-struct OpenFile {
-    device: (u32, u32),
-    inode: u64,
-    node: NvidiaNode,
-}
-
-/// What one process's descriptor lists showed.
-#[derive(Debug, Default)]
-pub struct Descriptors {
-    /// Entries listed, NVIDIA or not.
-    open_files: usize,
-    nodes: BTreeSet<NvidiaNode>,
-    files: Vec<OpenFile>,
-}
-
-impl Descriptors {
-    /// Descriptors listed, NVIDIA or not.
-    pub fn open_files(&self) -> usize {
-        self.open_files
-    }
-
-    /// Whether any descriptor points at an NVIDIA device file.
-    pub fn any(&self) -> bool {
-        !self.nodes.is_empty()
-    }
-
-    fn nodes(&self) -> NodeSet {
-        node_set(&self.nodes)
-    }
-}
-
 /// What the scan found of one process.
 #[derive(Debug)]
-pub(super) enum Scanned {
+enum Scanned {
     /// It holds NVIDIA files: its facts, and what to remember.
     Holder(Box<ProcessFacts>, Remembered),
     /// It holds none: what to remember.
@@ -824,33 +574,14 @@ pub(super) enum Scanned {
     Gone,
 }
 
-impl Looked {
-    fn failed(unread: Unread) -> Looked {
-        let errors = u64::from(matches!(unread, Unread::Unreadable(_)));
-        Looked {
-            facts: Err(unread),
-            errors,
-            nested: None,
-            remember: None,
-        }
-    }
-}
-
-/// The stat line read again through a held file; `None` once the process is gone.
-fn read_held_stat(file: &fs::File) -> Option<Stat> {
-    use std::os::unix::fs::FileExt;
-    let mut line = [0u8; 1024];
-    let length = file.read_at(&mut line, 0).ok()?;
-    // A line that fills the buffer may be cut: read it by path instead.
-    (length < line.len()).then(|| parse::stat(&line[..length]))?
-}
-
-/// A process's stat file, opened for holding, if it is still the process that started at
-/// `start_time_ticks`.
-fn open_stat_file(dir: &Path, start_time_ticks: u64) -> Option<Arc<fs::File>> {
-    let file = fs::File::open(dir.join("stat")).ok()?;
-    let stat = read_held_stat(&file)?;
-    (stat.start_time_ticks == start_time_ticks).then(|| Arc::new(file))
+/// What one thread of a scan found.
+#[derive(Default)]
+struct PartialScan {
+    /// Each holder, with whether it lives in a nested PID namespace (`None`: not known).
+    holders: Vec<(ProcessFacts, Option<bool>)>,
+    permission_errors: u64,
+    cut_short: bool,
+    remembered: Vec<(u32, Remembered)>,
 }
 
 /// The fields of a remembered process that a new stat line brings up to date.
@@ -863,72 +594,10 @@ fn refresh_from_stat(facts: &mut ProcessFacts, stat: &Stat) {
     facts.threads = stat.threads;
 }
 
-fn node_set(nodes: &BTreeSet<NvidiaNode>) -> NodeSet {
-    let mut set = NodeSet::default();
-    for node in nodes {
-        match *node {
-            NvidiaNode::Gpu(minor) => set.gpus.push(minor),
-            NvidiaNode::Control => set.control = true,
-            NvidiaNode::Uvm => set.uvm = true,
-            NvidiaNode::Capability(minor) => set.capabilities.push(minor),
-            NvidiaNode::Other => set.other = true,
-        }
-    }
-    set
-}
-
-/// Whether an error says the process is gone: its entry vanished, or it exited between
-/// the open and the read of a file (`ESRCH`).
-pub fn gone(error: &io::Error) -> bool {
-    const ESRCH: i32 = 3;
-    error.kind() == io::ErrorKind::NotFound || error.raw_os_error() == Some(ESRCH)
-}
-
-/// Absence only when the kernel says so.
-fn unread(error: io::Error) -> Unread {
-    if gone(&error) {
-        Unread::Missing
-    } else {
-        Unread::Unreadable(error.to_string())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
-
-    #[test]
-    fn a_held_stat_file_reads_fresh_and_fails_once_its_process_is_gone() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("60")
-            .spawn()
-            .unwrap();
-        let dir = PathBuf::from(format!("/proc/{}", child.id()));
-        let first = parse::stat(&fs::read(dir.join("stat")).unwrap()).unwrap();
-        // Another start time under the PID is another process: not held.
-        assert!(open_stat_file(&dir, first.start_time_ticks + 1).is_none());
-        let file = open_stat_file(&dir, first.start_time_ticks).unwrap();
-        let again = read_held_stat(&file).unwrap();
-        assert_eq!(again.start_time_ticks, first.start_time_ticks);
-        // Stopped: the held file shows it, so it is read afresh each time.
-        let stop = std::process::Command::new("kill")
-            .args(["-STOP", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(stop.success());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mut state = read_held_stat(&file).unwrap().state;
-        while state != b'T' && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            state = read_held_stat(&file).unwrap().state;
-        }
-        assert_eq!(state, b'T');
-        child.kill().unwrap();
-        child.wait().unwrap();
-        // Reaped: whatever gets the PID next, the held file never shows it.
-        assert!(read_held_stat(&file).is_none());
-    }
 
     /// A procfs tree with the files the reader reads, for one process at a time.
     struct FakeProc {

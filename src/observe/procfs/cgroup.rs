@@ -23,11 +23,12 @@
 //! matter here, so that does not change the answer. Real lines of each shape, with where
 //! they were recorded, are the fixtures under `tests/fixtures/cgroup/`.
 
+use crate::observe::pod_uid::is_pod_uid;
 use serde::{Deserialize, Serialize};
 
 /// Most bytes of a cgroup file worth reading: a v1 host lists about a dozen hierarchies
 /// with paths of a few hundred bytes; anything longer is not a cgroup file.
-pub const MAX_CGROUP_FILE_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_CGROUP_FILE_BYTES: usize = 64 * 1024;
 
 /// Hex digits of a container id (Docker, containerd, CRI-O and Podman alike).
 const CONTAINER_ID_DIGITS: usize = 64;
@@ -153,20 +154,6 @@ fn pod_uid_in(component: &[u8]) -> Option<String> {
         .map(|&byte| if byte == b'_' { b'-' } else { byte })
         .collect();
     is_pod_uid(&uid).then(|| String::from_utf8_lossy(&uid).to_ascii_lowercase())
-}
-
-/// A Kubernetes pod uid: a UUID (8-4-4-4-12 hex digits), or the 32-digit hash the kubelet
-/// gives a static pod.
-pub(super) fn is_pod_uid(uid: &[u8]) -> bool {
-    if is_hex(uid, 32) {
-        return true;
-    }
-    let groups: Vec<&[u8]> = uid.split(|&byte| byte == b'-').collect();
-    groups.len() == 5
-        && groups
-            .iter()
-            .zip([8, 4, 4, 4, 12])
-            .all(|(group, digits)| is_hex(group, digits))
 }
 
 fn is_hex(text: &[u8], digits: usize) -> bool {

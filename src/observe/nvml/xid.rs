@@ -6,13 +6,14 @@
 //! count, so an event is never counted twice. Counts live here, not in the watcher:
 //! they survive reloads, as a Prometheus counter should.
 
-use super::XidReading;
+use super::reading::XidReading;
+use crate::sync::lock;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{EventSet, Nvml};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Longest single wait for an event: how long a superseded watcher can linger.
@@ -21,11 +22,11 @@ const WAIT_MS: u32 = 1000;
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(300);
 /// NVML's value for an Xid it cannot name.
-pub const UNKNOWN_XID: u64 = 999;
+const UNKNOWN_XID: u64 = 999;
 
 /// The counts, and which watcher may add to them.
 #[derive(Debug, Default)]
-pub struct XidCounter {
+pub(super) struct XidCounter {
     state: Mutex<State>,
 }
 
@@ -38,14 +39,8 @@ struct State {
 }
 
 impl XidCounter {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Starts a watcher on `nvml`, superseding any earlier one.
-    pub fn start(self: &Arc<Self>, nvml: Arc<Nvml>) {
+    pub(super) fn start(self: &Arc<Self>, nvml: Arc<Nvml>) {
         let generation = self.supersede();
         let counter = Arc::clone(self);
         let spawned = std::thread::Builder::new()
@@ -57,12 +52,12 @@ impl XidCounter {
     }
 
     /// Ends the current watcher (NVML went away); the counts stay.
-    pub fn stop(&self) {
+    pub(super) fn stop(&self) {
         self.supersede();
     }
 
     fn supersede(&self) -> u64 {
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         state.generation += 1;
         for gpu in state.gpus.values_mut() {
             gpu.watched = false;
@@ -71,17 +66,21 @@ impl XidCounter {
     }
 
     /// What is known of the GPU with `uuid`: unwatched and without events if nothing.
-    pub fn reading(&self, uuid: &str) -> XidReading {
-        self.lock().gpus.get(uuid).cloned().unwrap_or_default()
+    pub(super) fn reading(&self, uuid: &str) -> XidReading {
+        lock(&self.state)
+            .gpus
+            .get(uuid)
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn is_current(&self, generation: u64) -> bool {
-        self.lock().generation == generation
+        lock(&self.state).generation == generation
     }
 
     /// Runs `change` on the GPU's entry if `generation` is still current.
     fn update(&self, generation: u64, uuid: &str, change: impl FnOnce(&mut XidReading)) -> bool {
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         if state.generation != generation {
             return false;
         }
@@ -90,7 +89,7 @@ impl XidCounter {
     }
 
     fn unwatch_all(&self, generation: u64) {
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         if state.generation == generation {
             for gpu in state.gpus.values_mut() {
                 gpu.watched = false;

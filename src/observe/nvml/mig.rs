@@ -6,16 +6,16 @@
 //! minor grants access to which GPU instance (`gpu<N>/gi<G>/access <minor>`) and compute
 //! instance (`gpu<N>/gi<G>/ci<C>/access <minor>`), where N is the GPU's minor number.
 
-use super::{GpuReading, MigCapabilities, NvmlReading};
+use super::reading::{GpuReading, MigCapabilities, NvmlReading};
 use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Where the driver publishes the minors, under the procfs mount point.
-pub const MIG_MINORS: &str = "driver/nvidia-caps/mig-minors";
+pub(crate) const MIG_MINORS: &str = "driver/nvidia-caps/mig-minors";
 
 /// What a capability grants access to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Capability {
+enum Capability {
     /// A GPU instance of the GPU with this minor.
     GpuInstance {
         /// The GPU's minor number.
@@ -36,7 +36,7 @@ pub enum Capability {
 
 /// The instance capabilities of a `mig-minors` text, with their device minors. Lines of
 /// other shapes (`config`, `monitor`, anything a newer driver adds) are left out.
-pub fn parse_mig_minors(text: &str) -> BTreeMap<Capability, u32> {
+fn parse_mig_minors(text: &str) -> BTreeMap<Capability, u32> {
     text.lines()
         .filter_map(|line| {
             let (path, minor) = line.trim().split_once(char::is_whitespace)?;
@@ -66,7 +66,7 @@ fn parse_capability(path: &str) -> Option<Capability> {
 /// Fills in the capability minors of every MIG device of `reading` from the file at
 /// `path`. A missing file (no MIG-capable GPU, no driver) leaves them unknown; so does an
 /// unreadable one, which is logged once per observation at debug level.
-pub fn attach_capabilities(reading: &mut NvmlReading, path: &Path) {
+pub(crate) fn attach_capabilities(reading: &mut NvmlReading, path: &Path) {
     let NvmlReading::Up { gpus, .. } = reading else {
         return;
     };
@@ -116,7 +116,9 @@ fn attach_to_gpu(gpu: &mut GpuReading, minors: &BTreeMap<Capability, u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::{GpuHealth, GpuState, MigDeviceReading, MigReading};
+    use crate::observe::nvml::reading::{
+        GpuError, GpuHealth, GpuState, MigDeviceReading, MigReading,
+    };
 
     /// The shape NVIDIA's MIG guide and the container toolkit read: two GPUs, GPU 0 with
     /// two GPU instances, each with one compute instance.
@@ -153,7 +155,7 @@ mod tests {
             pci_bus_id: String::new(),
             minor: Some(minor),
             state: GpuState::Failed {
-                error: crate::observe::GpuError::Unknown,
+                error: GpuError::Unknown,
                 message: String::new(),
             },
             mig: Some(MigReading {
@@ -171,7 +173,7 @@ mod tests {
                         compute_instance_id: Some(ci),
                         capabilities: None,
                         state: GpuState::Failed {
-                            error: crate::observe::GpuError::Unknown,
+                            error: GpuError::Unknown,
                             message: String::new(),
                         },
                     })

@@ -7,8 +7,8 @@
 //! of a leftover process's cgroup always exists.
 
 use super::parse::PF_EXITING;
-use super::procfs::ProcRoot;
-use super::NamespaceInit;
+use super::reading::NamespaceInit;
+use super::root::ProcRoot;
 use std::collections::HashMap;
 use std::fs;
 use std::time::Instant;

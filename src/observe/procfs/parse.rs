@@ -1,17 +1,37 @@
-//! The `/proc` and `/etc` text formats the exporter reads, parsed by hand: pure and
+//! The `/proc` and `/etc` text formats read on every scrape, parsed by hand: pure and
 //! total, so any bytes give an answer (and the fuzz targets in `fuzz/` can say so). One
 //! parser per format, shared by every reader of it. The cgroup file has its own module,
-//! [`super::cgroup`].
+//! `cgroup`; `/proc/stat`'s boot time, read once at start, goes through procfs-core.
+//!
+//! procfs-core offers parsers of `stat`, `status` and `maps` too. Each was tried on the
+//! inputs of this module's tests and timed against these on real inputs (a 2-core VM);
+//! none can do this job:
+//!
+//! - `Stat` needs every field up to `cnswap` (37) where 9 are read here, panics on some
+//!   malformed lines (`42 (sleep)` slices past the end, a line that starts with `(`
+//!   overflows), and copies the line into a `String` before parsing every field: about
+//!   3 times the time of [`stat`].
+//! - `Status` fails unless some twenty lines are all there, and builds a map of every
+//!   line: about 20 times the time of [`status`], which takes the three lines it uses
+//!   where they are, each on its own.
+//! - `MemoryMaps` fails the whole file on one line it cannot read (a path that is not
+//!   UTF-8, which any process may map), panics on a mapping of a file whose name starts
+//!   with `/SYSV` and is short (which any process may map too), and allocates every
+//!   mapping's path: one odd mapping would hide a process's CUDA context, and a 3,000-line
+//!   maps takes 4 to 6 times as long as with [`shared_mappings`].
+//!
+//! Namespace links, `/proc` directory names, device numbers and the password file have
+//! no procfs-core parser.
 
 /// `PF_EXITING` in `/proc/PID/stat`'s flags: the thread has begun to exit.
-pub const PF_EXITING: u32 = 0x0000_0004;
+pub(crate) const PF_EXITING: u32 = 0x0000_0004;
 
 /// `CAP_SYS_PTRACE`, the capability that lets a process read where another user's
 /// descriptors point and what it maps.
-pub const CAP_SYS_PTRACE: u32 = 19;
+pub(crate) const CAP_SYS_PTRACE: u32 = 19;
 
 /// The character-device major number of NVIDIA's GPU and control nodes.
-pub const NVIDIA_MAJOR: u32 = 195;
+const NVIDIA_MAJOR: u32 = 195;
 /// Minor of `/dev/nvidiactl` under [`NVIDIA_MAJOR`].
 const NVIDIA_CONTROL_MINOR: u32 = 255;
 /// Minor of `/dev/nvidia-modeset` under [`NVIDIA_MAJOR`]; minors below it are GPUs.
@@ -138,7 +158,7 @@ pub fn nvidia_node(path: &[u8], prefix: &[u8]) -> Option<NvidiaNode> {
 
 /// The node a character device's numbers name, when they are NVIDIA's GPU or control
 /// numbers; names can lie (a container may show GPU 3 as `/dev/nvidia0`), numbers cannot.
-pub fn nvidia_node_by_number(major: u32, minor: u32) -> Option<NvidiaNode> {
+pub(crate) fn nvidia_node_by_number(major: u32, minor: u32) -> Option<NvidiaNode> {
     (major == NVIDIA_MAJOR).then_some(match minor {
         NVIDIA_CONTROL_MINOR => NvidiaNode::Control,
         NVIDIA_MODESET_MINOR => NvidiaNode::Other,
@@ -147,7 +167,7 @@ pub fn nvidia_node_by_number(major: u32, minor: u32) -> Option<NvidiaNode> {
 }
 
 /// Major and minor number of a Linux `dev_t` (glibc's encoding).
-pub fn device_numbers(dev: u64) -> (u32, u32) {
+pub(crate) fn device_numbers(dev: u64) -> (u32, u32) {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     (major as u32, minor as u32)
@@ -190,14 +210,6 @@ pub fn shared_mappings(maps: &[u8]) -> impl Iterator<Item = SharedMapping<'_>> {
     })
 }
 
-/// The boot time (`btime`, seconds since the Unix epoch) from `/proc/stat`.
-pub fn boot_time(proc_stat: &[u8]) -> Option<u64> {
-    proc_stat
-        .split(|&byte| byte == b'\n')
-        .find_map(|line| line.strip_prefix(b"btime "))
-        .and_then(|rest| number(trim_start(rest)))
-}
-
 /// The inode of a namespace link target such as `pid:[4026532177]`.
 pub fn namespace_inode(link: &[u8]) -> Option<u64> {
     let start = link.iter().position(|&byte| byte == b'[')?;
@@ -220,7 +232,7 @@ pub fn passwd_user(passwd: &str, uid: u32) -> Option<String> {
 }
 
 /// A PID as a directory name of `/proc`, or `None` for the other entries.
-pub fn pid_name(name: &[u8]) -> Option<u32> {
+pub(crate) fn pid_name(name: &[u8]) -> Option<u32> {
     small(name).filter(|&pid| pid != 0)
 }
 
@@ -401,13 +413,6 @@ garbage\n";
         assert_eq!(shared[0].path, b"/dev/nvidiactl");
         assert_eq!((shared[1].device, shared[1].inode), ((0, 5), 1071));
         assert_eq!(shared[2].path, b"/dev/zero (deleted)");
-    }
-
-    #[test]
-    fn boot_time_line() {
-        let text = b"cpu  1 2 3\nintr 5\nbtime 1764754262\nprocesses 9\n";
-        assert_eq!(boot_time(text), Some(1_764_754_262));
-        assert_eq!(boot_time(b"btime x\n"), None);
     }
 
     #[test]

@@ -1,0 +1,112 @@
+//! One observation's looks at `/proc`, each served from and adding to what earlier looks
+//! found: NVML's owners on every scrape, and every process for holders when asked.
+
+use super::memory::{remember, Memory};
+use super::pidns::NamespaceInits;
+use super::placement::Placement;
+use super::reader::{OwnersRead, Reader};
+use super::reading::{HolderScan, ProcessLookup, ProcfsView};
+use super::root::{ProcRoot, Unread};
+use std::collections::{BTreeMap, HashSet};
+use std::time::Instant;
+
+/// The most owners whose stat files are held open between scrapes (one descriptor each);
+/// beyond it, each is opened again on every scrape.
+const MAX_HELD_STAT_FILES: usize = 512;
+
+/// What `/proc` says of the PIDs NVML lists.
+#[derive(Debug)]
+pub(crate) struct Owners {
+    /// What is there now, by NVML's PID.
+    pub(crate) lookups: BTreeMap<u32, ProcessLookup>,
+    /// Entries that existed but could not be read.
+    pub(crate) errors: u64,
+    /// Whether the procfs shows our own PID namespace, in which NVML's PIDs live.
+    pub(crate) view: ProcfsView,
+}
+
+/// Reads each PID NVML lists (`listed`: our PID to the minor numbers of the GPUs it is
+/// listed on) in `root`, served from and adding to `memory`. Which owners' containers
+/// have ended takes a short walk up from each owner in a nested PID namespace, and a
+/// pass over `/proc` at most once, which stops at `deadline`.
+pub(crate) fn look_at_owners(
+    root: &ProcRoot,
+    placement: Placement,
+    memory: &mut Memory,
+    listed: &BTreeMap<u32, Vec<u32>>,
+    deadline: Instant,
+) -> Owners {
+    let reader = Reader::with_memory(root, placement, memory)
+        .holding_stat_files(listed.len() <= MAX_HELD_STAT_FILES);
+    let mut errors = 0;
+    let mut read_as_owners = HashSet::new();
+    let mut inits = NamespaceInits::new(root, deadline);
+    let mut lookups = BTreeMap::new();
+    let mut learnt = Vec::new();
+    let mut gone = Vec::new();
+    for (&pid, gpus) in listed {
+        let now = match reader.procfs_pid(pid) {
+            None => ProcessLookup::NotVisible,
+            Some(procfs_pid) => {
+                read_as_owners.insert(procfs_pid);
+                let looked = reader.read_owner(procfs_pid, gpus);
+                errors += looked.errors;
+                if let Some(remember) = looked.remember {
+                    learnt.push((procfs_pid, remember));
+                }
+                match looked.facts {
+                    Ok(mut facts) => {
+                        if looked.nested != Some(false) {
+                            facts.pid_namespace_init = inits.of(procfs_pid);
+                        }
+                        ProcessLookup::Present(Box::new(facts))
+                    }
+                    Err(Unread::Missing) => {
+                        gone.push(procfs_pid);
+                        ProcessLookup::Missing
+                    }
+                    Err(Unread::Unreadable(error)) => ProcessLookup::Unreadable { error },
+                }
+            }
+        };
+        lookups.insert(pid, now);
+    }
+    let view = reader.view();
+    drop(reader);
+    for pid in gone {
+        memory.remove(&pid);
+    }
+    remember(memory, learnt);
+    for (pid, known) in memory.iter_mut() {
+        if !read_as_owners.contains(pid) {
+            known.let_go_of_stat_file();
+        }
+    }
+    Owners {
+        lookups,
+        errors,
+        view,
+    }
+}
+
+/// The holder scan of `root`, served from and adding to `memory`, stopping at
+/// `deadline`; `owners_read` are the owners this observation read (see
+/// [`Reader::with_owners_read`]).
+pub(crate) fn look_for_holders(
+    root: &ProcRoot,
+    placement: Placement,
+    memory: &mut Memory,
+    owners_read: OwnersRead,
+    deadline: Instant,
+) -> HolderScan {
+    let reader = Reader::with_memory(root, placement, memory).with_owners_read(owners_read);
+    let (scan, learnt) = reader.scan_and_remember(deadline);
+    drop(reader);
+    // A complete scan saw every process: what it did not see has exited.
+    if !scan.cut_short {
+        let seen: HashSet<u32> = learnt.iter().map(|(pid, _)| *pid).collect();
+        memory.retain(|pid, _| seen.contains(pid));
+    }
+    remember(memory, learnt);
+    scan
+}

@@ -1,0 +1,38 @@
+//! `/proc`: the processes NVML names and those that hold NVIDIA device files, read by
+//! one reader with its own I/O (held-open stat files read with `pread`, a time budget
+//! for every walk over processes, the `/proc/PID/task/TID` fallbacks of zombie leaders).
+//!
+//! - `reading`: what a look yields ([`ProcessFacts`], [`HolderScan`], ...), plain
+//!   serialisable data.
+//! - `root`: the procfs mount and the small files read whole ([`ProcRoot`]).
+//! - `placement`: the exporter's own place in it, found once ([`Placement`]).
+//! - `reader`: the one reader, for NVML's owners and the holder scan ([`Reader`]).
+//! - `looks`: one observation's looks through it, served from and adding to `memory`.
+//! - `references`: the descriptors and mappings of NVIDIA device files of one process.
+//! - `memory`: what is kept of each process from one look to the next ([`Memory`]).
+//! - `pidns`: whether a process's container has ended, from its PID namespace.
+//! - `cgroup`: the container and pod a process runs in ([`CgroupAttribution`]).
+//! - [`parse`]: the text formats, parsed by hand where procfs-core cannot serve.
+
+mod cgroup;
+mod looks;
+mod memory;
+pub mod parse;
+mod pidns;
+mod placement;
+mod reader;
+mod reading;
+mod references;
+mod root;
+
+pub use cgroup::{parse_cgroup_file, parse_cgroup_path, short_container_id, CgroupAttribution};
+pub(crate) use looks::{look_at_owners, look_for_holders};
+pub use memory::{Memory, Remembered};
+pub use placement::Placement;
+pub(crate) use reader::OwnersRead;
+pub use reader::{Looked, Reader};
+pub use reading::{
+    HolderScan, Identity, NamespaceInit, NodeSet, ProcessFacts, ProcessLookup, ProcfsView,
+    References,
+};
+pub use root::{PidNamespace, ProcRoot, DEVICE_PREFIX};

@@ -1,0 +1,228 @@
+//! What `/proc` says about processes: plain data, serialisable, so a snapshot taken on
+//! one machine replays to the same verdict on another.
+
+use super::cgroup::CgroupAttribution;
+use serde::{Deserialize, Serialize};
+
+/// How the PIDs of the procfs we read relate to ours (and NVML's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcfsView {
+    /// The procfs shows our own PID namespace: NVML's PIDs are its PIDs.
+    #[default]
+    Own,
+    /// The procfs belongs to another PID namespace (a container without `hostPID` that
+    /// mounts the host's `/proc`): NVML's PIDs were translated through each process's
+    /// `NSpid`, and those that could not be are not judged.
+    Foreign,
+    /// `{procfs}/self` could not be read: whose PIDs the procfs shows is unknown.
+    Unknown,
+}
+
+/// Who a process is: a PID names a process only together with its start time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    /// Start time in clock ticks after boot.
+    pub start_time_ticks: u64,
+    /// Command name when first seen.
+    pub comm: String,
+    /// Parent PID when first seen: a child whose parent died is adopted by the nearest
+    /// subreaper, often this parent's own parent.
+    pub ppid: u32,
+    /// Process group when first seen; a forked child keeps it after the owner dies.
+    pub pgid: u32,
+    /// Session when first seen; likewise kept by children.
+    pub sid: u32,
+}
+
+impl Identity {
+    /// The identity of a process as read now.
+    pub fn of(facts: &ProcessFacts) -> Identity {
+        Identity {
+            start_time_ticks: facts.start_time_ticks,
+            comm: facts.comm.clone(),
+            ppid: facts.ppid,
+            pgid: facts.pgid,
+            sid: facts.sid,
+        }
+    }
+}
+
+/// What `/proc` says about one PID.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ProcessLookup {
+    /// No such process in our PID namespace.
+    Missing,
+    /// The process exists.
+    Present(Box<ProcessFacts>),
+    /// The entry exists but could not be read (permissions, a race); not evidence of absence.
+    Unreadable {
+        /// The error, in one line.
+        error: String,
+    },
+    /// The procfs we read belongs to another PID namespace and shows no process under
+    /// this PID of ours: it cannot be judged from here.
+    NotVisible,
+}
+
+/// Everything one reading of `/proc` says about one process: identity, state, the
+/// NVIDIA device files it holds open and maps, and where it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessFacts {
+    /// Its PID in the procfs read (the host's, for an exporter run as documented).
+    pub pid: u32,
+    /// Its PID in the exporter's own PID namespace, the one NVML and `kill` use here;
+    /// `None` when it is not visible there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_pid: Option<u32>,
+    /// Start time in clock ticks after boot; with the PID, the process's identity.
+    pub start_time_ticks: u64,
+    /// Command name (`comm`).
+    pub comm: String,
+    /// The one-letter state of the main thread (`R`, `S`, `D`, `T`, `Z`, ...).
+    pub state: char,
+    /// Parent PID.
+    pub ppid: u32,
+    /// Process group: a child keeps its dead parent's group, so it ties a holder to an owner.
+    pub pgid: u32,
+    /// Session, which a child keeps likewise.
+    pub sid: u32,
+    /// Threads in the process.
+    pub threads: u32,
+    /// Real user id, when readable.
+    pub uid: Option<u32>,
+    /// User name for `uid`, when the host knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Kernel function it waits in, read only when in state `D`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wchan: Option<String>,
+    /// NVIDIA device files it holds open (any thread's descriptors).
+    pub descriptors: References,
+    /// NVIDIA device files it maps shared: a CUDA context, own or inherited by fork.
+    pub mappings: References,
+    /// The container and pod its cgroup names.
+    #[serde(flatten)]
+    pub cgroup: CgroupAttribution,
+    /// PID 1 of its PID namespace, when that is nested in ours (a container's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_namespace_init: Option<NamespaceInit>,
+}
+
+impl ProcessFacts {
+    /// Whether it holds or maps anything of GPU `minor`'s node.
+    pub fn touches_gpu(&self, minor: u32) -> bool {
+        self.descriptors.has_gpu(minor) || self.mappings.has_gpu(minor)
+    }
+}
+
+/// What could be read of one kind of reference a process has to NVIDIA device files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum References {
+    /// Read: these nodes.
+    Read(NodeSet),
+    /// Denied: another user's descriptors and mappings need root, or CAP_DAC_READ_SEARCH
+    /// and CAP_SYS_PTRACE.
+    Unreadable,
+    /// Not looked at.
+    NotRead,
+}
+
+impl References {
+    /// Whether GPU `minor`'s node is among what was read.
+    pub fn has_gpu(&self, minor: u32) -> bool {
+        matches!(self, References::Read(nodes) if nodes.gpus.contains(&minor))
+    }
+
+    /// The nodes read, if they could be.
+    pub fn nodes(&self) -> Option<&NodeSet> {
+        match self {
+            References::Read(nodes) => Some(nodes),
+            References::Unreadable | References::NotRead => None,
+        }
+    }
+}
+
+/// A set of NVIDIA device nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSet {
+    /// Minor numbers of GPU nodes (`/dev/nvidia<minor>`), ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
+    /// `/dev/nvidiactl`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub control: bool,
+    /// `/dev/nvidia-uvm` or `/dev/nvidia-uvm-tools`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub uvm: bool,
+    /// Minor numbers of capability nodes (`/dev/nvidia-caps/nvidia-cap<minor>`), ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<u32>,
+    /// Any other `/dev/nvidia*` node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub other: bool,
+}
+
+impl NodeSet {
+    /// Whether the set names no node.
+    pub fn is_empty(&self) -> bool {
+        self.gpus.is_empty()
+            && !self.control
+            && !self.uvm
+            && self.capabilities.is_empty()
+            && !self.other
+    }
+}
+
+/// PID 1 of a nested PID namespace, as seen from ours. A container with its own PID
+/// namespace (the default of Docker, containerd, CRI-O and Kubernetes) lives exactly as
+/// long as that process: when it exits, the kernel SIGKILLs every other process in the
+/// namespace, so one that is still there could not die (it is stuck, typically in the
+/// driver). The kernel keeps the exited PID 1 in its exit path, with every thread marked
+/// exiting (`PF_EXITING`), until the last of them is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum NamespaceInit {
+    /// PID 1 of the namespace is alive: the container runs.
+    Running {
+        /// Its PID in our namespace.
+        pid: u32,
+    },
+    /// Every thread of PID 1 is exiting: the container has ended.
+    Exited {
+        /// Its PID in our namespace.
+        pid: u32,
+    },
+    /// PID 1 could not be found or read (permissions, the scan's time budget).
+    Unknown,
+}
+
+impl NamespaceInit {
+    /// Whether this says the container has ended.
+    pub fn exited(init: Option<NamespaceInit>) -> bool {
+        matches!(init, Some(NamespaceInit::Exited { .. }))
+    }
+}
+
+/// The result of scanning every process for NVIDIA device files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HolderScan {
+    /// Every process (other than the exporter) holding an NVIDIA device file open, with
+    /// what it maps.
+    pub holders: Vec<ProcessFacts>,
+    /// Processes whose descriptors we were not allowed to read.
+    pub permission_errors: u64,
+    /// Whether the scan stopped at its time budget before seeing every process.
+    pub cut_short: bool,
+    /// How long the scan took.
+    pub duration_seconds: f64,
+}
+
+impl HolderScan {
+    /// True when every process was looked at: no holder can be missing from the list.
+    pub fn complete(&self) -> bool {
+        !self.cut_short && self.permission_errors == 0
+    }
+}

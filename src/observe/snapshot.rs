@@ -1,0 +1,130 @@
+//! What one look at the host saw, as one value: the [`Observation`] that classification
+//! reads, and the [`Snapshot`] file that carries one to another machine, where it replays
+//! to the same verdict.
+
+use super::kubernetes::KubernetesReading;
+use super::nvml::NvmlReading;
+use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Everything the classifier needs from NVML and `/proc`, taken at one moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// What NVML answered.
+    pub nvml: NvmlReading,
+    /// Whether we run in the initial PID namespace; `None` when `/proc/self/ns/pid` is unreadable.
+    pub host_pid_namespace: Option<bool>,
+    /// Whether the procfs we read shows our own PID namespace, in which NVML's PIDs live.
+    #[serde(default)]
+    pub procfs_view: ProcfsView,
+    /// When the host booted, in seconds since the Unix epoch: start times become dates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_time_unix_seconds: Option<u64>,
+    /// The kernel's clock ticks per second (`USER_HZ`), the unit of start times.
+    #[serde(default = "default_clock_ticks")]
+    pub clock_ticks_per_second: u64,
+    /// What `/proc` says about every PID that NVML lists as an owner on some GPU, by
+    /// NVML's PID (ours: the driver translates PIDs into the caller's PID namespace).
+    pub owners: BTreeMap<u32, OwnerLookup>,
+    /// The scan of every process for NVIDIA device files, when one was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_scan: Option<HolderScan>,
+    /// `/proc` entries that existed but could not be read while observing.
+    pub procfs_errors: u64,
+
+    // Kubernetes (the kubelet's pod-resources API and pod log directories).
+    /// What the kubelet said: the containers each GPU is assigned to, and the names of
+    /// the pods owners and holders run in. `None` in snapshots of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesReading>,
+}
+
+/// `USER_HZ`: 100 on every architecture Linux runs GPUs on.
+fn default_clock_ticks() -> u64 {
+    100
+}
+
+/// One NVML-listed PID: the process first seen under it, and what is there now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OwnerLookup {
+    /// The process the exporter first saw under this PID while NVML listed it; `None`
+    /// when it has seen none (the PID was already gone).
+    pub first_seen: Option<Identity>,
+    /// What `/proc` holds under this PID now.
+    pub now: ProcessLookup,
+}
+
+/// An observation saved to a file, with what a bug report needs to know about where it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Format version of this file; bumped on incompatible changes.
+    pub format: u32,
+    /// Version of the exporter that wrote it.
+    pub exporter_version: String,
+    /// Host name of the machine observed.
+    pub hostname: String,
+    /// When it was taken, in seconds since the Unix epoch.
+    pub taken_at_unix_seconds: u64,
+    /// What was seen.
+    pub observation: Observation,
+}
+
+impl Snapshot {
+    /// The format this build reads and writes.
+    pub const FORMAT: u32 = 2;
+}
+
+/// Why a snapshot could not be replayed.
+#[derive(Debug, Error)]
+pub enum ObserveError {
+    /// The replay file could not be read.
+    #[error("cannot read snapshot {path}")]
+    ReadSnapshot {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The replay file is not a snapshot.
+    #[error("{path} is not a vram-exporter snapshot")]
+    ParseSnapshot {
+        /// The file.
+        path: PathBuf,
+        /// What the JSON reader found.
+        source: serde_json::Error,
+    },
+    /// The replay file is from an incompatible version.
+    #[error(
+        "{path} has snapshot format {format}; this build reads format {}",
+        Snapshot::FORMAT
+    )]
+    SnapshotFormat {
+        /// The file.
+        path: PathBuf,
+        /// The format it declares.
+        format: u32,
+    },
+}
+
+/// Reads a snapshot written by `vram-exporter snapshot`.
+pub fn read_snapshot(path: &Path) -> Result<Observation, ObserveError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ObserveError::ReadSnapshot {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let snapshot: Snapshot =
+        serde_json::from_str(&text).map_err(|source| ObserveError::ParseSnapshot {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if snapshot.format != Snapshot::FORMAT {
+        return Err(ObserveError::SnapshotFormat {
+            path: path.to_path_buf(),
+            format: snapshot.format,
+        });
+    }
+    Ok(snapshot.observation)
+}
