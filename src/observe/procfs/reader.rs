@@ -11,7 +11,7 @@ use super::parse::{self, Stat, Status};
 use super::pidns::NamespaceInits;
 use super::placement::{Placement, Position};
 use super::reading::{HolderScan, NodeSet, ProcessFacts, ProcfsView, References};
-use super::references::{self, Descriptors, OpenFile};
+use super::references::{self, Descriptors, FdDirectory, OpenFile};
 use super::root::{gone, ProcRoot, Unread};
 use std::collections::HashMap;
 use std::fs;
@@ -249,7 +249,6 @@ impl<'a> Reader<'a> {
             Ok(status) => status,
             Err(error) => return Looked::failed(Unread::from_error(error)),
         };
-        let open_files = descriptors.as_ref().map(|found| found.open_files as u64);
         let (descriptor_refs, mappings, mut errors) = match self.references(dir, &stat, descriptors)
         {
             Ok(references) => references,
@@ -286,7 +285,7 @@ impl<'a> Reader<'a> {
                     .is_some_and(|nodes| !nodes.is_empty()),
                 facts: Some(facts.clone()),
                 nested,
-                open_files,
+                fd_directory: None,
                 stat_file: None,
             }),
             facts: Ok(facts),
@@ -383,17 +382,25 @@ impl<'a> Reader<'a> {
             return Scanned::Holder(Box::new(facts.clone()), known.clone());
         }
         let dir = self.root.pid_dir(pid);
+        // One system call tells a process remembered without NVIDIA files, which still
+        // has as many descriptors, from one to read (most of a later scan's processes).
+        let fd_directory = references::fd_directory(&dir).ok();
+        if let (Some(known), Some(now)) = (self.previous.get(&pid), fd_directory) {
+            if known.holds_no_nvidia_file_still(now) {
+                return Scanned::Nothing(known.clone());
+            }
+        }
         let stat = match self.root.stat(&dir) {
             Ok(stat) => stat,
             Err(error) if gone(&error) => return Scanned::Gone,
             Err(_) => return Scanned::Denied,
         };
         let known = self.remembered(pid, &stat);
-        let remember = |open_files: Option<u64>| Remembered {
+        let remember = |fd_directory: Option<FdDirectory>| Remembered {
             start_time_ticks: stat.start_time_ticks,
             facts: None,
             nested: known.and_then(|known| known.nested),
-            open_files,
+            fd_directory,
             held_nvidia: false,
             stat_file: None,
         };
@@ -401,11 +408,12 @@ impl<'a> Reader<'a> {
         if stat.flags & PF_KTHREAD != 0 {
             return Scanned::Nothing(remember(None));
         }
-        // The descriptor count, from the size the kernel gives the fd directory.
-        let open_files = fs::metadata(dir.join("fd")).ok().map(|meta| meta.len());
-        if let (Some(known), Some(count)) = (known, open_files) {
-            if !known.held_nvidia && known.open_files == Some(count) && count > 0 {
-                return Scanned::Nothing(remember(open_files));
+        // The same process (by its start time) with as many descriptors, seen through a
+        // directory the kernel made anew since.
+        if let (Some(known), Some(now)) = (known, fd_directory) {
+            let count = known.fd_directory.map(|then| then.size);
+            if !known.held_nvidia && count == Some(now.size) && now.size > 0 {
+                return Scanned::Nothing(remember(fd_directory));
             }
         }
         // An empty list is looked behind only when the main thread is a zombie.
@@ -414,12 +422,18 @@ impl<'a> Reader<'a> {
             Ok(found) if found.any() => {
                 let looked = self.read_afresh(pid, &dir, stat, Some(found));
                 match (looked.facts, looked.remember) {
-                    (Ok(facts), Some(remember)) => Scanned::Holder(Box::new(facts), remember),
+                    (Ok(facts), Some(remember)) => Scanned::Holder(
+                        Box::new(facts),
+                        Remembered {
+                            fd_directory,
+                            ..remember
+                        },
+                    ),
                     (Err(Unread::Missing), _) => Scanned::Gone,
                     _ => Scanned::Denied,
                 }
             }
-            Ok(_) => Scanned::Nothing(remember(open_files)),
+            Ok(_) => Scanned::Nothing(remember(fd_directory)),
             Err(error) if self.exited(&dir, &stat, &error) => Scanned::Gone,
             Err(error) if error.kind() == io::ErrorKind::PermissionDenied => Scanned::Denied,
             Err(_) => Scanned::Gone,
@@ -734,5 +748,30 @@ mod tests {
         // A new start time under the PID is listed afresh.
         proc.process(200, 900, 'S', &[0]);
         assert!(matches!(reader.scan_one(200), Scanned::Holder(..)));
+    }
+
+    #[test]
+    fn a_later_scan_knows_an_unchanged_process_by_its_descriptor_directory_alone() {
+        let proc = FakeProc::new();
+        let dir = proc.dir.path().join("300");
+        proc.process(300, 500, 'S', &[]);
+        fs::remove_file(dir.join("fd/3")).unwrap();
+        symlink("/dev/null", dir.join("fd/3")).unwrap();
+        let placement = proc.placement();
+        let empty = Memory::new();
+        let first = Reader::with_memory(&proc.root, placement, &empty);
+        let Scanned::Nothing(remember) = first.scan_one(300) else {
+            panic!("no NVIDIA file")
+        };
+        let memory: Memory = [(300, remember)].into();
+        // Its stat is not read again: were it, this line would make it unreadable.
+        fs::write(dir.join("stat"), "not a stat line").unwrap();
+        let reader = Reader::with_memory(&proc.root, placement, &memory);
+        assert!(matches!(reader.scan_one(300), Scanned::Nothing(_)));
+        // Another directory under the PID is another process: read, and unreadable here.
+        fs::rename(dir.join("fd"), dir.join("fd-then")).unwrap();
+        fs::create_dir(dir.join("fd")).unwrap();
+        symlink("/dev/null", dir.join("fd/3")).unwrap();
+        assert!(matches!(reader.scan_one(300), Scanned::Denied));
     }
 }

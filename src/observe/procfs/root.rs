@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 /// The inode of the initial PID namespace, fixed by the kernel (`PROC_PID_INIT_INO`).
 const HOST_PID_NAMESPACE: &str = "pid:[4026531836]";
 
+/// Bytes of a stat line read at once; a longer line (fields of 20 digits) is read whole.
+const STAT_LINE_BYTES: usize = 1024;
+
 /// The device-node prefix NVIDIA's driver uses; only tests point it elsewhere.
 pub const DEVICE_PREFIX: &[u8] = b"/dev/nvidia";
 
@@ -115,9 +118,17 @@ impl ProcRoot {
         Some(name.trim().to_string()).filter(|name| !name.is_empty())
     }
 
-    /// The stat line of a process or thread directory.
+    /// The stat line of a process or thread directory, in one `read` where it fits the
+    /// buffer (the kernel writes the whole line at the first read): three system calls
+    /// instead of the five of reading a file of unknown size to its end.
     pub(super) fn stat(&self, dir: &Path) -> io::Result<Stat> {
-        parse::stat(&fs::read(dir.join("stat"))?).ok_or_else(malformed)
+        let path = dir.join("stat");
+        let mut line = [0u8; STAT_LINE_BYTES];
+        let length = fs::File::open(&path)?.read(&mut line)?;
+        if length == line.len() {
+            return parse::stat(&fs::read(&path)?).ok_or_else(malformed);
+        }
+        parse::stat(&line[..length]).ok_or_else(malformed)
     }
 
     /// The status file of a process or thread directory.
