@@ -26,6 +26,8 @@ pub struct Remembered {
     pub(super) fd_directory: Option<FdDirectory>,
     /// Whether the last scan found NVIDIA files among its descriptors.
     pub(super) held_nvidia: bool,
+    /// Whether it is a kernel thread, which never holds a file.
+    pub(super) kernel_thread: bool,
     /// An owner's stat file, held open: reading it again is one system call instead of
     /// three, and once the process is gone a read fails (ESRCH) rather than show another
     /// process that got its PID.
@@ -41,11 +43,25 @@ impl Remembered {
     /// Whether the scan may take this process as it was without reading it again: it
     /// held no NVIDIA file, and its descriptor directory is the one seen then (the same
     /// process: a process that gets the PID later gets a directory of its own) with as
-    /// many descriptors, and some (a count of 0 says nothing on kernels before 6.2).
-    /// A process that opens one file and closes another in between is not seen: the
-    /// price of not listing every process's descriptors on every scan.
+    /// many descriptors, and some (a count of 0 says nothing on kernels before 6.2), or
+    /// it is a kernel thread. A process that opens one file and closes another in between
+    /// is not seen: the price of not listing every process's descriptors on every scan.
     pub(super) fn holds_no_nvidia_file_still(&self, now: FdDirectory) -> bool {
-        !self.held_nvidia && now.size > 0 && self.fd_directory == Some(now)
+        !self.held_nvidia && (now.size > 0 || self.kernel_thread) && self.fd_directory == Some(now)
+    }
+
+    /// This entry with a newer full reading of the same process (without copying the
+    /// reading it replaces).
+    pub(super) fn with_facts(&self, facts: ProcessFacts) -> Remembered {
+        Remembered {
+            start_time_ticks: self.start_time_ticks,
+            facts: Some(facts),
+            nested: self.nested,
+            fd_directory: self.fd_directory,
+            held_nvidia: self.held_nvidia,
+            kernel_thread: self.kernel_thread,
+            stat_file: self.stat_file.clone(),
+        }
     }
 
     /// Close the held stat file of a process that is no longer an owner.

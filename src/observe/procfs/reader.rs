@@ -206,8 +206,10 @@ impl<'a> Reader<'a> {
     }
 
     fn read_owner_with(&self, pid: u32, dir: &Path, stat: Stat, gpus: &[u32]) -> Looked {
-        let known = self.remembered(pid, &stat);
-        let Some(mut facts) = known.and_then(|known| known.facts.clone()) else {
+        let Some((known, mut facts)) = self
+            .remembered(pid, &stat)
+            .and_then(|known| Some((known, known.facts.clone()?)))
+        else {
             return self.read_afresh(pid, dir, stat, None);
         };
         let stale = stat.state == b'Z' || !gpus.iter().all(|&minor| facts.mappings.has_gpu(minor));
@@ -224,15 +226,11 @@ impl<'a> Reader<'a> {
             }
         }
         facts.wchan = self.wchan(dir, &stat);
-        let nested = known.and_then(|known| known.nested);
         Looked {
-            remember: Some(Remembered {
-                facts: Some(facts.clone()),
-                ..known.cloned().expect("a remembered process")
-            }),
+            remember: Some(known.with_facts(facts.clone())),
             facts: Ok(facts),
             errors,
-            nested,
+            nested: known.nested,
         }
     }
 
@@ -283,6 +281,7 @@ impl<'a> Reader<'a> {
                     .descriptors
                     .nodes()
                     .is_some_and(|nodes| !nodes.is_empty()),
+                kernel_thread: false,
                 facts: Some(facts.clone()),
                 nested,
                 fd_directory: None,
@@ -396,17 +395,19 @@ impl<'a> Reader<'a> {
             Err(_) => return Scanned::Denied,
         };
         let known = self.remembered(pid, &stat);
+        let kernel_thread = stat.flags & PF_KTHREAD != 0;
         let remember = |fd_directory: Option<FdDirectory>| Remembered {
             start_time_ticks: stat.start_time_ticks,
             facts: None,
             nested: known.and_then(|known| known.nested),
             fd_directory,
             held_nvidia: false,
+            kernel_thread,
             stat_file: None,
         };
         // A kernel thread holds no file, ever.
-        if stat.flags & PF_KTHREAD != 0 {
-            return Scanned::Nothing(remember(None));
+        if kernel_thread {
+            return Scanned::Nothing(remember(fd_directory));
         }
         // The same process (by its start time) with as many descriptors, seen through a
         // directory the kernel made anew since.
@@ -480,8 +481,7 @@ impl<'a> Reader<'a> {
                 return (scan, Vec::new());
             }
         };
-        let threads = std::thread::available_parallelism()
-            .map_or(1, usize::from)
+        let threads = cores()
             .min(MAX_SCAN_THREADS)
             .min(pids.len() / MIN_PROCESSES_PER_THREAD)
             .max(1);
@@ -573,6 +573,14 @@ impl<'a> Reader<'a> {
             .as_deref()
             .and_then(|passwd| parse::passwd_user(passwd, uid))
     }
+}
+
+/// The cores this process may use, asked once: the standard library reads the cgroup's
+/// CPU quota files each time it is asked (six system calls), which a scan a scrape
+/// during an orphan episode would pay on every scrape.
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 /// What the scan found of one process.
@@ -773,5 +781,28 @@ mod tests {
         fs::create_dir(dir.join("fd")).unwrap();
         symlink("/dev/null", dir.join("fd/3")).unwrap();
         assert!(matches!(reader.scan_one(300), Scanned::Denied));
+    }
+
+    #[test]
+    fn a_kernel_thread_is_known_by_its_descriptor_directory_too() {
+        let proc = FakeProc::new();
+        let dir = proc.dir.path().join("2");
+        fs::create_dir_all(dir.join("fd")).unwrap();
+        // kthreadd's line: PF_KTHREAD (0x200000) among its flags, no descriptors.
+        fs::write(
+            dir.join("stat"),
+            "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 3 0",
+        )
+        .unwrap();
+        let placement = proc.placement();
+        let empty = Memory::new();
+        let first = Reader::with_memory(&proc.root, placement, &empty);
+        let Scanned::Nothing(remember) = first.scan_one(2) else {
+            panic!("a kernel thread holds nothing")
+        };
+        let memory: Memory = [(2, remember)].into();
+        fs::write(dir.join("stat"), "not a stat line").unwrap();
+        let reader = Reader::with_memory(&proc.root, placement, &memory);
+        assert!(matches!(reader.scan_one(2), Scanned::Nothing(_)));
     }
 }
