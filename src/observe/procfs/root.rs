@@ -9,6 +9,7 @@ use std::fs;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The inode of the initial PID namespace, fixed by the kernel (`PROC_PID_INIT_INO`).
 const HOST_PID_NAMESPACE: &str = "pid:[4026531836]";
@@ -98,13 +99,23 @@ impl ProcRoot {
         parse::pid_name(link.as_os_str().as_bytes())
     }
 
-    /// Which PID namespace we run in.
+    /// Which PID namespace we run in. A process never changes its PID namespace, so the
+    /// first answer read through a procfs holds for as long as we run: every scrape asks,
+    /// and only the first reads the link (while it cannot be read, each asks again).
     pub(crate) fn own_pid_namespace(&self) -> PidNamespace {
-        match fs::read_link(self.root.join("self/ns/pid")) {
+        static READ: OnceLock<(PathBuf, PidNamespace)> = OnceLock::new();
+        if let Some((root, namespace)) = READ.get() {
+            if *root == self.root {
+                return *namespace;
+            }
+        }
+        let namespace = match fs::read_link(self.root.join("self/ns/pid")) {
             Ok(link) if link.as_os_str() == HOST_PID_NAMESPACE => PidNamespace::Host,
             Ok(_) => PidNamespace::Other,
-            Err(_) => PidNamespace::Unreadable,
-        }
+            Err(_) => return PidNamespace::Unreadable,
+        };
+        let _ = READ.set((self.root.clone(), namespace));
+        namespace
     }
 
     /// When the host booted, in seconds since the Unix epoch (`btime` of `/proc/stat`).
