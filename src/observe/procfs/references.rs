@@ -248,6 +248,19 @@ pub(super) fn mappings(
     files: &[OpenFile],
     zombie_leader: bool,
 ) -> io::Result<NodeSet> {
+    let mut nodes = BTreeSet::new();
+    let mut add = |device: (u32, u32), inode: u64, path: &[u8]| {
+        let by_file = files
+            .iter()
+            .find(|file| file.device == device && file.inode == inode)
+            .map(|file| file.node);
+        if let Some(node) = by_file.or_else(|| parse::nvidia_node(path, prefix)) {
+            nodes.insert(node);
+        }
+    };
+    if !zombie_leader && query_shared_mappings(&dir.join("maps"), &mut add)? {
+        return Ok(node_set(&nodes));
+    }
     let mut maps = fs::read(dir.join("maps"))?;
     if maps.is_empty() && zombie_leader {
         if let Ok(tasks) = fs::read_dir(dir.join("task")) {
@@ -261,17 +274,91 @@ pub(super) fn mappings(
             }
         }
     }
-    let mut nodes = BTreeSet::new();
     for mapping in parse::shared_mappings(&maps) {
-        let by_file = files
-            .iter()
-            .find(|file| file.device == mapping.device && file.inode == mapping.inode)
-            .map(|file| file.node);
-        if let Some(node) = by_file.or_else(|| parse::nvidia_node(mapping.path, prefix)) {
-            nodes.insert(node);
-        }
+        add(mapping.device, mapping.inode, mapping.path);
     }
     Ok(node_set(&nodes))
+}
+
+/// `struct procmap_query` of Linux's `linux/fs.h` (6.11 and later).
+#[repr(C)]
+#[derive(Debug, Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// `PROCMAP_QUERY`: `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: u64 =
+    (3 << 30) | ((std::mem::size_of::<ProcmapQuery>() as u64) << 16) | ((b'f' as u64) << 8) | 17;
+/// The query's flags: the mapping at the address or the next one, backed by a file and
+/// shared (the `s` of the maps file).
+const PROCMAP_QUERY_SHARED_FILES: u64 = 0x10 | 0x20 | 0x08;
+/// Room for a mapped file's path (the kernel's `PATH_MAX`).
+const MAPPING_NAME_BYTES: usize = 4096;
+
+/// The shared file mappings of the process whose maps file is `maps`, each given to
+/// `add`, asked of the kernel one mapping at a time (`PROCMAP_QUERY`, Linux 6.11 and
+/// later) instead of reading the maps file: the kernel then formats only those (a CUDA
+/// context's 30 or so) and not every mapping of the process (thousands for a PyTorch
+/// job, about a microsecond each). `Ok(false)` when the kernel cannot answer so: the
+/// caller reads the maps file instead.
+fn query_shared_mappings(
+    maps: &Path,
+    add: &mut impl FnMut((u32, u32), u64, &[u8]),
+) -> io::Result<bool> {
+    let file = fs::File::open(maps)?;
+    let mut name = [0u8; MAPPING_NAME_BYTES];
+    let mut address = 0;
+    loop {
+        let mut query = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_flags: PROCMAP_QUERY_SHARED_FILES,
+            query_addr: address,
+            vma_name_addr: name.as_mut_ptr() as u64,
+            vma_name_size: MAPPING_NAME_BYTES as u32,
+            ..ProcmapQuery::default()
+        };
+        // SAFETY: the maps file is open for the call, `query` is the kernel's layout with
+        // its own size in it, and the kernel writes at most `vma_name_size` bytes of the
+        // name into the buffer we own, which outlives the call.
+        let status = unsafe { libc::ioctl(file.as_raw_fd(), PROCMAP_QUERY as _, &mut query) };
+        if status != 0 {
+            return Ok(match io::Error::last_os_error().raw_os_error() {
+                // No more such mappings.
+                Some(libc::ENOENT) => true,
+                // No address space (the process exited since the open): nothing mapped,
+                // as its maps file would read empty.
+                Some(libc::ESRCH) => true,
+                // A kernel without the query (ENOTTY), or a path longer than the buffer:
+                // the maps file says it all.
+                _ => false,
+            });
+        }
+        let length = (query.vma_name_size as usize).min(MAPPING_NAME_BYTES);
+        let path = name[..length]
+            .split(|&byte| byte == 0)
+            .next()
+            .unwrap_or(&[]);
+        add((query.dev_major, query.dev_minor), query.inode, path);
+        if query.vma_end <= address {
+            return Ok(false);
+        }
+        address = query.vma_end;
+    }
 }
 
 /// `readlinkat(2)` of `name` in `directory` into `buffer`: how many bytes it wrote (as
@@ -322,6 +409,59 @@ fn node_set(nodes: &BTreeSet<NvidiaNode>) -> NodeSet {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    /// The kernel's release as (major, minor).
+    fn kernel_release() -> (u32, u32) {
+        let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut numbers = release
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|part| part.parse().unwrap_or(0));
+        (numbers.next().unwrap(), numbers.next().unwrap())
+    }
+
+    #[test]
+    fn shared_mappings_asked_of_the_kernel_are_those_of_the_maps_file() {
+        // This test's own process maps a stand-in GPU node shared.
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("nvidia5");
+        fs::write(&node, [0u8; 4096]).unwrap();
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&node)
+            .unwrap();
+        // SAFETY: a fresh shared mapping of a file we own, unmapped below and never read.
+        let mapped = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(mapped, libc::MAP_FAILED);
+        let prefix = dir
+            .path()
+            .join("nvidia")
+            .into_os_string()
+            .into_encoded_bytes();
+        let proc_self = Path::new("/proc/self");
+        let mut asked = 0;
+        let answered =
+            query_shared_mappings(&proc_self.join("maps"), &mut |_, _, _| asked += 1).unwrap();
+        // Linux 6.11 and later answer the query; before, the maps file is read.
+        assert_eq!(answered, kernel_release() >= (6, 11));
+        assert!(!answered || asked > 0);
+        let queried = mappings(&prefix, proc_self, &[], false).unwrap();
+        // A zombie leader's path reads the maps file (ours is not empty).
+        let read = mappings(&prefix, proc_self, &[], true).unwrap();
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(mapped, 4096) };
+        assert_eq!(queried.gpus, [5]);
+        assert_eq!(queried, read);
+    }
 
     #[test]
     fn every_descriptor_is_listed_however_many_reads_the_listing_takes() {
