@@ -64,6 +64,20 @@ impl Remembered {
         }
     }
 
+    /// This entry without its reading and held file, for a look that read neither
+    /// again: merged into the memory, it keeps the reading and file the memory has.
+    pub(super) fn unchanged(&self) -> Remembered {
+        Remembered {
+            start_time_ticks: self.start_time_ticks,
+            facts: None,
+            nested: self.nested,
+            fd_directory: self.fd_directory,
+            held_nvidia: self.held_nvidia,
+            kernel_thread: self.kernel_thread,
+            stat_file: None,
+        }
+    }
+
     /// Close the held stat file of a process that is no longer an owner.
     pub(super) fn let_go_of_stat_file(&mut self) {
         self.stat_file = None;

@@ -25,8 +25,12 @@ const CLOCK_CHECK_EVERY: usize = 64;
 /// Most threads one scan uses. The scan is one system call per open file (a `readlink`
 /// costs 2-4 us in a VM), so it spreads over cores; more would crowd a busy GPU host.
 const MAX_SCAN_THREADS: usize = 4;
-/// Fewest processes worth a thread of their own (starting one costs tens of microseconds).
+/// Fewest processes not seen before worth a thread of their own (starting and joining
+/// one costs about 100 us in a VM): each is one system call per open file.
 const MIN_PROCESSES_PER_THREAD: usize = 32;
+/// How many processes seen before (one `statx` each, when nothing changed) weigh as
+/// much as one not seen before.
+const KNOWN_PER_NEW_PROCESS: usize = 25;
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags.
 const PF_KTHREAD: u32 = 0x0020_0000;
@@ -378,7 +382,7 @@ impl<'a> Reader<'a> {
     /// file, the same start time and as many descriptors as then is not listed again.
     fn scan_one(&self, pid: u32) -> Scanned {
         if let Some((known, facts)) = self.owner_reading(pid) {
-            return Scanned::Holder(Box::new(facts.clone()), known.clone());
+            return Scanned::Holder(Box::new(facts.clone()), known.unchanged());
         }
         let dir = self.root.pid_dir(pid);
         // One system call tells a process remembered without NVIDIA files, which still
@@ -386,7 +390,7 @@ impl<'a> Reader<'a> {
         let fd_directory = references::fd_directory(&dir).ok();
         if let (Some(known), Some(now)) = (self.previous.get(&pid), fd_directory) {
             if known.holds_no_nvidia_file_still(now) {
-                return Scanned::Nothing(known.clone());
+                return Scanned::Nothing(known.unchanged());
             }
         }
         let stat = match self.root.stat(&dir) {
@@ -481,9 +485,14 @@ impl<'a> Reader<'a> {
                 return (scan, Vec::new());
             }
         };
+        let known = pids
+            .iter()
+            .filter(|pid| self.previous.contains_key(pid))
+            .count();
+        let work = (pids.len() - known) + known / KNOWN_PER_NEW_PROCESS;
         let threads = cores()
             .min(MAX_SCAN_THREADS)
-            .min(pids.len() / MIN_PROCESSES_PER_THREAD)
+            .min(work / MIN_PROCESSES_PER_THREAD)
             .max(1);
         // Threads take every `threads`-th PID, so kernel threads (low PIDs, no files)
         // and busy processes spread evenly over them.
