@@ -2,6 +2,7 @@
 //! the real exporter binary on a free port, real child processes as GPU owners, and a
 //! small HTTP client and metrics parser. Tests take it all with `use crate::helpers::*`.
 
+mod console;
 mod exporter;
 mod model;
 mod output;
@@ -9,6 +10,9 @@ mod processes;
 mod rig;
 mod scenario;
 
+pub use console::{
+    assert_block_matches, console_blocks, matches_with_elisions, run_as_in_a_terminal, ConsoleBlock,
+};
 pub use exporter::{
     collect_lines, http, parse_response, request_head, start, Exporter, Outcome, Response, Running,
 };
