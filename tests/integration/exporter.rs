@@ -411,7 +411,7 @@ fn http_endpoints_follow_exporter_conventions() {
 
 #[test]
 fn sigterm_shuts_down_cleanly() {
-    // The README promises that SIGTERM lets requests in flight finish. A scrape whose
+    // The reference (HTTP endpoints) promises that SIGTERM lets requests in flight finish. A scrape whose
     // collection is inside a slow NVML call (the fake's memory call sleeps 2 s) when
     // SIGTERM arrives must still get its whole body, and the exporter then exits 0.
     const MEMORY_CALL: &str = "nvmlDeviceGetMemoryInfo_v2";
