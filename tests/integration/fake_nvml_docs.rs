@@ -77,7 +77,9 @@ fn the_doc_gives_the_two_commands() {
 #[test]
 fn the_documented_commands_serve_a_healthy_gpu_and_an_orphan() {
     // The first command, as printed, from the repository root, into the default target
-    // folder the second command's library path names.
+    // folder the second command's library path names. It may rewrite the library the
+    // other tests load: they load a copy, taken here before the build at the latest.
+    fake_nvml_library();
     let build = Command::new("sh")
         .arg("-c")
         .arg(BUILD)
