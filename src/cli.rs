@@ -337,7 +337,7 @@ pub struct SnapshotArgs {
 /// Flags of `textfile`: the server's metrics, without the server.
 #[derive(Debug, Args)]
 pub struct TextfileArgs {
-    /// File to write, e.g. /var/lib/node_exporter/textfile/vram.prom.
+    /// File to write, e.g. /var/lib/prometheus/node-exporter/vram-exporter.prom.
     #[arg(long, short)]
     pub output: PathBuf,
 

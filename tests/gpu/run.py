@@ -1184,7 +1184,7 @@ def timed_scrapes(exporter, scrapes):
 
 def latency(suite, exporter, scrapes=1000, runs=20):
     """Scrape latency and CPU time of the exporter with one live owner, next to what an
-    nvidia-smi-based exporter runs per scrape (issue 11's H200 row)."""
+    nvidia-smi-based exporter runs per scrape (the H200 row of docs/benchmarks.md's targets)."""
     times, cpu_ms = timed_scrapes(exporter, scrapes)
     smi = []
     for _ in range(runs):

@@ -721,8 +721,10 @@ fn strings<'a>(value: &'a Value, at: String, out: &mut Vec<(String, &'a str)>) {
     }
 }
 
-/// What Grafana's importer does with the inputs the user chose: every `${NAME}` of a
-/// declared input is replaced in every string, and `__inputs` is dropped.
+/// A model, written here, of what Grafana's importer does with the inputs the user chose:
+/// every `${NAME}` of a declared input is replaced in every string, and `__inputs` is
+/// dropped. It is not Grafana's code: the test below checks the dashboard's side of the
+/// import (every placeholder is a declared input, and the variable starts on it).
 fn import(dashboard: &Value, inputs: &BTreeMap<&str, &str>) -> Value {
     match dashboard {
         Value::String(text) => {
@@ -822,7 +824,7 @@ fn dashboard_declares_its_data_source_input_and_what_it_requires() {
 }
 
 #[test]
-fn importing_points_the_datasource_variable_at_the_chosen_data_source() {
+fn filling_in_the_ds_prometheus_input_leaves_no_placeholder_and_starts_the_variable_on_it() {
     let dashboard = load_dashboard();
     let imported = import(
         &dashboard,

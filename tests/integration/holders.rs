@@ -740,8 +740,8 @@ fn an_exporter_in_its_own_pid_namespace_reading_the_hosts_proc() {
     );
 }
 
-// Two GPUs of one host (issue 15's scenarios, on the fake NVML; the real two-GPU run
-// waits for a two-GPU machine).
+// Two GPUs of one host: a job and an orphan spread over both, on the fake NVML (the real
+// two-GPU run waits for a two-GPU machine).
 
 #[test]
 fn a_fork_orphan_of_a_job_on_both_gpus_has_the_same_one_culprit_on_both() {

@@ -13,6 +13,7 @@ mod coalescing;
 mod containers;
 mod dashboard;
 mod deploy;
+mod docs;
 mod e2e;
 mod exporter;
 mod fake_nvml_docs;

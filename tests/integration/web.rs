@@ -18,8 +18,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_rustls::rustls;
+use tokio_rustls::rustls::client::danger::{
+    HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
+};
+use tokio_rustls::rustls::crypto::CryptoProvider;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio_rustls::rustls::{DigitallySignedStruct, SignatureScheme};
 
 // ---------------------------------------------------------------------------------------
 // Certificates
@@ -231,6 +236,24 @@ impl TestClient {
         }
     }
 
+    /// A client that takes whatever certificate the server presents (still checking the
+    /// handshake's signature against it, so the server holds its key): it sees what the
+    /// server serves, where a verifying client would refuse it.
+    fn accepting_any_certificate() -> TestClient {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_protocol_versions(rustls::DEFAULT_VERSIONS)
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+            .with_no_client_auth();
+        TestClient {
+            ca_pem: String::new(),
+            identity: None,
+            config: Arc::new(config),
+        }
+    }
+
     /// The same client, speaking TLS 1.2 only.
     fn tls12_only(self) -> TestClient {
         let config = Self::config(
@@ -314,6 +337,55 @@ impl TestClient {
     }
 }
 
+/// Takes any server certificate; see [`TestClient::accepting_any_certificate`].
+#[derive(Debug)]
+struct AcceptAnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            signature,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            signature,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // TLS
 
@@ -376,10 +448,25 @@ fn expired_server_certificate_is_served_and_rejected_by_a_verifying_client() {
     fs::write(tls.rig.dir.path().join("server.crt"), &expired.cert_pem).unwrap();
     fs::write(tls.rig.dir.path().join("server.key"), &expired.key_pem).unwrap();
     tls.write_config("", "");
-    // The exporter serves what it is told; the client is the one to refuse it.
-    let exporter = tls.start();
+    // The exporter serves what it is told: it starts, presents the expired certificate
+    // and answers over it (to a client that takes any certificate).
+    let mut exporter = tls.start();
+    let anything = TestClient::accepting_any_certificate();
+    let (response, presented) =
+        tls_request(&anything, exporter.address, "localhost", "/metrics", &[]).unwrap();
+    assert_metrics(&response);
+    assert_eq!(
+        presented, expired.der,
+        "the configured, expired certificate"
+    );
+    // A verifying client is the one to refuse it, for its date.
     let error = tls_get(&tls.client(), &exporter, "/metrics").unwrap_err();
     assert!(error.to_lowercase().contains("expired"), "{error}");
+    // The refused handshake leaves the server serving.
+    assert!(still_running(&mut exporter));
+    let (response, _) =
+        tls_request(&anything, exporter.address, "localhost", "/metrics", &[]).unwrap();
+    assert_metrics(&response);
 }
 
 #[test]
@@ -391,9 +478,33 @@ fn certificate_for_another_name_is_rejected_by_a_verifying_client() {
     fs::write(tls.rig.dir.path().join("server.crt"), &other.cert_pem).unwrap();
     fs::write(tls.rig.dir.path().join("server.key"), &other.key_pem).unwrap();
     tls.write_config("", "");
-    let exporter = tls.start();
+    let mut exporter = tls.start();
+    // The server presents the certificate it was given, whatever name it carries.
+    let (response, presented) = tls_request(
+        &TestClient::accepting_any_certificate(),
+        exporter.address,
+        "localhost",
+        "/metrics",
+        &[],
+    )
+    .unwrap();
+    assert_metrics(&response);
+    assert_eq!(presented, other.der, "the configured certificate");
+    // A verifying client that asks for localhost refuses it for its name...
     let error = tls_get(&tls.client(), &exporter, "/metrics").unwrap_err();
     assert!(error.contains("not valid for name"), "{error}");
+    // ...and the same client asking for the name it carries takes it: the name alone
+    // made the difference. The refusal left the server serving.
+    let (response, _) = tls_request(
+        &tls.client(),
+        exporter.address,
+        "other.example",
+        "/metrics",
+        &[],
+    )
+    .unwrap();
+    assert_metrics(&response);
+    assert!(still_running(&mut exporter));
 }
 
 #[test]

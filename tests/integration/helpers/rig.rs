@@ -137,12 +137,7 @@ impl Rig {
 
     /// Run a one-shot command (`check`, `snapshot`, `textfile`) to completion.
     pub fn run(&self, args: &[&str]) -> Outcome {
-        let output = self.command().args(args).output().expect("run exporter");
-        Outcome {
-            status: output.status.code(),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        Outcome::from(self.command().args(args).output().expect("run exporter"))
     }
 
     /// Start a one-shot command in the background, collecting its output as it comes.
