@@ -239,7 +239,12 @@ impl Scenario {
         // Parsing the file on every call would make the fake, not the exporter, the cost
         // a benchmark measures: a parsed scenario is kept while the file is the same file
         // (tests replace it by renaming a new one over it) with the same size and time.
-        let key = fs::metadata(&path).ok().map(|meta| {
+        // That key alone can miss a change: the kernel stamps files from a coarse clock
+        // (a few ms), and a file renamed over the last one can get its freed inode back,
+        // so two scenarios of the same size written within one tick look the same. While
+        // the file is that young its bytes decide; a benchmark's scenario is older.
+        let meta = fs::metadata(&path).ok();
+        let key = meta.as_ref().map(|meta| {
             use std::os::unix::fs::MetadataExt;
             (
                 path.clone(),
@@ -250,31 +255,47 @@ impl Scenario {
                 meta.mtime_nsec(),
             )
         });
-        static PARSED: Mutex<Option<(FileKey, Arc<Scenario>)>> = Mutex::new(None);
+        let young = meta
+            .and_then(|meta| meta.modified().ok())
+            .and_then(|modified| modified.elapsed().ok())
+            .is_none_or(|age| age < SAME_TICK);
+        static PARSED: Mutex<Option<(FileKey, Vec<u8>, Arc<Scenario>)>> = Mutex::new(None);
         let mut parsed = PARSED
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let (Some(key), Some((known, scenario))) = (&key, parsed.as_ref()) {
-            if key == known {
+        let text = if young {
+            Some(Self::read(&path)?)
+        } else {
+            None
+        };
+        if let (Some(key), Some((known, known_text, scenario))) = (&key, parsed.as_ref()) {
+            if key == known && text.as_ref().is_none_or(|text| text == known_text) {
                 return Ok(Arc::clone(scenario));
             }
         }
-        let scenario = Arc::new(Self::parse(&path)?);
+        let text = match text {
+            Some(text) => text,
+            None => Self::read(&path)?,
+        };
+        let scenario = Arc::new(Self::parse(&path, &text)?);
         if let Some(key) = key {
-            *parsed = Some((key, Arc::clone(&scenario)));
+            *parsed = Some((key, text, Arc::clone(&scenario)));
         }
         Ok(scenario)
     }
 
-    fn parse(path: &std::ffi::OsStr) -> Result<Self, Error> {
-        let text = fs::read(path).map_err(|err| {
+    fn read(path: &std::ffi::OsStr) -> Result<Vec<u8>, Error> {
+        fs::read(path).map_err(|err| {
             // A missing file is a legitimate "no driver" scenario; anything else is a test bug.
             if err.kind() != ErrorKind::NotFound {
                 eprintln!("fake-nvml: cannot read {}: {err}", path.to_string_lossy());
             }
             Error::Unknown
-        })?;
-        serde_json::from_slice(&text).map_err(|err| {
+        })
+    }
+
+    fn parse(path: &std::ffi::OsStr, text: &[u8]) -> Result<Self, Error> {
+        serde_json::from_slice(text).map_err(|err| {
             eprintln!("fake-nvml: cannot parse {}: {err}", path.to_string_lossy());
             Error::Unknown
         })
@@ -288,6 +309,10 @@ impl Scenario {
 
 /// What identifies one version of the scenario file: path, device, inode, size, mtime.
 type FileKey = (std::ffi::OsString, u64, u64, u64, i64, i64);
+
+/// Younger than this, a scenario file may have been rewritten within the same tick of the
+/// kernel's file clock (4 ms at HZ=250), so its bytes are compared, not only its key.
+const SAME_TICK: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Plays the delay and injected error that `delays` and `errors` hold for `symbol`.
 fn enter(
