@@ -7,8 +7,8 @@ use super::*;
 pub(crate) use crate::observe::ProcessLookup;
 use crate::observe::{
     CgroupAttribution, GpuHealth, GpuReading, GpuState, HolderScan, Identity, MemoryReading,
-    NamespaceInit, NodeSet, NvmlProcess, NvmlReading, Observation, OwnerLookup, ProcessFacts,
-    ProcessList, ProcfsView, RecoveryAction, References,
+    NamespaceInit, NodeSet, NvmlLists, NvmlProcess, NvmlReading, Observation, OwnerLookup,
+    ProcessFacts, ProcessList, ProcfsView, RecoveryAction, References,
 };
 
 pub(crate) const MIB: u64 = 1024 * 1024;
@@ -178,6 +178,7 @@ impl Host {
             pid,
             used_bytes: bytes,
             mps_only: false,
+            lists: NvmlLists::COMPUTE,
         });
         let first_seen = match &now {
             ProcessLookup::Present(facts) => Some(Identity::of(facts)),
@@ -314,6 +315,7 @@ pub(crate) fn mig_host(capabilities: bool) -> Host {
         pid: 503,
         used_bytes: Some(CHARGED_ONE_OWNER),
         mps_only: false,
+        lists: NvmlLists::COMPUTE,
     };
     let mut host = Host::idle().used(USED_ONE_OWNER).owner(
         503,

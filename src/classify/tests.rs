@@ -3,7 +3,7 @@
 
 use super::fixtures::*;
 use super::*;
-use crate::observe::{GpuHealth, ProcessLookup, RecoveryAction, References};
+use crate::observe::{GpuHealth, NvmlLists, ProcessLookup, RecoveryAction, References};
 
 // Owners: identity and context.
 
@@ -823,6 +823,7 @@ fn a_pid_listed_twice_counts_once_with_the_larger_figure() {
         pid: 503,
         used_bytes: None,
         mps_only: false,
+        lists: NvmlLists::COMPUTE,
     });
     let account = host.account();
     assert_eq!(account.owners.len(), 1);
