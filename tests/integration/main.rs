@@ -22,6 +22,7 @@ mod holders;
 mod image;
 mod kubernetes;
 mod mig;
+mod mps;
 mod privilege;
 mod readme;
 mod release;
