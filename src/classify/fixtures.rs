@@ -417,8 +417,17 @@ pub(crate) fn mps_server(pid: u32, daemon: u32) -> ProcessFacts {
 /// allocated 4 GiB and exited: NVML still lists it on both lists (4,934,598,656 bytes).
 /// Without the dead client's forked child (see [`mps_fork_orphan`]).
 pub(crate) fn mps_dead_client_without_heir() -> Host {
-    Host::idle()
+    mps_live_client()
         .used(8_874_885_120)
+        .owner(479, Some(4_934_598_656), ProcessLookup::Missing)
+        .on_lists(479, MPS_CLIENT)
+}
+
+/// GPU 0 shared through MPS with one live client, as on the H200: the daemon 447, its
+/// server 466 and client 449 (3,939,434,496 bytes used).
+pub(crate) fn mps_live_client() -> Host {
+    Host::idle()
+        .used(3_939_434_496)
         .owner(
             449,
             Some(3_860_856_832),
@@ -426,8 +435,6 @@ pub(crate) fn mps_dead_client_without_heir() -> Host {
         )
         .on_lists(449, MPS_CLIENT)
         .owner(466, Some(69_206_016), present(mps_server(466, 447)))
-        .owner(479, Some(4_934_598_656), ProcessLookup::Missing)
-        .on_lists(479, MPS_CLIENT)
         .holder(mps_daemon(447))
         .holder(cuda(449, &[0]).started(2370))
         .holder(mps_server(466, 447))

@@ -1155,18 +1155,7 @@ fn an_exporter_that_never_saw_the_owners_alive_reaches_the_same_verdict() {
 
 #[test]
 fn a_live_mps_client_owns_its_memory_and_nothing_is_blamed() {
-    let account = Host::idle()
-        .used(3_939_434_496)
-        .owner(
-            449,
-            Some(3_860_856_832),
-            present(cuda(449, &[0]).started(2370)),
-        )
-        .on_lists(449, MPS_CLIENT)
-        .owner(466, Some(69_206_016), present(mps_server(466, 447)))
-        .holder(mps_daemon(447))
-        .holder(mps_server(466, 447))
-        .account();
+    let account = mps_live_client().account();
     assert_eq!(account.finding, Finding::Owned);
     assert_eq!(account.tally.processes(OwnerState::Running), 2);
     assert!(account.culprits.is_empty() && account.bystanders.is_empty());

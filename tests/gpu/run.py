@@ -249,6 +249,18 @@ def culprit_words(pid, comm, state, evidence):
             rf"[^()]*?, {evidence}[^()]*\)")
 
 
+def names_only_the_child(text, dead, child):
+    """Whether `check`'s verdict on GPU 0 names the dead owner's forked child, and it alone,
+    as the holder of the dead owner's memory. The child's parent is whoever adopted it
+    (init, or a subreaper): not asserted."""
+    return re.search(
+        rf"GPU 0: .* held for exited PID {dead}; still held by "
+        + culprit_words(child, comm_of(child), "sleeping",
+                        "holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, "
+                        rf"in the process group and session of exited PID {dead}")
+        + rf" - killing {child} should free it\.", text) is not None
+
+
 def kill_line(text):
     """The PIDs of the `suggested: kill ...` line, or None when there is none."""
     found = re.search(r"^  suggested: kill ([0-9 ]+?)   # ", text, re.M)
@@ -850,15 +862,8 @@ def fork_orphan(suite):
         holders=device_holders(suite.gpu.device_prefix))
 
     check = suite.check(record="fork orphan")
-    comm = comm_of(child)
-    # The parent is whoever adopted the child (init, or a subreaper): not asserted.
-    sentence = re.search(
-        rf"GPU 0: .* held for exited PID {dead}; still held by "
-        + culprit_words(child, comm, "sleeping",
-                        "holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, "
-                        rf"in the process group and session of exited PID {dead}")
-        + rf" - killing {child} should free it\.", check.stdout)
-    suite.expect("check's verdict names only the child", True, sentence is not None)
+    suite.expect("check's verdict names only the child", True,
+                 names_only_the_child(check.stdout, dead, child))
     suite.expect("check exit status", 1, check.returncode)
     suite.expect("check's last line", "exit status 1: orphaned memory found", exit_line(check.stdout))
     suite.expect("suggested kill line", [child], kill_line(check.stdout))
@@ -1299,14 +1304,8 @@ def run_mps(suite, daemon, directories):
         suite.describe(label, pid)
 
     text = suite.check(record="MPS fork orphan")
-    comm = comm_of(child)
-    sentence = re.search(
-        rf"GPU 0: .* held for exited PID {dead}; still held by "
-        + culprit_words(child, comm, "sleeping",
-                        "holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, "
-                        rf"in the process group and session of exited PID {dead}")
-        + rf" - killing {child} should free it\.", text.stdout)
-    suite.expect("check's verdict names the child only", True, sentence is not None)
+    suite.expect("check's verdict names the child only", True,
+                 names_only_the_child(text.stdout, dead, child))
     suite.expect("check exit status", 1, text.returncode)
     suite.expect("suggested kill line: the child only", [child], kill_line(text.stdout))
     note = re.search(r"^  note: Not blamed, the MPS control daemon and server, which serve every MPS "

@@ -29,6 +29,20 @@ fn shared_gpu(rig: &Rig, server: u32, clients: &[(u32, u64)], used: u64) {
     rig.write_scenario(&Gpus::new().gpu(gpu).into_json());
 }
 
+/// The model daemon with its server and a live client, with GPU 0 listing the server and
+/// the client.
+fn mps_with_live_client(rig: &Rig) -> (Mps, Holder) {
+    let mps = Model::mps_control_daemon(&rig.device(0)).spawn_with_mps_server(&rig.device(0));
+    let client = Model::cuda("mps-client", &rig.device(0)).spawn();
+    shared_gpu(
+        rig,
+        mps.server,
+        &[(client.pid, LIVE_CLIENT_BYTES)],
+        USED_WITHOUT_ORPHAN,
+    );
+    (mps, client)
+}
+
 /// `check --json`, expecting `status`.
 fn check_json(rig: &Rig, status: i32) -> Value {
     let outcome = rig.run(&["check", "--json"]);
@@ -114,14 +128,7 @@ fn assert_mps_parts_stand_apart(gpu: &Value, mps: &Mps) {
 #[test]
 fn a_live_mps_client_is_owned_and_nothing_is_blamed() {
     let rig = Rig::new();
-    let mps = Model::mps_control_daemon(&rig.device(0)).spawn_with_mps_server(&rig.device(0));
-    let client = Model::cuda("mps-client", &rig.device(0)).spawn();
-    shared_gpu(
-        &rig,
-        mps.server,
-        &[(client.pid, LIVE_CLIENT_BYTES)],
-        USED_WITHOUT_ORPHAN,
-    );
+    let (mps, client) = mps_with_live_client(&rig);
 
     let document = check_json(&rig, 0);
     let gpu = &document["gpus"][0];
@@ -156,14 +163,7 @@ fn a_live_mps_client_is_owned_and_nothing_is_blamed() {
 #[test]
 fn a_killed_mps_client_is_freed_and_nothing_is_orphaned() {
     let rig = Rig::new();
-    let mps = Model::mps_control_daemon(&rig.device(0)).spawn_with_mps_server(&rig.device(0));
-    let client = Model::cuda("mps-client", &rig.device(0)).spawn();
-    shared_gpu(
-        &rig,
-        mps.server,
-        &[(client.pid, LIVE_CLIENT_BYTES)],
-        USED_WITHOUT_ORPHAN,
-    );
+    let (mps, client) = mps_with_live_client(&rig);
     assert_eq!(check_json(&rig, 0)["gpus"][0]["finding"], "owned");
 
     // Killed, the client's memory is freed by the server at once (measured): NVML lists
@@ -184,15 +184,8 @@ fn a_killed_mps_client_is_freed_and_nothing_is_orphaned() {
 #[test]
 fn a_fork_orphaned_mps_clients_child_alone_is_blamed_and_killed() {
     let rig = Rig::new();
-    let mps = Model::mps_control_daemon(&rig.device(0)).spawn_with_mps_server(&rig.device(0));
-    let live = Model::cuda("mps-client", &rig.device(0)).spawn();
+    let (mps, live) = mps_with_live_client(&rig);
     // A served exporter that sees the MPS host before the client forks and exits.
-    shared_gpu(
-        &rig,
-        mps.server,
-        &[(live.pid, LIVE_CLIENT_BYTES)],
-        USED_WITHOUT_ORPHAN,
-    );
     let before = rig.start(&[]);
     before.scrape();
     let (dead, mut children) =
@@ -286,8 +279,7 @@ fn a_fork_orphaned_mps_clients_child_alone_is_blamed_and_killed() {
 #[test]
 fn the_mps_server_alone_holding_a_dead_clients_memory_asks_for_an_mps_restart() {
     let rig = Rig::new();
-    let mps = Model::mps_control_daemon(&rig.device(0)).spawn_with_mps_server(&rig.device(0));
-    let live = Model::cuda("mps-client", &rig.device(0)).spawn();
+    let (mps, live) = mps_with_live_client(&rig);
     // A dead client NVML still lists, with no process left of it.
     let dead = nonexistent_pid();
     shared_gpu(
