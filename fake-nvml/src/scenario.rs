@@ -259,7 +259,7 @@ impl Scenario {
             .and_then(|meta| meta.modified().ok())
             .and_then(|modified| modified.elapsed().ok())
             .is_none_or(|age| age < SAME_TICK);
-        static PARSED: Mutex<Option<(FileKey, Vec<u8>, Arc<Scenario>)>> = Mutex::new(None);
+        static PARSED: Mutex<Option<Parsed>> = Mutex::new(None);
         let mut parsed = PARSED
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -309,6 +309,9 @@ impl Scenario {
 
 /// What identifies one version of the scenario file: path, device, inode, size, mtime.
 type FileKey = (std::ffi::OsString, u64, u64, u64, i64, i64);
+
+/// The scenario last parsed: its file's key, its bytes and what they said.
+type Parsed = (FileKey, Vec<u8>, Arc<Scenario>);
 
 /// Younger than this, a scenario file may have been rewritten within the same tick of the
 /// kernel's file clock (4 ms at HZ=250), so its bytes are compared, not only its key.

@@ -5,6 +5,7 @@
 
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod mps;
 mod owners;
 pub mod pods;
 mod sentence;
@@ -25,7 +26,7 @@ use crate::observe::{
     ProcessList,
 };
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use strum::{EnumCount, IntoStaticStr, VariantArray};
 use suspects::Scene;
 
@@ -34,8 +35,8 @@ use suspects::Scene;
 pub use crate::observe::kubernetes::{KubeletSource, SourceError, SourceHealth};
 pub use crate::observe::procfs::short_container_id;
 pub use crate::observe::{
-    CgroupAttribution, GpuError, Identity, MemoryReading, NamespaceInit, NodeSet, ProcfsView,
-    RecoveryAction, References, RemappedRows, RetiredPages, XidReading,
+    CgroupAttribution, GpuError, Identity, MemoryReading, NamespaceInit, NarrowAccess, NodeSet,
+    NvmlLists, ProcfsView, RecoveryAction, References, RemappedRows, RetiredPages, XidReading,
 };
 pub use pods::{GpuPod, KubernetesView, PodName};
 
@@ -352,6 +353,18 @@ pub enum Remedy {
     },
     /// The owner is exiting: its memory is being freed.
     Wait,
+    /// Under MPS, no client process holds a dead client's memory, but the MPS server (a
+    /// live owner, which holds every client's context) does: only restarting MPS frees
+    /// it, which ends every client of the daemon. Never a plain kill of the daemon or the
+    /// server, and not a GPU reset.
+    RestartMps {
+        /// The MPS servers listed on the GPU.
+        servers: Vec<u32>,
+        /// Their control daemons.
+        daemons: Vec<u32>,
+        /// The live MPS clients on the GPU, which the restart ends too.
+        clients: Vec<u32>,
+    },
     /// No process but the GPU's own live owners holds its device file; stopping them may
     /// free it (one may hold the exited owner's context besides its own).
     StopOwners {
@@ -538,10 +551,16 @@ pub enum Note {
         /// Their PIDs.
         pids: Vec<u32>,
     },
-    /// Processes hold the device file without a context here (the bystanders): set
-    /// apart, never blamed.
+    /// Processes hold the device file without a context here (the bystanders other than
+    /// the MPS control daemon and server): set apart, never blamed.
     BystandersNotBlamed {
-        /// Their PIDs, as [`GpuAccount::bystanders`] lists them.
+        /// Their PIDs, in the order [`GpuAccount::bystanders`] lists them.
+        pids: Vec<u32>,
+    },
+    /// The MPS control daemon and server hold the device file: set apart, never blamed
+    /// for a client's memory (ending either ends MPS for every client).
+    MpsNotBlamed {
+        /// Their PIDs, in the order [`GpuAccount::bystanders`] lists them.
         pids: Vec<u32>,
     },
 }
@@ -575,8 +594,8 @@ pub struct GpuAccount {
     /// Processes with a context on this GPU that keep its orphaned memory alive (only
     /// while memory is orphaned), with the evidence.
     pub culprits: Vec<Suspect>,
-    /// Processes holding its device file without a context here (only while memory is
-    /// orphaned), with why they are not blamed.
+    /// Processes holding its device file without a context here, and the MPS control
+    /// daemon and server (only while memory is orphaned), with why they are not blamed.
     pub bystanders: Vec<Suspect>,
     /// Processes holding its device file whose mappings could not be read.
     pub undetermined: Vec<Suspect>,
@@ -642,6 +661,13 @@ impl GpuAccount {
     /// Owners that are alive.
     pub fn live_owners(&self) -> impl Iterator<Item = &Owner> {
         self.owners.iter().filter(|owner| owner.state().is_live())
+    }
+
+    /// The bystanders that are the MPS control daemon or server (`mps`), or the others.
+    pub fn bystanders_apart(&self, mps: bool) -> impl Iterator<Item = &Suspect> {
+        self.bystanders
+            .iter()
+            .filter(move |bystander| bystander.is_mps_part() == mps)
     }
 
     /// Holders of the device file in `role`.
@@ -1063,6 +1089,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                     }
                 }
             }
+            let listed: BTreeSet<u32> = observation.nvml.listed_pids().into_keys().collect();
             let verdicts = gpus
                 .iter()
                 .zip(judged)
@@ -1092,6 +1119,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                                     frame: &frame,
                                     scan,
                                     live_owner_gpus: &live_owner_gpus,
+                                    listed: &listed,
                                 },
                             )))
                         }
@@ -1111,6 +1139,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                             frame: &frame,
                             scan,
                             live_owner_gpus: &live_owner_gpus,
+                            listed: &listed,
                         },
                     ),
                     mig: gpu.mig.as_ref().map(|mig| MigMode {
@@ -1227,6 +1256,8 @@ struct Surroundings<'a> {
     frame: &'a Frame,
     scan: Option<ScanSummary>,
     live_owner_gpus: &'a BTreeMap<u32, Vec<u32>>,
+    /// Every PID NVML lists on some GPU or MIG device.
+    listed: &'a BTreeSet<u32>,
 }
 
 fn judge_owners(
@@ -1359,12 +1390,14 @@ fn account_for_gpu(
         place.minor,
         around.observation.holder_scan.as_ref(),
     ) {
+        let mps = mps::mps_parts(&scan.holders, &account.owners, around.listed);
         let scene = Scene {
             minor,
             index: place.index,
             within: &place.within,
             owners: &account.owners,
             live_owner_gpus: around.live_owner_gpus,
+            mps: &mps,
         };
         for suspect in suspects::suspects(&scan.holders, &scene, around.settings, around.frame) {
             match suspect.role {
@@ -1403,8 +1436,9 @@ fn finding(account: &GpuAccount) -> Finding {
 }
 
 /// What gives orphaned memory back, in order: end the culprits; say "cannot tell" when
-/// a holder may hide behind what could not be read; wait for an exiting owner; stop the
-/// live owners that alone hold the device; else only a reset frees it.
+/// a holder may hide behind what could not be read; wait for an exiting owner; restart
+/// MPS when its server alone holds a dead client's memory; stop the live owners that
+/// alone hold the device; else only a reset frees it.
 fn remedy(
     account: &GpuAccount,
     scan: Option<ScanSummary>,
@@ -1454,6 +1488,9 @@ fn remedy(
     {
         return Remedy::Wait;
     }
+    if let Some(restart) = mps_restart(account) {
+        return restart;
+    }
     let live: Vec<u32> = account.live_owners().map(|owner| owner.pid).collect();
     if !live.is_empty() {
         return Remedy::StopOwners { pids: live };
@@ -1468,6 +1505,40 @@ fn remedy(
             .map(|bystander| bystander.process.pid)
             .collect(),
     }
+}
+
+/// The MPS restart, when the memory is a dead MPS client's (NVML lists it on the MPS
+/// list), no client process holds it (no culprit was found by a complete scan), and the
+/// GPU's MPS server is alive: the server holds every client's context.
+fn mps_restart(account: &GpuAccount) -> Option<Remedy> {
+    let mut servers = Vec::new();
+    let mut daemons = Vec::new();
+    for bystander in &account.bystanders {
+        for evidence in &bystander.evidence {
+            if let Evidence::MpsServer { daemon } = evidence {
+                servers.push(bystander.process.pid);
+                daemons.push(*daemon);
+            }
+        }
+    }
+    let dead_client = account.gone_owners().any(|owner| owner.lists.mps);
+    if servers.is_empty() || !dead_client {
+        return None;
+    }
+    servers.sort_unstable();
+    servers.dedup();
+    daemons.sort_unstable();
+    daemons.dedup();
+    let clients = account
+        .live_owners()
+        .filter(|owner| owner.lists.mps)
+        .map(|owner| owner.pid)
+        .collect();
+    Some(Remedy::RestartMps {
+        servers,
+        daemons,
+        clients,
+    })
 }
 
 /// What a holder scan could not see, if anything.
@@ -1568,14 +1639,18 @@ fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
             });
         }
     }
-    if !account.bystanders.is_empty() {
-        notes.push(Note::BystandersNotBlamed {
-            pids: account
-                .bystanders
-                .iter()
-                .map(|bystander| bystander.process.pid)
-                .collect(),
-        });
+    let apart = |mps: bool| -> Vec<u32> {
+        account
+            .bystanders_apart(mps)
+            .map(|bystander| bystander.process.pid)
+            .collect()
+    };
+    let (others, mps) = (apart(false), apart(true));
+    if !others.is_empty() {
+        notes.push(Note::BystandersNotBlamed { pids: others });
+    }
+    if !mps.is_empty() {
+        notes.push(Note::MpsNotBlamed { pids: mps });
     }
     notes
 }

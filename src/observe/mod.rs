@@ -22,12 +22,12 @@ pub use kubernetes::KubernetesReading;
 pub use lifespan::Lifespan;
 pub use nvml::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigCapabilities, MigDeviceReading,
-    MigReading, NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
-    XidReading,
+    MigReading, NvmlLists, NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows,
+    RetiredPages, XidReading,
 };
 pub use procfs::{
-    CgroupAttribution, HolderScan, Identity, NamespaceInit, NodeSet, PidNamespace, ProcessFacts,
-    ProcessLookup, ProcfsView, References,
+    CgroupAttribution, HolderScan, Identity, NamespaceInit, NarrowAccess, NodeSet, PidNamespace,
+    ProcessFacts, ProcessLookup, ProcfsView, References,
 };
 pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot};
 

@@ -651,7 +651,7 @@ fn orphans(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Res
     gauge(
         encoder,
         "vram_holder_processes",
-        "Processes holding this GPU's device file while it has orphaned memory, by role: culprit (holds a context here: its end frees the memory), bystander (no context here: an NVML client or another GPU's job, never blamed), undetermined (mappings unreadable). 0 while nothing is orphaned.",
+        "Processes holding this GPU's device file while it has orphaned memory, by role: culprit (holds a context here: its end frees the memory), bystander (no context here: an NVML client or another GPU's job; or the MPS control daemon or server; never blamed), undetermined (mappings unreadable). 0 while nothing is orphaned.",
         holders_by_role(gpu_accounts(measured)),
     )?;
     gauge(

@@ -5,8 +5,9 @@
 
 use crate::classify::{
     short_container_id, Blindness, ChargedTo, Departure, Evidence, GpuAccount, GpuOutcome,
-    GpuVerdict, InstanceVerdict, LookAgain, Note, NvmlStatus, Owner, Process, RecoveryAction,
-    Remedy, Report, Sentence, StateQualifier, Suspect, UnattributedTrust, WhyUnknown,
+    GpuVerdict, InstanceVerdict, LookAgain, NarrowAccess, Note, NvmlStatus, Owner, Process,
+    RecoveryAction, Remedy, Report, Sentence, StateQualifier, Suspect, UnattributedTrust,
+    WhyUnknown,
 };
 use crate::dates::utc_words;
 use crate::units::format_bytes;
@@ -142,6 +143,21 @@ fn evidence_words(suspect: &Suspect, gpu: u32) -> Vec<String> {
         .filter_map(|evidence| {
             Some(match evidence {
                 Evidence::MapsGpu => format!("holds a context on GPU {gpu}: maps its device file"),
+                Evidence::MapsGpuWithoutContext { access } => format!(
+                    "maps GPU {gpu}'s device file {}: the driver is initialised but it holds no context",
+                    match access {
+                        NarrowAccess::WriteOnly => "write-only",
+                        NarrowAccess::ReadOnly => "read-only",
+                        NarrowAccess::NoAccess => "without access",
+                    }
+                ),
+                Evidence::MpsControlDaemon { server } => format!(
+                    "the MPS control daemon: parent of MPS server PID {server}, listed by NVML on no GPU, leading its own session; killing it frees no client's memory and ends MPS for every client"
+                ),
+                Evidence::MpsServer { daemon } => format!(
+                    "the MPS server: on GPU {gpu}'s compute list and not its MPS list, which names the clients, child of MPS control daemon PID {daemon}; it holds every client's context, and ending it ends MPS for every client"
+                ),
+                Evidence::MpsCommandName => "named as MPS's processes are".into(),
                 Evidence::Inherited => "inherited: NVML lists it on no GPU".into(),
                 Evidence::ChildOf { pid } => format!("child of exited PID {pid}"),
                 Evidence::ProcessGroupOf { pid } if also_session(*pid) => {
@@ -219,7 +235,8 @@ fn blindness_words(reason: Blindness) -> String {
 
 /// The first few suspects in words with their evidence, then how many more there are:
 /// `PID 524 (...), PID 525 (...) and 3 more`.
-fn suspects_words(suspects: &[Suspect], gpu: u32) -> String {
+fn suspects_words<'a>(suspects: impl IntoIterator<Item = &'a Suspect>, gpu: u32) -> String {
+    let suspects: Vec<&Suspect> = suspects.into_iter().collect();
     let named: Vec<String> = suspects
         .iter()
         .take(MAX_PIDS_NAMED)
@@ -410,6 +427,30 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
             sentence.push_str("; its owner is exiting and the driver is freeing the memory (0.13-0.18 s after a SIGKILL on an H200): wait.");
             Some(format!("vram-exporter check --gpu {index} --wait 5s"))
         }
+        Remedy::RestartMps {
+            servers,
+            daemons,
+            clients,
+        } => {
+            let ends = if clients.is_empty() {
+                "every client of MPS".to_string()
+            } else {
+                format!(
+                    "every client of MPS (on GPU {index}: PID {})",
+                    pid_list(clients)
+                )
+            };
+            let _ = write!(
+                sentence,
+                "; no client process holds it, but the MPS server (PID {}) does: only restarting MPS frees it, which ends {ends}.",
+                pid_list(servers)
+            );
+            Some(format!(
+                "echo quit | nvidia-cuda-mps-control   # as the user of MPS control daemon PID {}, with its CUDA_MPS_PIPE_DIRECTORY; ends MPS server PID {} and {ends}; then start the daemon again (nvidia-cuda-mps-control -d) and: vram-exporter check --gpu {index} --wait 30s",
+                pid_list(daemons),
+                pid_list(servers)
+            ))
+        }
         Remedy::StopOwners { pids } => {
             let _ = write!(
                 sentence,
@@ -558,12 +599,23 @@ fn note_words(note: &Note, account: &GpuAccount, gpu: u32) -> String {
             if pids.len() == 1 { "its" } else { "their" },
             if pids.len() == 1 { "it holds" } else { "they hold" }
         ),
-        // The bystanders the note names are the account's, in its order.
-        Note::BystandersNotBlamed { .. } => format!(
+        // The bystanders each note names are the account's, in its order.
+        Note::BystandersNotBlamed { pids } => format!(
             "Not blamed, holding the device file without a context on GPU {gpu}: {}.",
-            suspects_words(&account.bystanders, gpu)
+            suspects_words(named(&account.bystanders, pids), gpu)
+        ),
+        Note::MpsNotBlamed { pids } => format!(
+            "Not blamed, the MPS control daemon and server, which serve every MPS client of GPU {gpu}: {}.",
+            suspects_words(named(&account.bystanders, pids), gpu)
         ),
     }
+}
+
+/// The suspects with these PIDs, in their own order.
+fn named<'a>(suspects: &'a [Suspect], pids: &'a [u32]) -> impl Iterator<Item = &'a Suspect> {
+    suspects
+        .iter()
+        .filter(|suspect| pids.contains(&suspect.process.pid))
 }
 
 /// The table for one GPU, nvidia-smi style, without the verdict.
@@ -626,22 +678,29 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
     for (title, suspects) in [
         (
             "holding it with a context (the culprits):",
-            &account.culprits,
+            account.culprits.iter().collect::<Vec<_>>(),
         ),
         (
             "holding the device file without a context here (not blamed):",
-            &account.bystanders,
+            account.bystanders_apart(false).collect(),
+        ),
+        (
+            "the MPS control daemon and server (not blamed):",
+            account.bystanders_apart(true).collect(),
         ),
         (
             "holding the device file, mappings unreadable:",
-            &account.undetermined,
+            account.undetermined.iter().collect(),
         ),
     ] {
         if suspects.is_empty() {
             continue;
         }
         let _ = writeln!(out, "  {title}");
-        let rows: Vec<Row> = suspects.iter().map(suspect_row).collect();
+        let rows: Vec<Row> = suspects
+            .iter()
+            .map(|suspect| suspect_row(suspect))
+            .collect();
         table(
             &mut out,
             ["PID", "COMMAND", "STATE", "PARENT"],

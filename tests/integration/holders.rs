@@ -27,32 +27,12 @@ fn check_json(rig: &Rig, status: i32) -> Value {
     outcome.json()
 }
 
-fn pids_of(list: &Value) -> Vec<u64> {
-    list.as_array()
-        .unwrap_or_else(|| panic!("not a list: {list}"))
-        .iter()
-        .map(|process| process["pid"].as_u64().unwrap())
-        .collect()
-}
-
 fn holder_info_pids(metrics: &Metrics, gpu: &str) -> Vec<String> {
     metrics
         .find("vram_holder_info", &[("gpu", gpu)])
         .iter()
         .map(|(_, labels, _)| labels["pid"].clone())
         .collect()
-}
-
-/// The `kill` line `check` suggests for `gpu`, if any.
-fn kill_line(stdout: &str, gpu: u32) -> Option<String> {
-    let verdict = verdict_line(stdout, gpu);
-    let after = stdout.split_once(verdict).unwrap().1;
-    after
-        .lines()
-        .skip(1)
-        .take_while(|line| line.starts_with("  "))
-        .find_map(|line| line.trim().strip_prefix("suggested: kill "))
-        .map(|rest| rest.split("   #").next().unwrap().to_string())
 }
 
 #[test]

@@ -23,6 +23,7 @@ mod holders;
 mod image;
 mod kubernetes;
 mod mig;
+mod mps;
 mod privilege;
 mod readme;
 mod release;

@@ -4,7 +4,7 @@
 
 use super::reading::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigDeviceReading, MigReading,
-    NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
+    NvmlLists, NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
 };
 use super::xid::XidCounter;
 use nvml_wrapper::enum_wrappers::device::RetirementCause;
@@ -166,27 +166,30 @@ fn read_state(device: &Device) -> GpuState {
 
 /// The union of the three process lists, or what answered of them when one was refused.
 fn read_processes(device: &Device) -> Result<ProcessList, NvmlError> {
-    // Each list with whether it is the MPS clients'.
+    // Each list with which it is.
     let lists = [
         (
             with_v2_fallback(device.running_compute_processes(), || {
                 device.running_compute_processes_v2()
             }),
-            false,
+            NvmlLists::COMPUTE,
         ),
         (
             with_v2_fallback(device.running_graphics_processes(), || {
                 device.running_graphics_processes_v2()
             }),
-            false,
+            NvmlLists::GRAPHICS,
         ),
-        (optional(device.mps_running_compute_processes()), true),
+        (
+            optional(device.mps_running_compute_processes()),
+            NvmlLists::MPS,
+        ),
     ];
     let mut answered = Vec::new();
     let mut denied = None;
-    for (list, mps) in lists {
+    for (list, which) in lists {
         match list {
-            Ok(list) => answered.push((list, mps)),
+            Ok(list) => answered.push((list, which)),
             Err(NvmlError::NoPermission) => {
                 denied.get_or_insert_with(|| NvmlError::NoPermission.to_string());
             }
@@ -441,17 +444,20 @@ fn optional(list: Result<Vec<ProcessInfo>, NvmlError>) -> Result<Vec<ProcessInfo
     }
 }
 
-/// One entry per PID over the lists (see [`NvmlProcess::distinct`]), in PID order; each
-/// list says whether it is the MPS clients'.
-fn union_by_pid(lists: impl IntoIterator<Item = (Vec<ProcessInfo>, bool)>) -> Vec<NvmlProcess> {
-    let mut processes = NvmlProcess::distinct(lists.into_iter().flat_map(|(list, mps)| {
+/// One entry per PID over the lists (see [`NvmlProcess::distinct`]), in PID order, with
+/// the lists that name it; each list says which it is.
+fn union_by_pid(
+    lists: impl IntoIterator<Item = (Vec<ProcessInfo>, NvmlLists)>,
+) -> Vec<NvmlProcess> {
+    let mut processes = NvmlProcess::distinct(lists.into_iter().flat_map(|(list, which)| {
         list.into_iter().map(move |info| NvmlProcess {
             pid: info.pid,
             used_bytes: match info.used_gpu_memory {
                 UsedGpuMemory::Used(bytes) => Some(bytes),
                 UsedGpuMemory::Unavailable => None,
             },
-            mps_only: mps,
+            mps_only: which == NvmlLists::MPS,
+            lists: which,
         })
     }));
     processes.sort_by_key(|process| process.pid);
@@ -555,7 +561,43 @@ mod tests {
             pid,
             used_bytes: Some(1 << 30),
             mps_only: false,
+            lists: NvmlLists::COMPUTE,
         }
+    }
+
+    #[test]
+    fn each_process_carries_the_lists_that_name_it() {
+        // What the H200 listed under MPS (driver 580): the server on the compute list, a
+        // live client on the compute and MPS lists, a graphics process on its own list.
+        let info = |pid: u32, bytes: u64| ProcessInfo {
+            pid,
+            used_gpu_memory: UsedGpuMemory::Used(bytes),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        };
+        let processes = union_by_pid([
+            (
+                vec![info(466, 69_206_016), info(449, 3_860_856_832)],
+                NvmlLists::COMPUTE,
+            ),
+            (vec![info(900, 1 << 20)], NvmlLists::GRAPHICS),
+            (vec![info(449, 3_860_856_832)], NvmlLists::MPS),
+        ]);
+        let lists: Vec<(u32, NvmlLists, bool)> = processes
+            .iter()
+            .map(|process| (process.pid, process.lists, process.mps_only))
+            .collect();
+        assert_eq!(
+            lists,
+            [
+                (449, NvmlLists::COMPUTE.and(NvmlLists::MPS), false),
+                (466, NvmlLists::COMPUTE, false),
+                (900, NvmlLists::GRAPHICS, false),
+            ]
+        );
+        // A PID on the MPS list alone is the one case its own mappings cannot prove.
+        let alone = union_by_pid([(vec![info(7, 1)], NvmlLists::MPS)]);
+        assert!(alone[0].mps_only && alone[0].lists == NvmlLists::MPS);
     }
 
     fn denied() -> ProcessList {

@@ -17,7 +17,7 @@ mod xid;
 pub(crate) use mig::{attach_capabilities, MIG_MINORS};
 pub use reading::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigCapabilities, MigDeviceReading,
-    MigReading, NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
-    XidReading,
+    MigReading, NvmlLists, NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows,
+    RetiredPages, XidReading,
 };
 pub(crate) use source::NvmlSource;

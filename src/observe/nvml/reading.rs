@@ -116,9 +116,66 @@ pub struct NvmlProcess {
     /// Bytes charged, or `None` when NVML reports the value as unavailable.
     pub used_bytes: Option<u64>,
     /// Listed only as an MPS client: its context lives in the MPS server, so its own
-    /// mappings cannot prove it (not measured on a real GPU).
+    /// mappings cannot prove it. On an H200 (driver 580) no process was: an MPS client is
+    /// on the compute list and the MPS list both, and maps its GPU's node as any context.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mps_only: bool,
+    /// Which of the device's lists name it; none in snapshots of versions that did not
+    /// record them.
+    #[serde(default, skip_serializing_if = "NvmlLists::unknown")]
+    pub lists: NvmlLists,
+}
+
+/// Which of NVML's three process lists of a device name a process. Measured on an H200
+/// (driver 580) under MPS: a client, live or dead, is on the compute list and the MPS list;
+/// the MPS server is on the compute list alone; the MPS control daemon is on none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmlLists {
+    /// The compute list (`nvmlDeviceGetComputeRunningProcesses`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compute: bool,
+    /// The graphics list (`nvmlDeviceGetGraphicsRunningProcesses`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub graphics: bool,
+    /// The MPS clients' list (`nvmlDeviceGetMPSComputeRunningProcesses`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mps: bool,
+}
+
+impl NvmlLists {
+    /// Only the compute list.
+    pub const COMPUTE: NvmlLists = NvmlLists {
+        compute: true,
+        graphics: false,
+        mps: false,
+    };
+    /// Only the graphics list.
+    pub const GRAPHICS: NvmlLists = NvmlLists {
+        compute: false,
+        graphics: true,
+        mps: false,
+    };
+    /// Only the MPS clients' list.
+    pub const MPS: NvmlLists = NvmlLists {
+        compute: false,
+        graphics: false,
+        mps: true,
+    };
+
+    /// No list is recorded: a process NVML lists is on one, so the lists were not kept
+    /// (a snapshot of an older version).
+    pub fn unknown(&self) -> bool {
+        !self.compute && !self.graphics && !self.mps
+    }
+
+    /// The lists of both.
+    pub fn and(self, other: NvmlLists) -> NvmlLists {
+        NvmlLists {
+            compute: self.compute || other.compute,
+            graphics: self.graphics || other.graphics,
+            mps: self.mps || other.mps,
+        }
+    }
 }
 
 impl NvmlProcess {
@@ -134,6 +191,7 @@ impl NvmlProcess {
                 Some(&at) => {
                     distinct[at].used_bytes = distinct[at].used_bytes.max(process.used_bytes);
                     distinct[at].mps_only &= process.mps_only;
+                    distinct[at].lists = distinct[at].lists.and(process.lists);
                 }
                 None => {
                     seen.insert(process.pid, distinct.len());
@@ -437,6 +495,7 @@ mod tests {
                 pid: 7,
                 used_bytes: None,
                 mps_only: false,
+                lists: NvmlLists::COMPUTE,
             }],
         };
         let text = serde_json::to_value(&processes).unwrap();

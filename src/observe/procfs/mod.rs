@@ -32,7 +32,7 @@ pub use placement::Placement;
 pub(crate) use reader::OwnersRead;
 pub use reader::{Looked, Reader};
 pub use reading::{
-    HolderScan, Identity, NamespaceInit, NodeSet, ProcessFacts, ProcessLookup, ProcfsView,
-    References,
+    HolderScan, Identity, NamespaceInit, NarrowAccess, NodeSet, ProcessFacts, ProcessLookup,
+    ProcfsView, References,
 };
 pub use root::{PidNamespace, ProcRoot, DEVICE_PREFIX};

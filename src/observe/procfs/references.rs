@@ -7,8 +7,8 @@
 //! who holds a file, the mappings say who holds a context.
 
 use super::parse::{self, NvidiaNode};
-use super::reading::NodeSet;
-use std::collections::BTreeSet;
+use super::reading::{NarrowAccess, NodeSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
 use std::os::linux::fs::MetadataExt;
@@ -130,8 +130,9 @@ fn scan_fd_dir(
 }
 
 /// The NVIDIA device files a process maps shared, matched to its open `files` by device
-/// and inode where it has them open, else by name. A zombie leader has no mappings of its
-/// own; a live thread's (they share one address space) are read.
+/// and inode where it has them open, else by name, with how each GPU node and the control
+/// node are mapped where no mapping of them is read-write. A zombie leader has no mappings
+/// of its own; a live thread's (they share one address space) are read.
 pub(super) fn mappings(
     prefix: &[u8],
     dir: &Path,
@@ -151,17 +152,59 @@ pub(super) fn mappings(
             }
         }
     }
-    let mut nodes = BTreeSet::new();
+    let mut nodes: BTreeMap<NvidiaNode, Access> = BTreeMap::new();
     for mapping in parse::shared_mappings(&maps) {
         let by_file = files
             .iter()
             .find(|file| file.device == mapping.device && file.inode == mapping.inode)
             .map(|file| file.node);
         if let Some(node) = by_file.or_else(|| parse::nvidia_node(mapping.path, prefix)) {
-            nodes.insert(node);
+            nodes
+                .entry(node)
+                .or_default()
+                .add(mapping.read, mapping.write);
         }
     }
-    Ok(node_set(&nodes))
+    let mut set = node_set(&nodes.keys().copied().collect());
+    for (node, access) in &nodes {
+        match (*node, access.narrow()) {
+            (NvidiaNode::Gpu(minor), Some(narrow)) => {
+                set.gpus_without_read_write.insert(minor, narrow);
+            }
+            (NvidiaNode::Control, narrow) => set.control_without_read_write = narrow,
+            _ => {}
+        }
+    }
+    Ok(set)
+}
+
+/// What the shared mappings of one node allow, over all of them.
+#[derive(Debug, Default, Clone, Copy)]
+struct Access {
+    read_write: bool,
+    write: bool,
+    read: bool,
+}
+
+impl Access {
+    fn add(&mut self, read: bool, write: bool) {
+        self.read_write |= read && write;
+        self.write |= write;
+        self.read |= read;
+    }
+
+    /// How the node is mapped when no mapping of it is read-write.
+    fn narrow(self) -> Option<NarrowAccess> {
+        if self.read_write {
+            None
+        } else if self.write {
+            Some(NarrowAccess::WriteOnly)
+        } else if self.read {
+            Some(NarrowAccess::ReadOnly)
+        } else {
+            Some(NarrowAccess::NoAccess)
+        }
+    }
 }
 
 /// `readlinkat(2)` of `name` in `directory` into `buffer`: how many bytes it wrote (as

@@ -1,6 +1,7 @@
 //! Reading what the exporter prints: Prometheus text (parsed, and checked by promtool) and
 //! `check`'s table and verdict lines.
 
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -165,4 +166,31 @@ pub fn verdict_line(stdout: &str, gpu: u32) -> &str {
         .lines()
         .find(|line| line.starts_with(&prefix))
         .unwrap_or_else(|| panic!("no verdict for GPU {gpu}:\n{stdout}"))
+}
+
+/// The command `check` suggests under `gpu`'s verdict (what follows `suggested: `), if any.
+pub fn suggestion(stdout: &str, gpu: u32) -> Option<&str> {
+    let verdict = verdict_line(stdout, gpu);
+    let after = stdout.split_once(verdict).unwrap().1;
+    after
+        .lines()
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .find_map(|line| line.trim().strip_prefix("suggested: "))
+}
+
+/// The `kill` line `check` suggests for `gpu`, if any: its PIDs, before the comment.
+pub fn kill_line(stdout: &str, gpu: u32) -> Option<String> {
+    suggestion(stdout, gpu)
+        .and_then(|command| command.strip_prefix("kill "))
+        .map(|rest| rest.split("   #").next().unwrap().to_string())
+}
+
+/// The PIDs of a `check --json` list of processes.
+pub fn pids_of(list: &Value) -> Vec<u64> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .map(|process| process["pid"].as_u64().unwrap())
+        .collect()
 }

@@ -78,6 +78,18 @@ impl Gpu {
         self
     }
 
+    /// NVML lists `pid` as an MPS client charged `bytes`: on the compute list and on the
+    /// MPS list, as the H200 listed every client, live or dead (driver 580).
+    pub fn mps_client(mut self, pid: u32, bytes: Option<u64>) -> Gpu {
+        self = self.process(pid, bytes);
+        let entry = json!({ "pid": pid, "used_bytes": bytes });
+        match self.0["mps_processes"].as_array_mut() {
+            Some(list) => list.push(entry),
+            None => self.0["mps_processes"] = json!([entry]),
+        }
+        self
+    }
+
     /// The named NVML call fails with `error` for this GPU.
     pub fn error(mut self, symbol: &str, error: &str) -> Gpu {
         self.0["errors"][symbol] = json!(error);
