@@ -1,6 +1,6 @@
 //! The exit statuses every command shares, as `check --help` and the README list them.
 
-use crate::classify::CheckStatus;
+use crate::classify::{CheckStatus, Written};
 
 /// Nothing orphaned (for `check`); done (for the other commands).
 pub const SUCCESS: u8 = 0;
@@ -29,5 +29,23 @@ pub fn meaning(code: u8) -> &'static str {
         ORPHANED => "orphaned memory found",
         CANNOT_TELL => "cannot tell: some memory cannot be judged",
         _ => "error",
+    }
+}
+
+/// The exit status `snapshot` and `textfile` end with, once their file is written.
+pub fn of_written(written: Written) -> u8 {
+    match written {
+        Written::Complete => SUCCESS,
+        Written::NvmlDown => ERROR,
+        Written::NotAnswered => CANNOT_TELL,
+    }
+}
+
+/// What an exit status of `snapshot` and `textfile` means, in words.
+pub fn written_meaning(code: u8) -> &'static str {
+    match code {
+        SUCCESS => "written",
+        CANNOT_TELL => "written, but NVML, a GPU or a /proc read did not answer within --timeout (the file says which)",
+        _ => "error: a bad flag, a file that cannot be written; or NVML missing (the file is still written, and says so)",
     }
 }

@@ -223,6 +223,7 @@ impl Host {
                 duration_seconds: 0.001,
             }),
             procfs_errors: 0,
+            procfs_stuck: None,
             kubernetes: None,
         }
     }
@@ -348,5 +349,7 @@ pub(crate) fn instance_child(pid: u32, caps: &[u32]) -> ProcessFacts {
 pub(crate) fn nvml_down(error: &str) -> NvmlReading {
     NvmlReading::Down {
         error: error.into(),
+        reason: NvmlFailure::Missing,
+        stuck: None,
     }
 }

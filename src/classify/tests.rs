@@ -873,6 +873,8 @@ fn nvml_down_is_its_own_status_with_no_gpus() {
     let mut observation = Host::idle().observation();
     observation.nvml = NvmlReading::Down {
         error: "libnvidia-ml.so.1: cannot open shared object file".into(),
+        reason: NvmlFailure::Missing,
+        stuck: None,
     };
     let report = classify(&observation, &Settings::default());
     assert!(report.gpus.is_empty());

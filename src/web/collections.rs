@@ -10,9 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// How much of a scrape's wait a holder scan may take at most.
-const SCAN_SHARE_OF_WAIT: f64 = 0.9;
-
 /// The exporter, and the collection in flight for each format.
 pub(super) struct Collections {
     exporter: Arc<Exporter>,
@@ -102,12 +99,14 @@ impl Collections {
         let collections = Arc::clone(self);
         let overran = Arc::clone(&running.overran);
         let started = running.started;
-        // Scrapes that join later may wait longer; the holder scan still has to end before
-        // the scrape that started the collection gives up on it, with a tenth of the wait
-        // left to judge and encode what it found.
-        let registry = self
-            .exporter
-            .registry_until(started + timeout.mul_f64(SCAN_SHARE_OF_WAIT));
+        // Scrapes that join later may wait longer; the collection is done by the time the
+        // scrape that started it gives up: each source is waited for only until its share
+        // of the wait (`crate::observe::Deadlines`).
+        tracing::debug!(
+            wait_seconds = timeout.as_secs_f64(),
+            "collecting for a scrape"
+        );
+        let registry = self.exporter.registry_until(started + timeout);
         tokio::task::spawn_blocking(move || {
             let done = InFlightGuard {
                 collections: &collections,
