@@ -8,8 +8,9 @@ pub const SUCCESS: u8 = 0;
 pub const ORPHANED: u8 = 1;
 /// Any command: bad flags, an unreadable snapshot or file, NVML not available.
 pub const ERROR: u8 = 2;
-/// `check`: nothing is proven orphaned, but some GPU's memory cannot be judged (a GPU
-/// that does not answer, owners that cannot be read, a blind exporter).
+/// `check`: nothing is proven orphaned, but some GPU's memory cannot be judged (a lost
+/// GPU, owners that cannot be read, a blind exporter); or NVML or a GPU did not answer
+/// within `--timeout`, whatever else was found.
 pub const CANNOT_TELL: u8 = 3;
 
 /// The exit status `check` ends with for `status`.
@@ -17,7 +18,7 @@ pub fn of(status: CheckStatus) -> u8 {
     match status {
         CheckStatus::Clear => SUCCESS,
         CheckStatus::Orphaned => ORPHANED,
-        CheckStatus::CannotTell => CANNOT_TELL,
+        CheckStatus::CannotTell | CheckStatus::NotAnswering => CANNOT_TELL,
         CheckStatus::NvmlDown => ERROR,
     }
 }

@@ -910,9 +910,20 @@ impl GpuVerdict {
         self.account().map_or(0, GpuAccount::orphaned_bytes)
     }
 
+    /// Whether the GPU or one of its MIG instances holds orphaned memory.
+    pub fn has_orphan(&self) -> bool {
+        std::iter::once(self.account())
+            .chain(self.instances.iter().map(InstanceVerdict::account))
+            .flatten()
+            .any(|account| account.finding == Finding::Orphaned)
+    }
+
     /// What `check` says of this GPU: the worst of the GPU's own verdict and its MIG
-    /// instances'.
+    /// instances'; a GPU that does not answer says so.
     pub fn status(&self) -> CheckStatus {
+        if self.outcome.stuck().is_some() {
+            return CheckStatus::NotAnswering;
+        }
         std::iter::once(self.account())
             .chain(self.instances.iter().map(InstanceVerdict::account))
             .map(|account| match account.map(|account| account.finding) {
@@ -926,7 +937,9 @@ impl GpuVerdict {
 }
 
 /// What `check` reports, in order of precedence: orphaned memory is reported even beside
-/// a GPU that cannot be read.
+/// a GPU that cannot be read (one that answered that it is lost, say); but a look that
+/// did not complete, because NVML or a GPU did not answer in time, says so above all it
+/// found (which it still names): a script must not take a partial look for a whole one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckStatus {
@@ -936,7 +949,9 @@ pub enum CheckStatus {
     CannotTell,
     /// Some GPU holds memory without a live owner.
     Orphaned,
-    /// NVML did not answer: nothing can be said.
+    /// NVML or a GPU did not answer in time: the look is incomplete.
+    NotAnswering,
+    /// NVML is missing or failed: nothing can be said.
     NvmlDown,
 }
 
@@ -949,7 +964,7 @@ impl Report {
             NvmlStatus::Down {
                 reason: NvmlFailure::NotAnswering,
                 ..
-            } => return CheckStatus::CannotTell,
+            } => return CheckStatus::NotAnswering,
             NvmlStatus::Down { .. } => return CheckStatus::NvmlDown,
             NvmlStatus::Up { .. } => {}
         }

@@ -3,7 +3,7 @@
 //! saying on stderr what it waits for while NVML or `/proc` is slow, so a person can tell
 //! a hung GPU from a hung tool.
 
-use crate::classify::{CheckStatus, GpuVerdict, NvmlFailure, NvmlStatus, Report};
+use crate::classify::{GpuVerdict, NvmlFailure, NvmlStatus, Report};
 use crate::cli::CheckConfig;
 use crate::exit_codes;
 use crate::exporter::{Exporter, HolderScanPolicy};
@@ -32,7 +32,8 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
     let Some(wait) = config.wait else {
         return finish(&report, config);
     };
-    if report.check_status(&select(&report, config)?) != CheckStatus::Orphaned {
+    // Waits while orphaned memory is found, also beside a GPU that does not answer.
+    if !select(&report, config)?.iter().any(|gpu| gpu.has_orphan()) {
         return finish(&report, config);
     }
     if !config.json {

@@ -128,6 +128,8 @@ pub struct LiveHost {
     procfs: Worker<Memory>,
     /// Whether the `/proc` reader was stuck at the last look, so it is logged once.
     procfs_stuck: Mutex<bool>,
+    /// A server logs what does not answer; a one-shot command says it in its output.
+    lifespan: Lifespan,
     scan_budget: Duration,
     /// The exporter's place in the procfs, found once.
     placement: Placement,
@@ -160,6 +162,7 @@ impl LiveHost {
             proc_root,
             procfs: Worker::start("procfs-reader", Memory::new()),
             procfs_stuck: Mutex::new(false),
+            lifespan,
             scan_budget,
             first_seen: Mutex::new(HashMap::new()),
             kubernetes: None,
@@ -334,7 +337,9 @@ impl LiveHost {
         match no_answer {
             NoAnswer::Stuck(InCall { call, since }) => {
                 let stuck_seconds = since.elapsed().as_secs_f64();
-                if !std::mem::replace(&mut *lock(&self.procfs_stuck), true) {
+                if !std::mem::replace(&mut *lock(&self.procfs_stuck), true)
+                    && self.lifespan == Lifespan::Serving
+                {
                     tracing::error!(
                         stuck_in = call,
                         stuck_seconds,
@@ -354,7 +359,8 @@ impl LiveHost {
     }
 
     fn procfs_answers(&self) {
-        if std::mem::replace(&mut *lock(&self.procfs_stuck), false) {
+        let was_stuck = std::mem::replace(&mut *lock(&self.procfs_stuck), false);
+        if was_stuck && self.lifespan == Lifespan::Serving {
             tracing::info!("/proc reads return again");
         }
     }

@@ -6,14 +6,15 @@
 //! uninterruptible sleep. Neither can be cancelled. So each source that may block (the
 //! NVML library, each GPU, the `/proc` reader) has a thread of its own, started once;
 //! a look hands it a job and waits until its deadline. A thread still in its job when
-//! the deadline passes is reported with the call it is stuck in and since when; from
-//! then on it is "given up on": later looks report it at once and hand it nothing, until
-//! the call returns. So threads never stack behind a stuck call, however many looks come
-//! meanwhile, and a source that answers again is read by the next look.
+//! the deadline passes is reported with the call it is stuck in and since when; that
+//! call is "given up on": later looks report it at once and hand the thread nothing,
+//! until the call returns. So threads never stack behind a stuck call, however many
+//! looks come meanwhile, and a source that answers again is read by the next look.
 //!
-//! A look that finds the thread busy with a job nobody has given up on yet (the job a
-//! server starts at launch to load NVML, a slow call of the look before) queues its own
-//! job behind it, at most one, and waits until its deadline as usual.
+//! A look that finds the thread busy with a call nobody has given up on (the job a
+//! server starts at launch to load NVML, or a job whose stuck call has just returned and
+//! that is finishing its other calls) queues its own job behind it, at most one, and
+//! waits until its deadline as usual.
 //!
 //! A job says which call it is in by [`calling`] before each blocking call; the name is
 //! what a stuck source is reported with.
@@ -55,8 +56,8 @@ struct Busy {
     in_call: Option<InCall>,
     /// A job waits behind the current one.
     queued: bool,
-    /// A caller stopped waiting for the current job: it is stuck.
-    given_up: bool,
+    /// The call a caller stopped waiting for: while the job is still in it, it is stuck.
+    given_up: Option<InCall>,
 }
 
 type Job<S> = Box<dyn FnOnce(&mut S) + Send>;
@@ -135,7 +136,7 @@ impl<S: Send + 'static> Worker<S> {
         {
             let mut busy = lock(&self.status.busy);
             match busy.in_call {
-                Some(in_call) if busy.given_up || busy.queued => {
+                Some(in_call) if busy.given_up == Some(in_call) || busy.queued => {
                     return Err(NoAnswer::Stuck(in_call))
                 }
                 Some(_) => busy.queued = true,
@@ -156,7 +157,7 @@ impl<S: Send + 'static> Worker<S> {
                     since: Instant::now(),
                 }),
                 queued: false,
-                given_up: false,
+                given_up: None,
             };
             let answered = job(state);
             // Idle before the answer goes out: whoever acts on the answer may hand the
@@ -210,8 +211,9 @@ impl<T> Pending<T> {
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let in_call = {
                     let mut busy = lock(&self.status.busy);
-                    // Given up on: later looks report it at once, and hand it nothing.
-                    busy.given_up = busy.in_call.is_some();
+                    // Given up on: later looks report it at once, and hand it nothing while
+                    // it is in this call.
+                    busy.given_up = busy.in_call;
                     busy.in_call
                 };
                 match in_call {
@@ -304,6 +306,39 @@ mod tests {
         let third = worker.submit("third", |count: &mut u32| *count);
         assert!(matches!(third, Err(NoAnswer::Stuck(_))), "{third:?}");
         drop(open);
+        assert_eq!(queued.wait_until(soon()), Ok(1));
+    }
+
+    #[test]
+    fn a_stuck_job_that_moves_on_to_its_next_call_is_waited_for_again() {
+        let worker = Worker::start("test-moves-on", 0u32);
+        let (first, second) = (mpsc::channel::<()>(), mpsc::channel::<()>());
+        let (open_first, open_second) = (first.0, second.0);
+        let (gate_first, gate_second) = (first.1, second.1);
+        let (moved_on, told) = mpsc::channel::<()>();
+        let job = move |count: &mut u32| {
+            calling("hangingCall");
+            let _ = gate_first.recv();
+            calling("nextCall");
+            let _ = moved_on.send(());
+            let _ = gate_second.recv();
+            *count += 1;
+            *count
+        };
+        let stuck = worker.run("start", Instant::now() + Duration::from_millis(50), job);
+        assert!(matches!(
+            stuck,
+            Err(NoAnswer::Stuck(InCall {
+                call: "hangingCall",
+                ..
+            }))
+        ));
+        // The hang ends; the job goes on with its next call. A look now waits for it
+        // (queued behind it) instead of calling the thread stuck.
+        open_first.send(()).unwrap();
+        told.recv().unwrap();
+        let queued = worker.submit("look", |count: &mut u32| *count).unwrap();
+        drop(open_second);
         assert_eq!(queued.wait_until(soon()), Ok(1));
     }
 

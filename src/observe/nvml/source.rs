@@ -202,7 +202,9 @@ impl NvmlSource {
             }
             Err(NoAnswer::Stuck(in_call)) => {
                 let stuck = stuck_call(in_call, looked_at);
-                if !std::mem::replace(&mut *lock(&self.library_stuck), true) {
+                if !std::mem::replace(&mut *lock(&self.library_stuck), true)
+                    && self.loading.lifespan == Lifespan::Serving
+                {
                     tracing::error!(
                         call = %stuck.call,
                         stuck_seconds = stuck.stuck_seconds,
@@ -283,14 +285,15 @@ impl NvmlSource {
         };
         match answer {
             Ok(gpu) => {
-                if was_stuck {
+                if was_stuck && self.loading.lifespan == Lifespan::Serving {
                     tracing::info!(gpu = index, "GPU answers NVML again");
                 }
                 gpu
             }
             Err(NoAnswer::Stuck(in_call)) => {
                 let stuck = stuck_call(in_call, looked_at);
-                if !was_stuck {
+                // A one-shot command says it in its output instead.
+                if !was_stuck && self.loading.lifespan == Lifespan::Serving {
                     tracing::error!(
                         gpu = index,
                         call = %stuck.call,
@@ -331,7 +334,8 @@ impl NvmlSource {
     }
 
     fn library_answers(&self) {
-        if std::mem::replace(&mut *lock(&self.library_stuck), false) {
+        let was_stuck = std::mem::replace(&mut *lock(&self.library_stuck), false);
+        if was_stuck && self.loading.lifespan == Lifespan::Serving {
             tracing::info!("NVML answers again");
         }
     }
