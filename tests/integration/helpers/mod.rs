@@ -19,7 +19,7 @@ pub use processes::{
     process_group_and_session, signal, start_time_ticks, task_flags, thread_count, user_name,
     Holder,
 };
-pub use rig::{BlockingMaps, Rig};
+pub use rig::Rig;
 pub use scenario::{with_xid_events, Gpu, Gpus, MigDevice, MIG_1G_TOTAL, PROCESS_LIST_CALLS};
 
 use std::path::{Path, PathBuf};
