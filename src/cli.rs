@@ -225,7 +225,7 @@ pub struct JudgementArgs {
 #[command(next_help_heading = "Judging memory")]
 pub struct ScanArgs {
     /// Time budget of one scan of /proc/*/fd for device-file holders; a scrape's scan also
-    /// stops in time for the scrape (nine tenths of its wait) [default: 2s].
+    /// stops in time for the scrape (85 % of its wait) [default: 2s].
     #[arg(long = "holders.scan-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub scan_timeout: Option<Duration>,
 }
