@@ -46,9 +46,11 @@ impl Collections {
 
     /// The metrics body, from a collection already in flight when there is one: scrapes
     /// that arrive together share it instead of queueing NVML calls behind each other.
-    /// A scrape waits at most `timeout`; a collection that takes longer (a hung NVML call)
-    /// stays the one in flight, so later scrapes wait for it too instead of starting more
-    /// collections that would hang on the same call.
+    /// A scrape waits at most `timeout`, and the collection it starts is done by then: it
+    /// waits for NVML and `/proc` only until their share of it, and reports what has not
+    /// answered (`crate::observe::Deadlines`). One that overruns all the same (a starved
+    /// host) stays the one in flight, so later scrapes wait for it too instead of starting
+    /// more collections behind it.
     pub(super) async fn metrics(self: &Arc<Self>, format: Format, timeout: Duration) -> Collected {
         let in_flight = {
             let mut in_flight = lock(&self.in_flight);
@@ -79,7 +81,7 @@ impl Collections {
                     tracing::warn!(
                         seconds = running.as_secs_f64(),
                         timeout_seconds = timeout.as_secs_f64(),
-                        "a collection is taking longer than scrapes wait (a hung NVML call?); scrapes get 503 and join it until it ends (logged once per collection)"
+                        "a collection is taking longer than scrapes wait, although it gives up on NVML and /proc in time (is the exporter starved of CPU?); scrapes get 503 and join it until it ends (logged once per collection)"
                     );
                 }
                 Collected::Overran(running)
