@@ -226,16 +226,23 @@ impl LiveHost {
         let started = Instant::now();
         let mut nvml = self.nvml.read(deadlines.nvml);
         let nvml_read = started.elapsed();
-        nvml::attach_capabilities(&mut nvml, &self.mig_minors);
         let listed = nvml.listed_pids();
         let (root, placement, until) = (self.proc_root.clone(), self.placement, deadlines.owners);
+        // The driver's table of MIG capability minors is read on the /proc reader too; a
+        // reader that does not answer leaves the capabilities unknown.
+        let (mut with_capabilities, mig_minors) = (nvml.clone(), self.mig_minors.clone());
         let job = move |memory: &mut Memory| {
-            procfs::look_at_owners(&root, placement, memory, &listed, until)
+            nvml::attach_capabilities(&mut with_capabilities, &mig_minors);
+            let owners = procfs::look_at_owners(&root, placement, memory, &listed, until);
+            (with_capabilities, owners)
         };
         let looked = self.procfs.run(READING_OWNERS, deadlines.owners, job);
         let mut procfs_stuck = None;
         let (lookups, mut procfs_errors, procfs_view) = match looked {
-            Ok(looked) => (looked.lookups, looked.errors, looked.view),
+            Ok((with_capabilities, looked)) => {
+                nvml = with_capabilities;
+                (looked.lookups, looked.errors, looked.view)
+            }
             Err(no_answer) => {
                 let (error, stuck) = self.procfs_failure(no_answer);
                 procfs_stuck = stuck;
