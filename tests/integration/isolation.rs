@@ -375,14 +375,13 @@ fn check_wait_during_a_hang_ends_at_its_limit() {
 fn snapshot_and_textfile_are_written_during_a_hang_and_exit_3() {
     let host = SickHost::new();
     host.write(true);
+    // `snapshot` or `textfile` writing `file`, waiting 2 s.
+    let write = |mode: &str, file: &Path| {
+        let file = file.to_str().unwrap();
+        host.rig.run(&[mode, "-o", file, "--timeout", "2s"])
+    };
     let snapshot = host.rig.dir.path().join("snapshot.json");
-    let outcome = host.rig.run(&[
-        "snapshot",
-        "-o",
-        snapshot.to_str().unwrap(),
-        "--timeout",
-        "2s",
-    ]);
+    let outcome = write("snapshot", &snapshot);
     assert_eq!(outcome.status, Some(3), "{outcome:?}");
     assert!(
         outcome
@@ -410,13 +409,7 @@ fn snapshot_and_textfile_are_written_during_a_hang_and_exit_3() {
         .contains("\nGPU 5 does not answer NVML (stuck "));
 
     let textfile = host.rig.dir.path().join("vram.prom");
-    let outcome = host.rig.run(&[
-        "textfile",
-        "-o",
-        textfile.to_str().unwrap(),
-        "--timeout",
-        "2s",
-    ]);
+    let outcome = write("textfile", &textfile);
     assert_eq!(outcome.status, Some(3), "{outcome:?}");
     assert!(
         outcome.stderr.ends_with("; the metrics say so\n"),
