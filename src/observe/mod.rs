@@ -227,7 +227,10 @@ impl LiveHost {
         let mut nvml = self.nvml.read(deadlines.nvml);
         let nvml_read = started.elapsed();
         let listed = nvml.listed_pids();
-        let (root, placement, until) = (self.proc_root.clone(), self.placement, deadlines.owners);
+        // The owners' look stops its pass over /proc (which containers have ended) at
+        // the scan's budget, as it always has, or sooner when the look must be done.
+        let until = scan_deadline(Instant::now(), self.scan_budget, Some(deadlines.owners));
+        let (root, placement) = (self.proc_root.clone(), self.placement);
         // The driver's table of MIG capability minors is read on the /proc reader too; a
         // reader that does not answer leaves the capabilities unknown.
         let (mut with_capabilities, mig_minors) = (nvml.clone(), self.mig_minors.clone());
