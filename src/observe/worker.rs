@@ -23,7 +23,11 @@ use crate::sync::lock;
 use std::cell::RefCell;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long a caller whose deadline has passed still waits for an answer that may be on
+/// its way: a job says it is idle just before it sends its answer.
+const ANSWER_IN_FLIGHT: Duration = Duration::from_millis(5);
 
 /// A call that has not returned yet: its name and when it started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +177,8 @@ impl<S: Send + 'static> Worker<S> {
         Ok(Pending {
             reply,
             status: Arc::clone(&self.status),
+            first_call,
+            handed_at: Instant::now(),
         })
     }
 
@@ -197,6 +203,10 @@ impl<S: Send + 'static> Worker<S> {
 pub(crate) struct Pending<T> {
     reply: mpsc::Receiver<T>,
     status: Arc<Status>,
+    /// What the job does before it says otherwise, and when it was handed over: what
+    /// is reported while it has not started (queued behind another).
+    first_call: &'static str,
+    handed_at: Instant,
 }
 
 impl<T> Pending<T> {
@@ -209,21 +219,26 @@ impl<T> Pending<T> {
                 Err(NoAnswer::Failed("the reading panicked".into()))
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let in_call = {
-                    let mut busy = lock(&self.status.busy);
-                    // Given up on: later looks report it at once, and hand it nothing while
-                    // it is in this call.
-                    busy.given_up = busy.in_call;
-                    busy.in_call
-                };
-                match in_call {
-                    Some(in_call) => Err(NoAnswer::Stuck(in_call)),
-                    // It returned just now: its answer is being sent (or it panicked,
-                    // and its sender is gone), so this does not wait.
-                    None => self
-                        .reply
-                        .recv()
-                        .map_err(|_| NoAnswer::Failed("the reading panicked".into())),
+                match self.reply.recv_timeout(ANSWER_IN_FLIGHT) {
+                    Ok(answer) => return Ok(answer),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        return Err(NoAnswer::Failed("the reading panicked".into()))
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                }
+                let mut busy = lock(&self.status.busy);
+                match busy.in_call {
+                    Some(in_call) => {
+                        // Given up on: later looks report it at once, and hand it nothing
+                        // while it is in this call.
+                        busy.given_up = Some(in_call);
+                        Err(NoAnswer::Stuck(in_call))
+                    }
+                    // Between the job it was queued behind and its own start.
+                    None => Err(NoAnswer::Stuck(InCall {
+                        call: self.first_call,
+                        since: self.handed_at,
+                    })),
                 }
             }
         }
@@ -233,7 +248,6 @@ impl<T> Pending<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     /// A job that blocks until its gate is opened (a message sent, or the sender
     /// dropped), saying which call it is in; it counts the jobs run.
