@@ -217,11 +217,12 @@ fn one_hung_gpu_of_eight_leaves_the_other_seven_exact_and_the_threads_flat() {
         "GPU 5 was asked again while its call hung"
     );
     // Flat: a thread per stuck call would add one a scrape. The one leeway is tokio's
-    // blocking pool, which starts a second thread for a collection when a scrape arrives
-    // before the previous collection's thread is back in the pool (and keeps it 10 s).
+    // blocking pool (at most 4 threads, `src/web/server.rs`), which starts another thread
+    // for a collection when a scrape arrives before the previous collection's thread is
+    // back in the pool, and keeps it 10 s; on a busy machine that may happen twice.
     let most = threads.iter().copied().max().unwrap();
     assert!(
-        most <= threads_before + 1,
+        most <= threads_before + 2,
         "threads before: {threads_before}, after each scrape: {threads:?}"
     );
     assert!(
