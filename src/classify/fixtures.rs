@@ -124,6 +124,20 @@ impl Host {
         .gpu(0)
     }
 
+    /// GPU `index` stuck for `seconds` in its memory call: it does not answer.
+    pub(crate) fn not_answering(mut self, index: u32, seconds: f64) -> Host {
+        let gpu = self
+            .gpus
+            .iter_mut()
+            .find(|gpu| gpu.index == index)
+            .expect("a GPU of this host");
+        gpu.state = GpuState::NotAnswering {
+            call: "nvmlDeviceGetMemoryInfo_v2".into(),
+            stuck_seconds: seconds,
+        };
+        self
+    }
+
     /// Another idle GPU, index and minor `index`.
     pub(crate) fn gpu(mut self, index: u32) -> Host {
         self.gpus.push(GpuReading {
@@ -224,6 +238,7 @@ impl Host {
                 duration_seconds: 0.001,
             }),
             procfs_errors: 0,
+            procfs_stuck: None,
             kubernetes: None,
         }
     }
@@ -346,10 +361,24 @@ pub(crate) fn instance_child(pid: u32, caps: &[u32]) -> ProcessFacts {
     child
 }
 
+/// NVML's answer when its init has not returned for `seconds`.
+pub(crate) fn nvml_not_answering(seconds: f64) -> NvmlReading {
+    NvmlReading::Down {
+        error: "NVML does not answer: nvmlInit_v2 has not returned".into(),
+        reason: NvmlFailure::NotAnswering,
+        stuck: Some(StuckCall {
+            call: "nvmlInit_v2".into(),
+            stuck_seconds: seconds,
+        }),
+    }
+}
+
 /// NVML's answer when it cannot be loaded.
 pub(crate) fn nvml_down(error: &str) -> NvmlReading {
     NvmlReading::Down {
         error: error.into(),
+        reason: NvmlFailure::Missing,
+        stuck: None,
     }
 }
 

@@ -36,7 +36,8 @@ pub use crate::observe::kubernetes::{KubeletSource, SourceError, SourceHealth};
 pub use crate::observe::procfs::short_container_id;
 pub use crate::observe::{
     CgroupAttribution, GpuError, Identity, MemoryReading, NamespaceInit, NarrowAccess, NodeSet,
-    NvmlLists, ProcfsView, RecoveryAction, References, RemappedRows, RetiredPages, XidReading,
+    NvmlFailure, NvmlLists, ProcfsView, RecoveryAction, References, RemappedRows, RetiredPages,
+    StuckCall, StuckRead, XidReading,
 };
 pub use pods::{GpuPod, KubernetesView, PodName};
 
@@ -416,6 +417,13 @@ pub enum Blindness {
     CulpritsNotVisible,
     /// The scan for holders ran out of time before it saw every process.
     ScanCutShort,
+    /// A `/proc` read of the scan (or of the look before it) blocked and has not
+    /// returned: a process in uninterruptible sleep holding its memory map lock blocks
+    /// reads of its maps. The scan saw only part of the processes, or none.
+    ScanBlocked {
+        /// Whole seconds the read had been blocked.
+        seconds: u64,
+    },
     /// The descriptors of some processes could not be read.
     ScanDenied {
         /// How many.
@@ -433,7 +441,9 @@ impl Blindness {
             Blindness::MappingsUnreadable { .. } | Blindness::ScanDenied { .. } => {
                 Some(LookAgain::AsRoot)
             }
-            Blindness::ScanCutShort | Blindness::NoScan => Some(LookAgain::AsBefore),
+            Blindness::ScanCutShort | Blindness::ScanBlocked { .. } | Blindness::NoScan => {
+                Some(LookAgain::AsBefore)
+            }
             Blindness::CulpritsNotVisible => None,
         }
     }
@@ -698,6 +708,45 @@ pub enum GpuOutcome {
         /// NVML's own words.
         message: String,
     },
+    /// A call has not returned in time (a GPU that fell off the bus, a wedged driver):
+    /// nothing is known of its memory, so it is neither orphaned nor fine: cannot tell.
+    NotAnswering {
+        /// The NVML function it is stuck in.
+        call: String,
+        /// Seconds it had been stuck when the look was made.
+        stuck_seconds: f64,
+    },
+}
+
+impl GpuOutcome {
+    /// The kind of failure, when the readings did not succeed: a GPU that does not
+    /// answer is a `timeout`.
+    pub fn error_kind(&self) -> Option<GpuError> {
+        match self {
+            GpuOutcome::Measured(_) => None,
+            GpuOutcome::Failed { error, .. } => Some(*error),
+            GpuOutcome::NotAnswering { .. } => Some(GpuError::Timeout),
+        }
+    }
+
+    /// The account when the readings succeeded.
+    pub fn account(&self) -> Option<&GpuAccount> {
+        match self {
+            GpuOutcome::Measured(account) => Some(account),
+            GpuOutcome::Failed { .. } | GpuOutcome::NotAnswering { .. } => None,
+        }
+    }
+
+    /// The call it is stuck in and for how long, when it does not answer.
+    pub fn stuck(&self) -> Option<(&str, f64)> {
+        match self {
+            GpuOutcome::NotAnswering {
+                call,
+                stuck_seconds,
+            } => Some((call, *stuck_seconds)),
+            GpuOutcome::Measured(_) | GpuOutcome::Failed { .. } => None,
+        }
+    }
 }
 
 /// The verdict for one GPU.
@@ -798,10 +847,7 @@ pub struct InstanceVerdict {
 impl InstanceVerdict {
     /// The account when the instance answered.
     pub fn account(&self) -> Option<&GpuAccount> {
-        match &self.outcome {
-            GpuOutcome::Measured(account) => Some(account),
-            GpuOutcome::Failed { .. } => None,
-        }
+        self.outcome.account()
     }
 
     /// `GI 2, CI 0, 1g.18gb`, how people name an instance.
@@ -867,6 +913,13 @@ fn instance_verdicts(gpu: &GpuReading, around: &Surroundings<'_>) -> Vec<Instanc
                     error: *error,
                     message: message.clone(),
                 },
+                GpuState::NotAnswering {
+                    call,
+                    stuck_seconds,
+                } => GpuOutcome::NotAnswering {
+                    call: call.clone(),
+                    stuck_seconds: *stuck_seconds,
+                },
             },
         })
         .collect()
@@ -875,10 +928,7 @@ fn instance_verdicts(gpu: &GpuReading, around: &Surroundings<'_>) -> Vec<Instanc
 impl GpuVerdict {
     /// The account when the GPU answered.
     pub fn account(&self) -> Option<&GpuAccount> {
-        match &self.outcome {
-            GpuOutcome::Measured(account) => Some(account),
-            GpuOutcome::Failed { .. } => None,
-        }
+        self.outcome.account()
     }
 
     /// Orphaned bytes, 0 for a GPU that did not answer.
@@ -886,9 +936,20 @@ impl GpuVerdict {
         self.account().map_or(0, GpuAccount::orphaned_bytes)
     }
 
+    /// Whether the GPU or one of its MIG instances holds orphaned memory.
+    pub fn has_orphan(&self) -> bool {
+        std::iter::once(self.account())
+            .chain(self.instances.iter().map(InstanceVerdict::account))
+            .flatten()
+            .any(|account| account.finding == Finding::Orphaned)
+    }
+
     /// What `check` says of this GPU: the worst of the GPU's own verdict and its MIG
-    /// instances'.
+    /// instances'; a GPU that does not answer says so.
     pub fn status(&self) -> CheckStatus {
+        if self.outcome.stuck().is_some() {
+            return CheckStatus::NotAnswering;
+        }
         std::iter::once(self.account())
             .chain(self.instances.iter().map(InstanceVerdict::account))
             .map(|account| match account.map(|account| account.finding) {
@@ -902,7 +963,9 @@ impl GpuVerdict {
 }
 
 /// What `check` reports, in order of precedence: orphaned memory is reported even beside
-/// a GPU that cannot be read.
+/// a GPU that cannot be read (one that answered that it is lost, say); but a look that
+/// did not complete, because NVML or a GPU did not answer in time, says so above all it
+/// found (which it still names): a script must not take a partial look for a whole one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckStatus {
@@ -912,20 +975,58 @@ pub enum CheckStatus {
     CannotTell,
     /// Some GPU holds memory without a live owner.
     Orphaned,
-    /// NVML did not answer: nothing can be said.
+    /// NVML or a GPU did not answer in time: the look is incomplete.
+    NotAnswering,
+    /// NVML is missing or failed: nothing can be said.
     NvmlDown,
 }
 
 impl Report {
-    /// What `check` reports for the GPUs shown.
+    /// What `check` reports for the GPUs shown. NVML that does not answer is "cannot
+    /// tell", as a GPU that does not answer is; NVML that is missing or fails is an
+    /// error of the host.
     pub fn check_status(&self, gpus: &[&GpuVerdict]) -> CheckStatus {
-        if let NvmlStatus::Down { .. } = self.nvml {
-            return CheckStatus::NvmlDown;
+        match &self.nvml {
+            NvmlStatus::Down {
+                reason: NvmlFailure::NotAnswering,
+                ..
+            } => return CheckStatus::NotAnswering,
+            NvmlStatus::Down { .. } => return CheckStatus::NvmlDown,
+            NvmlStatus::Up { .. } => {}
         }
         gpus.iter()
             .map(|gpu| gpu.status())
             .max()
             .unwrap_or(CheckStatus::Clear)
+    }
+}
+
+/// What a file written from one look (a snapshot, a textfile) carries, as its command's
+/// exit status says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Everything answered.
+    Complete,
+    /// NVML is missing or failed: the file says so, and the command reports an error.
+    NvmlDown,
+    /// NVML, a GPU or a `/proc` read did not answer in time: the file says which.
+    NotAnswered,
+}
+
+impl Report {
+    /// What a file written from this report carries.
+    pub fn written(&self) -> Written {
+        match self.nvml.failure() {
+            Some(NvmlFailure::NotAnswering) => return Written::NotAnswered,
+            Some(_) => return Written::NvmlDown,
+            None => {}
+        }
+        let gpu_stuck = self.gpus.iter().any(|gpu| gpu.outcome.stuck().is_some());
+        if gpu_stuck || self.procfs_stuck.is_some() {
+            Written::NotAnswered
+        } else {
+            Written::Complete
+        }
     }
 }
 
@@ -938,6 +1039,9 @@ pub struct ScanSummary {
     pub permission_errors: u64,
     /// Seconds it took.
     pub duration_seconds: f64,
+    /// Whole seconds a `/proc` read had been blocked, when one kept the scan from
+    /// running or cut it short.
+    pub blocked_seconds: Option<u64>,
 }
 
 impl ScanSummary {
@@ -956,29 +1060,37 @@ impl Serialize for ScanSummary {
             cut_short: bool,
             permission_errors: u64,
             duration_seconds: f64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            blocked_seconds: Option<u64>,
         }
         ScanJson {
             complete: self.complete(),
             cut_short: self.cut_short,
             permission_errors: self.permission_errors,
             duration_seconds: self.duration_seconds,
+            blocked_seconds: self.blocked_seconds,
         }
         .serialize(serializer)
     }
 }
 
 /// Whether NVML answered, and what it said of itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum NvmlStatus {
     /// NVML loaded and answered.
     Up {
         /// The kernel driver's version.
         driver_version: String,
     },
-    /// NVML could not be loaded or initialised: nothing can be said of the GPUs.
+    /// NVML could not be loaded or initialised, or does not answer: nothing can be said
+    /// of the GPUs.
     Down {
         /// Why, in one line.
         error: String,
+        /// The kind of failure.
+        reason: NvmlFailure,
+        /// The library-level call that has not returned, when NVML does not answer.
+        stuck: Option<StuckCall>,
     },
 }
 
@@ -996,11 +1108,27 @@ impl NvmlStatus {
         }
     }
 
+    /// The kind of failure, when NVML did not answer.
+    pub fn failure(&self) -> Option<NvmlFailure> {
+        match self {
+            NvmlStatus::Up { .. } => None,
+            NvmlStatus::Down { reason, .. } => Some(*reason),
+        }
+    }
+
+    /// The call NVML is stuck in, when it does not answer.
+    pub fn stuck(&self) -> Option<&StuckCall> {
+        match self {
+            NvmlStatus::Up { .. } => None,
+            NvmlStatus::Down { stuck, .. } => stuck.as_ref(),
+        }
+    }
+
     /// Why NVML did not answer.
     pub fn error(&self) -> Option<&str> {
         match self {
             NvmlStatus::Up { .. } => None,
-            NvmlStatus::Down { error } => Some(error),
+            NvmlStatus::Down { error, .. } => Some(error),
         }
     }
 }
@@ -1020,6 +1148,8 @@ pub struct Report {
     pub procfs_errors: u64,
     /// The holder scan, when one ran.
     pub holder_scan: Option<ScanSummary>,
+    /// The `/proc` reader, when it had not returned at this look's deadline.
+    pub procfs_stuck: Option<StuckRead>,
 
     // Kubernetes.
     /// Each GPU's pods, pod names by uid, and the kubelet sources' health; `None` when the
@@ -1060,6 +1190,12 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         cut_short: scan.cut_short,
         permission_errors: scan.permission_errors,
         duration_seconds: scan.duration_seconds,
+        // A scan cut short while the reader was stuck was cut short by the blocked read.
+        blocked_seconds: observation
+            .procfs_stuck
+            .as_ref()
+            .filter(|_| scan.cut_short)
+            .map(|stuck| stuck.stuck_seconds as u64),
     });
     let (nvml, gpus) = match &observation.nvml {
         NvmlReading::Up {
@@ -1073,7 +1209,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                     GpuState::Ok { processes, .. } => {
                         Some(judge_owners(processes, gpu.minor, observation, &frame))
                     }
-                    GpuState::Failed { .. } => None,
+                    GpuState::Failed { .. } | GpuState::NotAnswering { .. } => None,
                 })
                 .collect();
             let mut live_owner_gpus: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
@@ -1127,6 +1263,16 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                             error: *error,
                             message: message.clone(),
                         },
+                        (
+                            GpuState::NotAnswering {
+                                call,
+                                stuck_seconds,
+                            },
+                            _,
+                        ) => GpuOutcome::NotAnswering {
+                            call: call.clone(),
+                            stuck_seconds: *stuck_seconds,
+                        },
                         (GpuState::Ok { .. }, None) => {
                             unreachable!("owners are judged for every GPU that answered")
                         }
@@ -1154,9 +1300,15 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
             };
             (nvml, verdicts)
         }
-        NvmlReading::Down { error } => (
+        NvmlReading::Down {
+            error,
+            reason,
+            stuck,
+        } => (
             NvmlStatus::Down {
                 error: error.clone(),
+                reason: *reason,
+                stuck: stuck.clone(),
             },
             Vec::new(),
         ),
@@ -1176,6 +1328,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         gpus,
         procfs_errors: observation.procfs_errors,
         holder_scan: scan,
+        procfs_stuck: observation.procfs_stuck.clone(),
         kubernetes,
     }
 }
@@ -1206,7 +1359,7 @@ fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
             )
             .filter_map(|outcome| match outcome {
                 GpuOutcome::Measured(account) => Some(account),
-                GpuOutcome::Failed { .. } => None,
+                GpuOutcome::Failed { .. } | GpuOutcome::NotAnswering { .. } => None,
             });
         for account in accounts {
             for owner in &mut account.owners {
@@ -1545,6 +1698,10 @@ fn mps_restart(account: &GpuAccount) -> Option<Remedy> {
 fn scan_blindness(scan: Option<ScanSummary>) -> Option<Blindness> {
     match scan {
         None => Some(Blindness::NoScan),
+        Some(ScanSummary {
+            blocked_seconds: Some(seconds),
+            ..
+        }) => Some(Blindness::ScanBlocked { seconds }),
         Some(scan) if scan.cut_short => Some(Blindness::ScanCutShort),
         Some(scan) if scan.permission_errors > 0 => Some(Blindness::ScanDenied {
             processes: scan.permission_errors,

@@ -4,8 +4,8 @@
 //! the classifier.
 
 use crate::classify::{
-    GoneReason, GpuAccount, GpuError, GpuOutcome, GpuVerdict, InstanceVerdict, KubeletSource,
-    KubernetesView, MemoryReading, OrphanReason, OwnerState, PodName, Process, ProcfsView,
+    GoneReason, GpuAccount, GpuError, GpuVerdict, InstanceVerdict, KubeletSource, KubernetesView,
+    MemoryReading, NvmlFailure, OrphanReason, OwnerState, PodName, Process, ProcfsView,
     RecoveryAction, Report, Role, StateTally,
 };
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -200,6 +200,12 @@ struct ErrorLabel {
     error: &'static str,
 }
 
+/// The NVML call something is stuck in.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct CallLabel {
+    call: String,
+}
+
 /// A recovery action.
 #[derive(Debug, Clone, EncodeLabelSet)]
 struct ActionLabel {
@@ -389,8 +395,34 @@ fn exporter_health(
     gauge(
         encoder,
         "vram_nvml_up",
-        "1 when NVML loaded and answered this scrape, 0 when it could not be loaded or initialised.",
+        "1 when NVML loaded and answered this scrape, 0 when it is missing, failed or does not answer (vram_nvml_error says which).",
         single(flag(report.nvml.is_up())),
+    )?;
+    gauge(
+        encoder,
+        "vram_nvml_error",
+        "1 for the reason NVML gave no reading (missing, init_failed, not_answering, failed), else 0; all 0 while it answers.",
+        NvmlFailure::iter().map(|kind| {
+            (
+                ErrorLabel {
+                    error: kind.as_str(),
+                },
+                flag(report.nvml.failure() == Some(kind)),
+            )
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_nvml_stuck_seconds",
+        "Seconds NVML's library-level call (init, device count) has been running, while NVML does not answer; absent otherwise.",
+        report.nvml.stuck().map(|stuck| {
+            (
+                CallLabel {
+                    call: stuck.call.clone(),
+                },
+                stuck.stuck_seconds,
+            )
+        }),
     )?;
     gauge(
         encoder,
@@ -409,6 +441,17 @@ fn exporter_health(
         "vram_procfs_errors",
         "Entries under /proc that existed but could not be read during this scrape.",
         single(report.procfs_errors),
+    )?;
+    gauge(
+        encoder,
+        "vram_procfs_stuck_seconds",
+        "Seconds a /proc read has been blocked (a process in uninterruptible sleep blocks reads of its memory map), 0 when none is: owners it kept from being read are unknown, and the holder scan is incomplete.",
+        single(
+            report
+                .procfs_stuck
+                .as_ref()
+                .map_or(0.0, |stuck| stuck.stuck_seconds),
+        ),
     )
 }
 
@@ -430,23 +473,38 @@ fn gpu_identity(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Re
     gauge(
         encoder,
         "vram_gpu_up",
-        "1 when every NVML call for this GPU answered, 0 when one failed and its other series are missing.",
+        "1 when every NVML call for this GPU answered, 0 when one failed or has not returned (vram_gpu_error says which) and its other series are missing.",
         per_gpu(gpus, |gpu| Some(flag(gpu.account().is_some()))),
     )?;
     gauge(
         encoder,
         "vram_gpu_error",
-        "1 for the kind of NVML failure this GPU shows (gpu_lost, reset_required, not_supported, unknown), else 0.",
+        "1 for the kind of NVML failure this GPU shows (gpu_lost, reset_required, not_supported, no_permission, unknown, timeout: a call that has not returned), else 0.",
         one_hot(
             gpus,
             GpuError::iter(),
             |kind| ErrorLabel {
                 error: kind.as_str(),
             },
-            |gpu, kind| {
-                Some(matches!(&gpu.outcome, GpuOutcome::Failed { error, .. } if error == kind))
-            },
+            |gpu, kind| Some(gpu.outcome.error_kind() == Some(*kind)),
         ),
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_stuck_seconds",
+        "Seconds the NVML call this GPU is stuck in has been running; only for a GPU that does not answer, which is asked nothing more until the call returns.",
+        gpus.iter().filter_map(|gpu| {
+            let (call, seconds) = gpu.outcome.stuck()?;
+            Some((
+                (
+                    GpuLabels::of(gpu),
+                    CallLabel {
+                        call: call.to_string(),
+                    },
+                ),
+                seconds,
+            ))
+        }),
     )
 }
 
@@ -687,7 +745,7 @@ fn holder_scan(
     gauge(
         encoder,
         "vram_holder_scan_complete",
-        "0 when this scrape's scan for device-file holders was cut short or denied, so holders may be missing; 1 otherwise, also when no scan was needed.",
+        "0 when this scrape's scan for device-file holders was cut short (by its time budget or a blocked /proc read) or denied, so holders may be missing; 1 otherwise, also when no scan was needed.",
         single(flag(report.holders_all_seen())),
     )?;
     gauge(

@@ -308,6 +308,96 @@ fn text_says_why_nvml_is_down_and_nothing_else() {
     );
 }
 
+#[test]
+fn a_gpu_that_does_not_answer_says_which_call_in_text_json_and_prometheus() {
+    let report = Host::idle().gpu(1).not_answering(1, 25.4).report();
+    let sentence =
+        "GPU 1 does not answer NVML (stuck 25 s in nvmlDeviceGetMemoryInfo_v2): cannot tell.";
+    assert_eq!(verdict(&report.gpus[1]).sentence, sentence);
+    assert!(gpu_table(&report.gpus[1])
+        .ends_with("\n  (no readings: stuck 25 s in nvmlDeviceGetMemoryInfo_v2)\n"));
+    let json = json_of(&report);
+    assert_eq!(json["status"], "not_answering");
+    assert_eq!(json["gpus"][1]["status"], "not_answering");
+    assert_eq!(json["gpus"][1]["error"], "timeout");
+    assert_eq!(
+        json["gpus"][1]["not_answering"],
+        json!({ "call": "nvmlDeviceGetMemoryInfo_v2", "stuck_seconds": 25.4 })
+    );
+    assert_eq!(json["gpus"][1]["verdict"]["sentence"], sentence);
+    // A GPU that answers has no such key.
+    assert!(json["gpus"][0].get("not_answering").is_none());
+    let text = metrics_of(&report);
+    let written = samples(&text);
+    let gpu1 = [("gpu", "1")];
+    assert_eq!(value(&written, "vram_gpu_up", &gpu1), 0.0);
+    assert_eq!(
+        value(
+            &written,
+            "vram_gpu_error",
+            &[("gpu", "1"), ("error", "timeout")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &written,
+            "vram_gpu_error",
+            &[("gpu", "0"), ("error", "timeout")]
+        ),
+        0.0
+    );
+    assert!(text.lines().any(|line| line
+        == "vram_gpu_stuck_seconds{gpu=\"1\",uuid=\"GPU-1\",call=\"nvmlDeviceGetMemoryInfo_v2\"} 25.4"));
+    assert!(find(&written, "vram_gpu_stuck_seconds", &[("gpu", "0")]).is_empty());
+    assert!(find(&written, "vram_used_bytes", &gpu1).is_empty());
+    assert_eq!(value(&written, "vram_gpu_up", &[("gpu", "0")]), 1.0);
+    assert_eq!(value(&written, "vram_nvml_up", &[]), 1.0);
+    assert_eq!(value(&written, "vram_procfs_stuck_seconds", &[]), 0.0);
+}
+
+#[test]
+fn nvml_that_does_not_answer_is_said_with_its_call() {
+    let mut observation = Host::idle().observation();
+    observation.nvml = nvml_not_answering(12.0);
+    let report = classify(&observation, &Settings::default());
+    assert!(text_of(&report)
+        .starts_with("NVML does not answer (stuck 12 s in nvmlInit_v2): cannot tell.\n"));
+    let written = samples(&metrics_of(&report));
+    assert_eq!(value(&written, "vram_nvml_up", &[]), 0.0);
+    for (reason, expected) in [
+        ("missing", 0.0),
+        ("init_failed", 0.0),
+        ("not_answering", 1.0),
+        ("failed", 0.0),
+    ] {
+        assert_eq!(
+            value(&written, "vram_nvml_error", &[("error", reason)]),
+            expected,
+            "{reason}"
+        );
+    }
+    assert_eq!(
+        value(
+            &written,
+            "vram_nvml_stuck_seconds",
+            &[("call", "nvmlInit_v2")]
+        ),
+        12.0
+    );
+    let json = json_of(&report);
+    assert_eq!(json["status"], "not_answering");
+    assert_eq!(json["nvml_failure"], "not_answering");
+    assert_eq!(json["nvml_stuck"]["call"], "nvmlInit_v2");
+    // NVML that answers writes every reason 0 and no stuck call.
+    let healthy = samples(&metrics_of(&Host::idle().report()));
+    assert_eq!(
+        value(&healthy, "vram_nvml_error", &[("error", "missing")]),
+        0.0
+    );
+    assert!(find(&healthy, "vram_nvml_stuck_seconds", &[]).is_empty());
+}
+
 // JSON.
 
 #[test]

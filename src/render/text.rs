@@ -5,8 +5,8 @@
 
 use crate::classify::{
     short_container_id, Blindness, ChargedTo, Departure, Evidence, GpuAccount, GpuOutcome,
-    GpuVerdict, InstanceVerdict, LookAgain, NarrowAccess, Note, NvmlStatus, Owner, Process,
-    RecoveryAction, Remedy, Report, Sentence, StateQualifier, Suspect, UnattributedTrust,
+    GpuVerdict, InstanceVerdict, LookAgain, NarrowAccess, Note, NvmlFailure, NvmlStatus, Owner,
+    Process, RecoveryAction, Remedy, Report, Sentence, StateQualifier, Suspect, UnattributedTrust,
     WhyUnknown,
 };
 use crate::dates::utc_words;
@@ -225,6 +225,9 @@ fn blindness_words(reason: Blindness) -> String {
         Blindness::ScanCutShort => {
             "the scan for holders ran out of time before it saw every process".into()
         }
+        Blindness::ScanBlocked { seconds } => format!(
+            "a /proc read has been blocked for {seconds} s, so the scan for holders did not see every process (a process in uninterruptible sleep, state D, blocks reads of its memory map)"
+        ),
         Blindness::ScanDenied { processes } => format!(
             "the descriptors of {processes} process{} could not be read (run as root, or with CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE)",
             plural(processes, "es")
@@ -276,6 +279,21 @@ pub fn instance_verdict(gpu: &GpuVerdict, instance: &InstanceVerdict) -> Verdict
 fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
     let account = match outcome {
         GpuOutcome::Measured(account) => account,
+        GpuOutcome::NotAnswering {
+            call,
+            stuck_seconds,
+        } => {
+            return Verdict {
+                sentence: format!(
+                    "{label} does not answer NVML (stuck {} in {call}): cannot tell.",
+                    seconds_words(*stuck_seconds)
+                ),
+                notes: vec![
+                    "NVML calls that block like this come with a GPU that fell off the bus (Xid 79) or a wedged driver: look for Xid errors in the kernel log (dmesg). This GPU is asked nothing more until the call returns; the other GPUs are judged as usual.".into(),
+                ],
+                suggestion: None,
+            };
+        }
         GpuOutcome::Failed { error, message } => {
             return Verdict {
                 sentence: format!(
@@ -618,6 +636,45 @@ fn named<'a>(suspects: &'a [Suspect], pids: &'a [u32]) -> impl Iterator<Item = &
         .filter(|suspect| pids.contains(&suspect.process.pid))
 }
 
+/// How long something has been stuck, as a person reads it: `0.6 s`, `25 s`.
+pub fn seconds_words(seconds: f64) -> String {
+    if seconds < 10.0 {
+        format!("{seconds:.1} s")
+    } else {
+        format!("{seconds:.0} s")
+    }
+}
+
+/// What did not answer in time, one line each: NVML itself, each GPU, the `/proc`
+/// reader. Empty when everything answered (or failed outright).
+pub fn not_answering_lines(report: &Report) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(stuck) = report.nvml.stuck() {
+        lines.push(format!(
+            "NVML does not answer (stuck {} in {})",
+            seconds_words(stuck.stuck_seconds),
+            stuck.call
+        ));
+    }
+    for gpu in &report.gpus {
+        if let Some((call, seconds)) = gpu.outcome.stuck() {
+            lines.push(format!(
+                "GPU {} does not answer NVML (stuck {} in {call})",
+                gpu.index,
+                seconds_words(seconds)
+            ));
+        }
+    }
+    if let Some(stuck) = &report.procfs_stuck {
+        lines.push(format!(
+            "a /proc read does not return (the reader has been stuck for {}, {})",
+            seconds_words(stuck.stuck_seconds),
+            stuck.call
+        ));
+    }
+    lines
+}
+
 /// The table for one GPU, nvidia-smi style, without the verdict.
 pub fn gpu_table(gpu: &GpuVerdict) -> String {
     let mut out = String::new();
@@ -637,9 +694,23 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
             .collect();
         let _ = writeln!(out, "  assigned to {}", pods.join(", "));
     }
-    let GpuOutcome::Measured(account) = &gpu.outcome else {
-        let _ = writeln!(out, "  (no readings)");
-        return out;
+    let account = match &gpu.outcome {
+        GpuOutcome::Measured(account) => account,
+        GpuOutcome::NotAnswering {
+            call,
+            stuck_seconds,
+        } => {
+            let _ = writeln!(
+                out,
+                "  (no readings: stuck {} in {call})",
+                seconds_words(*stuck_seconds)
+            );
+            return out;
+        }
+        GpuOutcome::Failed { .. } => {
+            let _ = writeln!(out, "  (no readings)");
+            return out;
+        }
     };
     let memory = account.memory;
     let _ = writeln!(
@@ -811,9 +882,26 @@ fn or_dash(text: &str) -> &str {
 /// Every table, every verdict and the host's notes, for `check`.
 pub fn check_text(report: &Report, gpus: &[&GpuVerdict]) -> String {
     let mut out = String::new();
-    if let NvmlStatus::Down { error } = &report.nvml {
-        let _ = writeln!(out, "NVML is not available: {error}");
-        return out;
+    match &report.nvml {
+        NvmlStatus::Down {
+            reason: NvmlFailure::NotAnswering,
+            stuck: Some(stuck),
+            ..
+        } => {
+            let _ = writeln!(
+                out,
+                "NVML does not answer (stuck {} in {}): cannot tell.",
+                seconds_words(stuck.stuck_seconds),
+                stuck.call
+            );
+            let _ = writeln!(out, "  note: NVML's own calls block: a wedged driver, or a GPU that fell off the bus (Xid 79); look for Xid errors in the kernel log (dmesg). It is asked nothing more until the call returns.");
+            return out;
+        }
+        NvmlStatus::Down { error, .. } => {
+            let _ = writeln!(out, "NVML is not available: {error}");
+            return out;
+        }
+        NvmlStatus::Up { .. } => {}
     }
     if report.blind() {
         let _ = writeln!(out, "warning: not in the host PID namespace: NVML hides other namespaces' processes, so memory without a visible owner is not called orphaned.\n");

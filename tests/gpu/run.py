@@ -786,6 +786,12 @@ def health(suite):
     suite.expect("memory not OS-managed (x86 H200)", [0.0], one("vram_gpu_memory_os_managed"))
     suite.expect("no Xid since the exporter started", [], one("vram_xid_errors_total"))
     suite.expect("no permission error", [0.0], one("vram_gpu_error", error="no_permission"))
+    # Every NVML call runs on a reader thread (one for the library, one per GPU, beside
+    # the event thread): on a healthy GPU each answers within the scrape.
+    suite.expect("answers in time (no timeout)", [0.0], one("vram_gpu_error", error="timeout"))
+    suite.expect("no NVML call stuck", [], one("vram_gpu_stuck_seconds"))
+    suite.expect("NVML answers (every vram_nvml_error 0)", [0.0] * 4,
+                 [v for n, l, v in s if n == "vram_nvml_error"])
 
 
 @scenario(2, "lifecycle", "live owner", "live", "stopped", "killed", "latency", "3", "4")

@@ -21,6 +21,7 @@ mod gpu_health;
 mod helm;
 mod holders;
 mod image;
+mod isolation;
 mod kubernetes;
 mod mig;
 mod mps;

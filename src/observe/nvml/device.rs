@@ -1,12 +1,16 @@
 //! Reading one GPU through NVML: its identity, memory and process lists, its MIG devices
 //! (each through its own handle), and what the driver says it needs. A call this driver
 //! or GPU does not support leaves its part unknown, never fails the GPU.
+//!
+//! This runs on the GPU's own reader thread; each blocking call is named first
+//! ([`calling`]), so a GPU stuck in one is reported with it.
 
 use super::reading::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigDeviceReading, MigReading,
-    NvmlLists, NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
+    NvmlLists, NvmlProcess, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
 };
-use super::xid::XidCounter;
+use crate::observe::worker::calling;
+use crate::sync::lock;
 use nvml_wrapper::enum_wrappers::device::RetirementCause;
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
@@ -14,7 +18,7 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 use nvml_wrapper::{Device, Nvml};
-use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Identity of a GPU as last seen, so a GPU that is lost keeps its labels.
@@ -24,6 +28,23 @@ pub(super) struct Identity {
     name: String,
     pci_bus_id: String,
     minor: Option<u32>,
+}
+
+impl Identity {
+    /// GPU `index` with this identity in `state`, and nothing else known of it (a GPU
+    /// that did not answer).
+    pub(super) fn reading(&self, index: u32, state: GpuState) -> GpuReading {
+        GpuReading {
+            index,
+            uuid: self.uuid.clone(),
+            name: self.name.clone(),
+            pci_bus_id: self.pci_bus_id.clone(),
+            minor: self.minor,
+            state,
+            mig: None,
+            health: GpuHealth::default(),
+        }
+    }
 }
 
 /// What a GPU cannot answer, and its MIG mode, which changes only at a reset: kept so
@@ -45,33 +66,20 @@ pub(super) struct Answers {
 /// much later at most.
 const MIG_MODE_FOR: Duration = Duration::from_secs(30);
 
-/// Every GPU NVML lists, in index order; `Err` when NVML itself stops answering.
-pub(super) fn read_all(
+/// GPU `index`, its identity kept in `known`: updated as soon as it is read, before the
+/// calls that may hang, so a GPU stuck in one keeps its labels.
+pub(super) fn read_gpu(
     nvml: &Nvml,
-    identities: &mut HashMap<u32, Identity>,
-    answers: &mut HashMap<u32, Answers>,
-    xid: Option<&XidCounter>,
-) -> Result<NvmlReading, NvmlError> {
-    let count = nvml.device_count()?;
-    let driver_version = nvml.sys_driver_version().unwrap_or_default();
-    let gpus = (0..count)
-        .map(|index| {
-            let cached = identities.entry(index).or_default();
-            let mut gpu = read_gpu(nvml, index, cached, answers.entry(index).or_default());
-            gpu.health.xid = xid.map(|xid| xid.reading(&gpu.uuid));
-            gpu
-        })
-        .collect();
-    Ok(NvmlReading::Up {
-        driver_version,
-        gpus,
-    })
-}
-
-fn read_gpu(nvml: &Nvml, index: u32, cached: &mut Identity, answers: &mut Answers) -> GpuReading {
+    index: u32,
+    known: &Mutex<Identity>,
+    answers: &mut Answers,
+) -> GpuReading {
+    let mut cached = lock(known).clone();
+    calling("nvmlDeviceGetHandleByIndex_v2");
     let (state, mig, health) = match nvml.device_by_index(index) {
         Ok(device) => {
-            refresh_identity(&device, cached);
+            refresh_identity(&device, &mut cached);
+            lock(known).clone_from(&cached);
             let mut state = read_state(&device);
             let mig = read_mig(&device, answers);
             if let Some(mig) = &mig {
@@ -95,9 +103,11 @@ fn read_gpu(nvml: &Nvml, index: u32, cached: &mut Identity, answers: &mut Answer
 
 /// Keep what answers; a lost GPU keeps the identity it had when it last answered.
 fn refresh_identity(device: &Device, cached: &mut Identity) {
+    calling("nvmlDeviceGetUUID");
     if let Ok(uuid) = device.uuid() {
         cached.uuid = uuid;
     }
+    calling("nvmlDeviceGetName");
     match device.name() {
         Ok(name) => cached.name = name,
         // A name that is not UTF-8 is still a name: keep it, with U+FFFD for what is not.
@@ -108,9 +118,11 @@ fn refresh_identity(device: &Device, cached: &mut Identity) {
         }
         Err(_) => {}
     }
+    calling("nvmlDeviceGetPciInfo_v3");
     if let Ok(pci) = device.pci_info() {
         cached.pci_bus_id = pci.bus_id;
     }
+    calling("nvmlDeviceGetMinorNumber");
     if let Ok(minor) = device.minor_number() {
         cached.minor = Some(minor);
     }
@@ -148,6 +160,7 @@ fn lossy_name(device: &Device) -> Option<String> {
 /// Memory and processes of a GPU or a MIG device. A refused process list does not fail
 /// the device: its memory is still known, and the refusal is kept in the list.
 fn read_state(device: &Device) -> GpuState {
+    calling("nvmlDeviceGetMemoryInfo_v2");
     let info = match device.memory_info() {
         Ok(info) => info,
         Err(error) => return failed(error),
@@ -169,19 +182,36 @@ fn read_processes(device: &Device) -> Result<ProcessList, NvmlError> {
     // Each list with which it is.
     let lists = [
         (
-            with_v2_fallback(device.running_compute_processes(), || {
-                device.running_compute_processes_v2()
-            }),
+            with_v2_fallback(
+                {
+                    calling("nvmlDeviceGetComputeRunningProcesses_v3");
+                    device.running_compute_processes()
+                },
+                || {
+                    calling("nvmlDeviceGetComputeRunningProcesses_v2");
+                    device.running_compute_processes_v2()
+                },
+            ),
             NvmlLists::COMPUTE,
         ),
         (
-            with_v2_fallback(device.running_graphics_processes(), || {
-                device.running_graphics_processes_v2()
-            }),
+            with_v2_fallback(
+                {
+                    calling("nvmlDeviceGetGraphicsRunningProcesses_v3");
+                    device.running_graphics_processes()
+                },
+                || {
+                    calling("nvmlDeviceGetGraphicsRunningProcesses_v2");
+                    device.running_graphics_processes_v2()
+                },
+            ),
             NvmlLists::GRAPHICS,
         ),
         (
-            optional(device.mps_running_compute_processes()),
+            optional({
+                calling("nvmlDeviceGetMPSComputeRunningProcesses_v3");
+                device.mps_running_compute_processes()
+            }),
             NvmlLists::MPS,
         ),
     ];
@@ -237,6 +267,7 @@ fn read_mig(device: &Device, answers: &mut Answers) -> Option<MigReading> {
     let (current, pending) = match answers.mig_mode {
         Some((read_at, mode)) if now.duration_since(read_at) < MIG_MODE_FOR => mode?,
         _ => {
+            calling("nvmlDeviceGetMigMode");
             let mode = match device.mig_mode() {
                 Ok(mode) => Some((mode.current, mode.pending)),
                 Err(error) => {
@@ -257,6 +288,7 @@ fn read_mig(device: &Device, answers: &mut Answers) -> Option<MigReading> {
     if !mig.enabled {
         return Some(mig);
     }
+    calling("nvmlDeviceGetMaxMigDeviceCount");
     let slots = match device.mig_device_count() {
         Ok(slots) => slots,
         Err(error) => {
@@ -265,6 +297,7 @@ fn read_mig(device: &Device, answers: &mut Answers) -> Option<MigReading> {
         }
     };
     for index in 0..slots {
+        calling("nvmlDeviceGetMigDeviceHandleByIndex");
         match device.mig_device_by_index(index) {
             Ok(instance) => mig.devices.push(read_mig_device(index, &instance)),
             // Indices without a MIG device, below the GPU's maximum.
@@ -288,14 +321,17 @@ fn read_mig(device: &Device, answers: &mut Answers) -> Option<MigReading> {
 const MIG_ENABLED: u32 = 1;
 
 fn read_mig_device(index: u32, device: &Device) -> MigDeviceReading {
+    calling("nvmlDeviceGetName");
     let name = match device.name() {
         Ok(name) => name,
         Err(NvmlError::Utf8Error(_)) => lossy_name(device).unwrap_or_default(),
         Err(_) => String::new(),
     };
+    calling("nvmlDeviceGetUUID");
+    let uuid = device.uuid().unwrap_or_default();
     MigDeviceReading {
         index,
-        uuid: device.uuid().unwrap_or_default(),
+        uuid,
         profile: mig_profile(&name).to_string(),
         name,
         gpu_instance_id: instance_id(device, InstanceKind::Gpu),
@@ -323,8 +359,14 @@ enum InstanceKind {
 fn instance_id(device: &Device, kind: InstanceKind) -> Option<u32> {
     let lib = device.nvml().lib();
     let call = match kind {
-        InstanceKind::Gpu => lib.nvmlDeviceGetGpuInstanceId.as_ref().ok()?,
-        InstanceKind::Compute => lib.nvmlDeviceGetComputeInstanceId.as_ref().ok()?,
+        InstanceKind::Gpu => {
+            calling("nvmlDeviceGetGpuInstanceId");
+            lib.nvmlDeviceGetGpuInstanceId.as_ref().ok()?
+        }
+        InstanceKind::Compute => {
+            calling("nvmlDeviceGetComputeInstanceId");
+            lib.nvmlDeviceGetComputeInstanceId.as_ref().ok()?
+        }
     };
     let mut id = 0;
     // SAFETY: the handle comes from a live `Device` of this library, and NVML writes one
@@ -336,15 +378,23 @@ fn instance_id(device: &Device, kind: InstanceKind) -> Option<u32> {
 /// What the driver says the GPU needs. Each reading that this driver or GPU cannot give
 /// is `None`: a missing feature is not a failure of the GPU.
 fn read_health(device: &Device, answers: &mut Answers) -> GpuHealth {
+    calling("nvmlDeviceGetFieldValues");
+    let recovery_action =
+        recovery_action(device.field_values_for(&[FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)]));
+    calling("nvmlDeviceGetRemappedRows");
+    let remapped_rows = remapped_rows(device);
+    let retired_pages = unless_unsupported(&mut answers.retired_pages_unsupported, || {
+        retired_pages(device)
+    });
+    let numa_node = unless_unsupported(&mut answers.numa_node_unsupported, || {
+        calling("nvmlDeviceGetNumaNodeId");
+        device.numa_node_id()
+    });
     GpuHealth {
-        recovery_action: recovery_action(
-            device.field_values_for(&[FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)]),
-        ),
-        remapped_rows: remapped_rows(device),
-        retired_pages: unless_unsupported(&mut answers.retired_pages_unsupported, || {
-            retired_pages(device)
-        }),
-        numa_node: unless_unsupported(&mut answers.numa_node_unsupported, || device.numa_node_id()),
+        recovery_action,
+        remapped_rows,
+        retired_pages,
+        numa_node,
         xid: None,
     }
 }
@@ -416,8 +466,12 @@ fn remapped_rows(device: &Device) -> Option<RemappedRows> {
 
 /// Page retirement, when the GPU retires pages at all.
 fn retired_pages(device: &Device) -> Result<RetiredPages, NvmlError> {
+    calling("nvmlDeviceGetRetiredPagesPendingStatus");
     let pending = device.are_pages_pending_retired()?;
-    let count = |cause| device.retired_pages(cause).map(|pages| pages.len() as u32);
+    let count = |cause| {
+        calling("nvmlDeviceGetRetiredPages_v2");
+        device.retired_pages(cause).map(|pages| pages.len() as u32)
+    };
     Ok(RetiredPages {
         multiple_single_bit_ecc: count(RetirementCause::MultipleSingleBitEccErrors)?,
         double_bit_ecc: count(RetirementCause::DoubleBitEccError)?,
@@ -470,6 +524,7 @@ fn failed(error: NvmlError) -> GpuState {
         NvmlError::ResetRequired => GpuError::ResetRequired,
         NvmlError::NotSupported => GpuError::NotSupported,
         NvmlError::NoPermission => GpuError::NoPermission,
+        NvmlError::Timeout => GpuError::Timeout,
         _ => GpuError::Unknown,
     };
     GpuState::Failed {

@@ -17,11 +17,66 @@ pub enum NvmlReading {
         /// One entry per device, in NVML index order.
         gpus: Vec<GpuReading>,
     },
-    /// NVML could not be loaded or initialised.
+    /// NVML could not be loaded or initialised, or does not answer.
     Down {
         /// Why, in one line.
         error: String,
+        /// The kind of failure; `failed` in snapshots of older versions.
+        #[serde(default)]
+        reason: NvmlFailure,
+        /// The library-level call that has not returned, when NVML does not answer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stuck: Option<StuckCall>,
     },
+}
+
+/// Why NVML gave no reading at all. Its label value (in metrics and JSON alike) is its
+/// name in snake case; `NvmlFailure::iter()` lists every kind in the order metrics do.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    IntoStaticStr,
+    EnumIter,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum NvmlFailure {
+    /// The library could not be loaded: no driver installed, or not where
+    /// `--nvml.library` says.
+    Missing,
+    /// The library loaded, but `nvmlInit` failed (no kernel driver loaded, a version
+    /// mismatch between the library and the kernel module).
+    InitFailed,
+    /// A library-level call (init, the device count) has not returned in time: a wedged
+    /// driver.
+    NotAnswering,
+    /// NVML loaded, then a call every reading needs failed (a driver unloaded or upgraded
+    /// under us); any other failure.
+    #[default]
+    Failed,
+}
+
+impl NvmlFailure {
+    /// The label value used in metrics and JSON.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// An NVML call that has not returned: which, and for how long when the look was made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StuckCall {
+    /// The NVML function, e.g. `nvmlDeviceGetMemoryInfo_v2`.
+    pub call: String,
+    /// Seconds it had been running.
+    pub stuck_seconds: f64,
 }
 
 impl NvmlReading {
@@ -92,6 +147,15 @@ pub enum GpuState {
         error: GpuError,
         /// NVML's own words.
         message: String,
+    },
+    /// A call has not returned within the look's deadline (a GPU that fell off the bus,
+    /// a wedged driver): the GPU's figures are unknown, and it is asked nothing more
+    /// until that call returns.
+    NotAnswering {
+        /// The NVML function it is stuck in.
+        call: String,
+        /// Seconds the call had been running when the look was made.
+        stuck_seconds: f64,
     },
 }
 
@@ -222,6 +286,9 @@ pub enum GpuError {
     NoPermission,
     /// Any other NVML error.
     Unknown,
+    /// The GPU did not answer in time: a call still in flight at the look's deadline
+    /// ([`GpuState::NotAnswering`]), or NVML's own `Timeout`.
+    Timeout,
 }
 
 impl GpuError {
