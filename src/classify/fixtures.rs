@@ -266,6 +266,7 @@ pub(crate) fn contained(mut facts: ProcessFacts, init: Option<NamespaceInit>) ->
         cgroup: Some(format!("/kubepods/pod{POD}/{CONTAINER}")),
         container_id: Some(CONTAINER.into()),
         pod_uid: Some(POD.into()),
+        ..CgroupAttribution::default()
     };
     facts.pid_namespace_init = init;
     facts

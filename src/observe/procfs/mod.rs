@@ -25,7 +25,10 @@ mod reading;
 mod references;
 mod root;
 
-pub use cgroup::{parse_cgroup_file, parse_cgroup_path, short_container_id, CgroupAttribution};
+pub use cgroup::{
+    parse_cgroup_file, parse_cgroup_path, short_container_id, slurm_step_in, CgroupAttribution,
+    Runtime, SlurmStep,
+};
 pub(crate) use looks::{look_at_owners, look_for_holders};
 pub use memory::{Memory, Remembered};
 pub use placement::Placement;
