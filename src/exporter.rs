@@ -136,6 +136,7 @@ impl Exporter {
                     holder_scan: None,
                     procfs_errors: 0,
                     kubernetes: None,
+                    slurm: None,
                 };
                 Collected {
                     report: classify(&observation, &self.settings),

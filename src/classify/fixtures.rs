@@ -8,7 +8,7 @@ pub(crate) use crate::observe::ProcessLookup;
 use crate::observe::{
     CgroupAttribution, GpuHealth, GpuReading, GpuState, HolderScan, Identity, MemoryReading,
     NamespaceInit, NodeSet, NvmlProcess, NvmlReading, Observation, OwnerLookup, ProcessFacts,
-    ProcessList, ProcfsView, RecoveryAction, References,
+    ProcessList, ProcfsView, RecoveryAction, References, SlurmReading,
 };
 
 pub(crate) const MIB: u64 = 1024 * 1024;
@@ -107,6 +107,7 @@ pub(crate) struct Host {
     pub(crate) holders: Option<Vec<ProcessFacts>>,
     pub(crate) scan_cut_short: bool,
     pub(crate) scan_denied: u64,
+    pub(crate) slurm: Option<SlurmReading>,
 }
 
 impl Host {
@@ -120,6 +121,7 @@ impl Host {
             holders: None,
             scan_cut_short: false,
             scan_denied: 0,
+            slurm: None,
         }
         .gpu(0)
     }
@@ -224,6 +226,7 @@ impl Host {
             }),
             procfs_errors: 0,
             kubernetes: None,
+            slurm: self.slurm.clone(),
         }
     }
 
@@ -272,7 +275,39 @@ pub(crate) fn contained(mut facts: ProcessFacts, init: Option<NamespaceInit>) ->
     facts
 }
 
+/// `facts` in step `step` of Slurm job `job_id` of `user` (uid 1000), as cgroup v1
+/// names it.
+pub(crate) fn in_slurm_job(mut facts: ProcessFacts, job_id: u64, step: &str) -> ProcessFacts {
+    facts.uid = Some(1000);
+    facts.user = Some("alice".into());
+    facts.cgroup = CgroupAttribution {
+        cgroup: Some(format!("/slurm/uid_1000/job_{job_id}/step_{step}/task_0")),
+        slurm: Some(crate::observe::SlurmStep {
+            job_id,
+            step: Some(step.into()),
+            uid: Some(1000),
+        }),
+        ..CgroupAttribution::default()
+    };
+    facts
+}
+
 impl Host {
+    /// The Slurm job steps whose slurmstepd runs, from a complete look.
+    pub(crate) fn slurm_running(mut self, steps: &[(u64, &str)]) -> Host {
+        self.slurm = Some(SlurmReading {
+            running_steps: steps
+                .iter()
+                .map(|(job_id, step)| crate::observe::RunningStep {
+                    job_id: *job_id,
+                    step: (*step).into(),
+                })
+                .collect(),
+            complete: true,
+        });
+        self
+    }
+
     pub(crate) fn health(mut self, health: GpuHealth) -> Host {
         self.gpus[0].health = health;
         self

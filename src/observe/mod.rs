@@ -3,7 +3,8 @@
 //!
 //! - [`nvml`]: the GPUs, their memory and the processes NVML charges for it, MIG, and
 //!   what the driver says each GPU needs;
-//! - [`procfs`]: the processes NVML names and those that hold NVIDIA device files;
+//! - [`procfs`]: the processes NVML names and those that hold NVIDIA device files, with
+//!   the container, pod and Slurm job step each runs in, and which Slurm steps still run;
 //! - [`kubernetes`]: the kubelet's pod-resources API and pod log directories.
 //!
 //! `snapshot` holds what one look saw ([`Observation`]) and the file that carries it
@@ -27,7 +28,7 @@ pub use nvml::{
 };
 pub use procfs::{
     CgroupAttribution, HolderScan, Identity, NamespaceInit, NodeSet, PidNamespace, ProcessFacts,
-    ProcessLookup, ProcfsView, References,
+    ProcessLookup, ProcfsView, References, RunningStep, Runtime, SlurmReading, SlurmStep,
 };
 pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot};
 
@@ -144,6 +145,10 @@ impl LiveHost {
             .kubernetes
             .as_ref()
             .map(|watch| self.kubernetes_reading(watch, &owners));
+        let in_slurm_jobs = owners.values().any(|owner| {
+            matches!(&owner.now, ProcessLookup::Present(facts) if facts.cgroup.slurm.is_some())
+        });
+        let slurm = in_slurm_jobs.then(|| self.slurm_reading());
         // Where a slow scrape's time went, for whoever profiles one.
         tracing::debug!(
             nvml_seconds = nvml_read.as_secs_f64(),
@@ -161,7 +166,13 @@ impl LiveHost {
             holder_scan: None,
             procfs_errors,
             kubernetes,
+            slurm,
         }
+    }
+
+    /// Which Slurm job steps run now, looked for within the scan budget.
+    fn slurm_reading(&self) -> SlurmReading {
+        procfs::look_for_slurmstepds(&self.proc_root, Instant::now() + self.scan_budget)
     }
 
     /// The holder scan, served from and adding to what earlier looks found.
@@ -292,6 +303,14 @@ impl Source {
                     .iter()
                     .filter_map(|holder| holder.cgroup.pod_uid.as_deref());
                 watch.add_names(reading, uids);
+            }
+            // Holders in Slurm jobs: whether their steps run, as of now.
+            if scan
+                .holders
+                .iter()
+                .any(|holder| holder.cgroup.slurm.is_some())
+            {
+                observation.slurm = Some(host.slurm_reading());
             }
             observation.holder_scan = Some(scan);
         }

@@ -4,7 +4,7 @@
 
 use super::kubernetes::KubernetesReading;
 use super::nvml::NvmlReading;
-use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView};
+use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView, SlurmReading};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,6 +40,12 @@ pub struct Observation {
     /// the pods owners and holders run in. `None` in snapshots of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesReading>,
+
+    // Slurm.
+    /// Which Slurm job steps still run, looked for when an owner or holder runs in a
+    /// Slurm job's cgroup; `None` when none does (or in snapshots of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmReading>,
 }
 
 /// `USER_HZ`: 100 on every architecture Linux runs GPUs on.

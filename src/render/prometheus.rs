@@ -117,24 +117,33 @@ struct MigInfoLabels {
     name: String,
 }
 
-/// Where a process runs: `container_id` and `pod_uid`, then `namespace` and `pod`; each
-/// empty when the process runs in none or its pod's name is unknown.
+/// Where a process runs: `container_id` and `pod_uid`, then `namespace` and `pod`, then
+/// its Slurm job's id, step and user; each empty when the process runs in none or its
+/// pod's name is unknown. Only per-process series carry them: on a per-GPU series they
+/// would multiply its series by the workloads that come and go.
 #[derive(Debug, Clone, EncodeLabelSet)]
 struct PlaceLabels {
     container_id: Option<String>,
     pod_uid: Option<String>,
     namespace: Option<String>,
     pod: Option<String>,
+    slurm_job_id: Option<u64>,
+    slurm_step: Option<String>,
+    slurm_user: Option<String>,
 }
 
 impl PlaceLabels {
     fn of(process: Option<&Process>) -> PlaceLabels {
         let pod: Option<&PodName> = process.and_then(|process| process.pod.as_ref());
+        let job = process.and_then(|process| process.slurm_job.as_ref());
         PlaceLabels {
             container_id: process.and_then(|process| process.cgroup.container_id.clone()),
             pod_uid: process.and_then(|process| process.cgroup.pod_uid.clone()),
             namespace: pod.map(|pod| pod.namespace.clone()),
             pod: pod.map(|pod| pod.name.clone()),
+            slurm_job_id: job.map(|job| job.job_id),
+            slurm_step: job.and_then(|job| job.step.clone()),
+            slurm_user: job.and_then(|job| job.user.clone()),
         }
     }
 }
