@@ -26,6 +26,7 @@ mod privilege;
 mod readme;
 mod release;
 mod serving;
+mod slurm;
 mod snapshot;
 mod textfile;
 mod web;

@@ -13,7 +13,10 @@ pub use exporter::{
     collect_lines, http, parse_response, request_head, start, Exporter, Outcome, Response, Running,
 };
 pub use model::{model_program, Model};
-pub use output::{assert_promtool_clean, columns, promtool, verdict_line, Metrics};
+pub use output::{
+    assert_per_gpu_series_carry_no_workload_labels, assert_promtool_clean, columns, promtool,
+    verdict_line, Metrics,
+};
 pub use processes::{
     children_of, effective_uid, holds, nonexistent_pid, proc_comm, proc_state,
     process_group_and_session, signal, start_time_ticks, task_flags, user_name, Holder,
