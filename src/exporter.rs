@@ -137,6 +137,7 @@ impl Exporter {
                     procfs_errors: 0,
                     kubernetes: None,
                     slurm: None,
+                    containers: None,
                 };
                 Collected {
                     report: classify(&observation, &self.settings),

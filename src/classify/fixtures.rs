@@ -4,6 +4,7 @@
 
 use super::*;
 // Where a listed owner's PID leads in `/proc`, for the hosts the renderers' tests build.
+use crate::observe::containers::ContainersReading;
 pub(crate) use crate::observe::ProcessLookup;
 use crate::observe::{
     CgroupAttribution, GpuHealth, GpuReading, GpuState, HolderScan, Identity, MemoryReading,
@@ -108,6 +109,7 @@ pub(crate) struct Host {
     pub(crate) scan_cut_short: bool,
     pub(crate) scan_denied: u64,
     pub(crate) slurm: Option<SlurmReading>,
+    pub(crate) containers: Option<ContainersReading>,
 }
 
 impl Host {
@@ -122,6 +124,7 @@ impl Host {
             scan_cut_short: false,
             scan_denied: 0,
             slurm: None,
+            containers: None,
         }
         .gpu(0)
     }
@@ -227,6 +230,7 @@ impl Host {
             procfs_errors: 0,
             kubernetes: None,
             slurm: self.slurm.clone(),
+            containers: self.containers.clone(),
         }
     }
 
@@ -293,6 +297,45 @@ pub(crate) fn in_slurm_job(mut facts: ProcessFacts, job_id: u64, step: &str) -> 
 }
 
 impl Host {
+    /// The container engines' names: Podman named container `CONTAINER` `trainer`, from
+    /// image `localhost/model:1`, in pod `lab`; Docker is absent.
+    pub(crate) fn containers_named(mut self) -> Host {
+        use crate::observe::containers::{ContainerName, Engine, EngineError, EngineHealth};
+        self.containers = Some(ContainersReading {
+            engines: [
+                (
+                    Engine::Docker,
+                    EngineHealth {
+                        error: Some(EngineError::Absent),
+                        message: Some("no container engine socket at /var/run/docker.sock".into()),
+                        last_success_unix_seconds: None,
+                    },
+                ),
+                (
+                    Engine::Podman,
+                    EngineHealth {
+                        error: None,
+                        message: None,
+                        last_success_unix_seconds: Some(1_764_800_000.5),
+                    },
+                ),
+            ]
+            .into(),
+            names: [(
+                CONTAINER.to_string(),
+                ContainerName {
+                    engine: Engine::Podman,
+                    name: "trainer".into(),
+                    image: Some("localhost/model:1".into()),
+                    compose_project: None,
+                    pod: Some("lab".into()),
+                },
+            )]
+            .into(),
+        });
+        self
+    }
+
     /// The Slurm job steps whose slurmstepd runs, from a complete look.
     pub(crate) fn slurm_running(mut self, steps: &[(u64, &str)]) -> Host {
         self.slurm = Some(SlurmReading {

@@ -32,6 +32,7 @@ use suspects::Scene;
 
 // What the verdict carries of the observation, named here so that the renderers need
 // nothing from `observe`.
+pub use crate::observe::containers::{ContainerName, Engine, EngineError, EngineHealth};
 pub use crate::observe::kubernetes::{KubeletSource, SourceError, SourceHealth};
 pub use crate::observe::procfs::short_container_id;
 pub use crate::observe::{
@@ -193,6 +194,10 @@ pub struct Process {
     /// Its pod's namespace and name, when the kubelet's pod log directories name its uid.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodName>,
+    /// Its container's name, image, and Compose project or Podman pod, when its engine
+    /// named it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerName>,
     /// Its Slurm job and step, its user, and whether Slurm still runs it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slurm_job: Option<SlurmJob>,
@@ -248,6 +253,12 @@ impl Process {
             wchan: facts.wchan.clone(),
             cgroup: facts.cgroup.clone(),
             pod: None,
+            container: facts.cgroup.container_id.as_ref().and_then(|id| {
+                frame
+                    .containers
+                    .and_then(|reading| reading.names.get(id))
+                    .cloned()
+            }),
             slurm_job: SlurmJob::of(facts, frame.slurm),
             pid_namespace_init: facts.pid_namespace_init,
             descriptors: facts.descriptors.clone(),
@@ -1040,6 +1051,10 @@ pub struct Report {
     /// Each GPU's pods, pod names by uid, and the kubelet sources' health; `None` when the
     /// observation has none (a snapshot of an older version).
     pub kubernetes: Option<KubernetesView>,
+
+    // Container engines.
+    /// How each watched container engine's last call went; `None` when none is watched.
+    pub container_engines: Option<BTreeMap<Engine, EngineHealth>>,
 }
 
 impl Report {
@@ -1071,6 +1086,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         ticks_per_second: observation.clock_ticks_per_second,
         procfs_view: observation.procfs_view,
         slurm: observation.slurm.as_ref(),
+        containers: observation.containers.as_ref(),
     };
     let scan = observation.holder_scan.as_ref().map(|scan| ScanSummary {
         cut_short: scan.cut_short,
@@ -1190,6 +1206,10 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         procfs_errors: observation.procfs_errors,
         holder_scan: scan,
         kubernetes,
+        container_engines: observation
+            .containers
+            .as_ref()
+            .map(|reading| reading.engines.clone()),
     }
 }
 

@@ -2,6 +2,7 @@
 //! and start time) and by evidence of a context (shared mappings of the GPU's device file).
 
 use super::{Process, ProcessState};
+use crate::observe::containers::ContainersReading;
 use crate::observe::{
     Identity, NvmlProcess, OwnerLookup, ProcessFacts, ProcessLookup, ProcfsView, SlurmReading,
 };
@@ -360,8 +361,9 @@ fn exiting(facts: &ProcessFacts) -> bool {
 }
 
 /// How the observation's raw numbers read where the verdict is given: start times in
-/// clock ticks after boot become dates, the procfs's PIDs become ours.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// clock ticks after boot become dates, the procfs's PIDs become ours, cgroups become
+/// named containers and Slurm jobs that run or have ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Frame<'a> {
     /// When the host booted, in seconds since the Unix epoch.
     pub boot_time_unix_seconds: Option<u64>,
@@ -371,6 +373,8 @@ pub struct Frame<'a> {
     pub procfs_view: ProcfsView,
     /// The Slurm job steps that run, when they were looked for.
     pub slurm: Option<&'a SlurmReading>,
+    /// The names the container engines gave containers, when they are watched.
+    pub containers: Option<&'a ContainersReading>,
 }
 
 impl Frame<'_> {

@@ -5,12 +5,14 @@
 //!   what the driver says each GPU needs;
 //! - [`procfs`]: the processes NVML names and those that hold NVIDIA device files, with
 //!   the container, pod and Slurm job step each runs in, and which Slurm steps still run;
-//! - [`kubernetes`]: the kubelet's pod-resources API and pod log directories.
+//! - [`kubernetes`]: the kubelet's pod-resources API and pod log directories;
+//! - [`containers`]: the container engines' names for the containers processes run in.
 //!
 //! `snapshot` holds what one look saw ([`Observation`]) and the file that carries it
 //! elsewhere ([`Snapshot`]). This module is the one place that combines the sources
 //! ([`LiveHost`]), or replays a snapshot instead ([`Source`]).
 
+pub mod containers;
 mod error_line;
 pub mod kubernetes;
 mod lifespan;
@@ -32,6 +34,7 @@ pub use procfs::{
 };
 pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot};
 
+use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::NvmlSource;
 use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
@@ -68,6 +71,8 @@ pub struct LiveHost {
     memory: Mutex<Memory>,
     /// The kubelet's sources, when they are watched.
     kubernetes: Option<KubernetesWatch>,
+    /// The container engines, when they are watched.
+    containers: Option<ContainerWatch>,
     /// The driver's table of MIG capability minors.
     mig_minors: PathBuf,
 }
@@ -91,6 +96,7 @@ impl LiveHost {
             first_seen: Mutex::new(HashMap::new()),
             memory: Mutex::new(Memory::new()),
             kubernetes: None,
+            containers: None,
         }
     }
 
@@ -98,6 +104,12 @@ impl LiveHost {
     /// and, for a server, on a thread of their own every refresh interval.
     pub fn with_kubernetes(mut self, config: KubernetesConfig, lifespan: Lifespan) -> Self {
         self.kubernetes = Some(KubernetesWatch::start(config, lifespan));
+        self
+    }
+
+    /// Also names containers through their engines' sockets, on a thread of their own.
+    pub fn with_containers(mut self, config: ContainersConfig, lifespan: Lifespan) -> Self {
+        self.containers = Some(ContainerWatch::start(config, lifespan));
         self
     }
 
@@ -149,6 +161,14 @@ impl LiveHost {
             matches!(&owner.now, ProcessLookup::Present(facts) if facts.cgroup.slurm.is_some())
         });
         let slurm = in_slurm_jobs.then(|| self.slurm_reading());
+        let containers = self.containers.as_ref().map(|watch| {
+            watch.reading(wanted_containers(owners.values().filter_map(
+                |owner| match &owner.now {
+                    ProcessLookup::Present(facts) => Some(&facts.cgroup),
+                    _ => None,
+                },
+            )))
+        });
         // Where a slow scrape's time went, for whoever profiles one.
         tracing::debug!(
             nvml_seconds = nvml_read.as_secs_f64(),
@@ -167,6 +187,7 @@ impl LiveHost {
             procfs_errors,
             kubernetes,
             slurm,
+            containers,
         }
     }
 
@@ -239,6 +260,24 @@ impl LiveHost {
     }
 }
 
+/// The containers to name, each with the engines that may know it: the one its cgroup's
+/// runtime prefix names, or either for a bare id outside any pod. Kubernetes' containers
+/// (a pod, containerd, CRI-O) are the kubelet's to name.
+fn wanted_containers<'a>(cgroups: impl Iterator<Item = &'a CgroupAttribution>) -> Vec<Wanted> {
+    cgroups
+        .filter_map(|cgroup| {
+            let id = cgroup.container_id.as_ref()?;
+            let engines = match cgroup.runtime {
+                Some(Runtime::Docker) => vec![Engine::Docker],
+                Some(Runtime::Podman) => vec![Engine::Podman],
+                None if cgroup.pod_uid.is_none() => vec![Engine::Docker, Engine::Podman],
+                Some(Runtime::Containerd | Runtime::CriO) | None => return None,
+            };
+            Some((id.clone(), engines))
+        })
+        .collect()
+}
+
 /// The owners this observation read, for the holder scan that follows it.
 fn owners_read(observation: &Observation) -> OwnersRead {
     let listed = observation.nvml.listed_pids();
@@ -284,6 +323,17 @@ impl Source {
         }
     }
 
+    /// A live source that also names containers through their engines (see
+    /// [`LiveHost::with_containers`]); a replay keeps what its snapshot recorded.
+    pub fn with_containers(self, config: &ContainersConfig, lifespan: Lifespan) -> Source {
+        match self {
+            Source::Live(host) => {
+                Source::Live(Box::new(host.with_containers(config.clone(), lifespan)))
+            }
+            replay @ Source::Replay(_) => replay,
+        }
+    }
+
     /// One observation, without the holder scan.
     pub fn observe(&self) -> Result<Observation, ObserveError> {
         match self {
@@ -303,6 +353,10 @@ impl Source {
                     .iter()
                     .filter_map(|holder| holder.cgroup.pod_uid.as_deref());
                 watch.add_names(reading, uids);
+            }
+            if let (Some(watch), Some(reading)) = (&host.containers, &mut observation.containers) {
+                let cgroups = scan.holders.iter().map(|holder| &holder.cgroup);
+                watch.add_names(reading, wanted_containers(cgroups));
             }
             // Holders in Slurm jobs: whether their steps run, as of now.
             if scan

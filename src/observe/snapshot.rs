@@ -2,6 +2,7 @@
 //! reads, and the [`Snapshot`] file that carries one to another machine, where it replays
 //! to the same verdict.
 
+use super::containers::ContainersReading;
 use super::kubernetes::KubernetesReading;
 use super::nvml::NvmlReading;
 use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView, SlurmReading};
@@ -46,6 +47,12 @@ pub struct Observation {
     /// Slurm job's cgroup; `None` when none does (or in snapshots of older versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<SlurmReading>,
+
+    // Container engines.
+    /// The engines' health and the names of the containers owners and holders run in;
+    /// `None` when no engine is watched (or in snapshots of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<ContainersReading>,
 }
 
 /// `USER_HZ`: 100 on every architecture Linux runs GPUs on.

@@ -279,6 +279,75 @@ fn json_and_metrics_carry_the_slurm_job_on_per_process_series_only() {
 }
 
 #[test]
+fn a_container_its_engine_named_is_shown_by_name_and_image() {
+    let report = stuck_in_an_ended_container().containers_named().report();
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words.sentence.contains(&format!(
+            ", container trainer ({}, image localhost/model:1, podman pod lab), ",
+            &CONTAINER[..12]
+        )),
+        "{}",
+        words.sentence
+    );
+    let table = gpu_table(&report.gpus[0]);
+    assert!(table.contains("  trainer (ended)"), "{table}");
+    let document = json_of(&report);
+    assert_eq!(
+        document["gpus"][0]["culprits"][0]["container"],
+        json!({"engine": "podman", "name": "trainer", "image": "localhost/model:1", "pod": "lab"})
+    );
+    let samples = samples(&metrics_of(&report));
+    assert_eq!(
+        value(
+            &samples,
+            "vram_holder_info",
+            &[
+                ("pid", "524"),
+                ("container_name", "trainer"),
+                ("container_image", "localhost/model:1")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "vram_container_engine_up",
+            &[("engine", "podman")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "vram_container_engine_error",
+            &[("engine", "docker"), ("error", "absent")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "vram_container_engine_last_success_timestamp_seconds",
+            &[("engine", "podman")]
+        ),
+        1_764_800_000.5
+    );
+    for (family, labels, _) in &samples {
+        if ["vram_holder_info", "vram_process_used_bytes"].contains(&family.as_str()) {
+            continue;
+        }
+        assert!(
+            labels
+                .iter()
+                .all(|(key, _)| !key.starts_with("container_") || key == "container_id"),
+            "{family} {labels:?}"
+        );
+    }
+}
+
+#[test]
 fn text_says_how_gone_owners_went_as_the_classifier_decided() {
     let mut exiting = cuda(432, &[]).state('Z');
     exiting.threads = 1;
@@ -553,8 +622,8 @@ fn prometheus_writes_each_label_set_in_its_order() {
         "vram_owner_processes{gpu=\"0\",uuid=\"GPU-0\",state=\"gone\"} 1",
         "vram_gone_owner_processes{gpu=\"0\",uuid=\"GPU-0\",reason=\"exited\"} 1",
         "vram_holder_processes{gpu=\"0\",uuid=\"GPU-0\",role=\"bystander\"} 1",
-        &format!("vram_holder_info{{gpu=\"0\",uuid=\"GPU-0\",pid=\"524\",start_time=\"{}\",comm=\"python3\",state=\"running\",container_id=\"{CONTAINER}\",pod_uid=\"{POD}\",namespace=\"\",pod=\"\",slurm_job_id=\"\",slurm_step=\"\",slurm_user=\"\"}} 1", BOOT + 1_500),
-        "vram_process_used_bytes{gpu=\"0\",uuid=\"GPU-0\",pid=\"503\",comm=\"\",state=\"gone\",container_id=\"\",pod_uid=\"\",namespace=\"\",pod=\"\",slurm_job_id=\"\",slurm_step=\"\",slurm_user=\"\"} 9229565952",
+        &format!("vram_holder_info{{gpu=\"0\",uuid=\"GPU-0\",pid=\"524\",start_time=\"{}\",comm=\"python3\",state=\"running\",container_id=\"{CONTAINER}\",pod_uid=\"{POD}\",namespace=\"\",pod=\"\",container_name=\"\",container_image=\"\",slurm_job_id=\"\",slurm_step=\"\",slurm_user=\"\"}} 1", BOOT + 1_500),
+        "vram_process_used_bytes{gpu=\"0\",uuid=\"GPU-0\",pid=\"503\",comm=\"\",state=\"gone\",container_id=\"\",pod_uid=\"\",namespace=\"\",pod=\"\",container_name=\"\",container_image=\"\",slurm_job_id=\"\",slurm_step=\"\",slurm_user=\"\"} 9229565952",
         "vram_exited_container_processes{gpu=\"0\",uuid=\"GPU-0\"} 1",
         "vram_gpu_recovery_action{gpu=\"0\",uuid=\"GPU-0\",action=\"gpu_reset\"} 1",
         "vram_gpu_recovery_action{gpu=\"0\",uuid=\"GPU-0\",action=\"unknown\"} 0",

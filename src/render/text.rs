@@ -4,10 +4,10 @@
 //! puts it into words.
 
 use crate::classify::{
-    short_container_id, Blindness, ChargedTo, Departure, Evidence, GpuAccount, GpuOutcome,
-    GpuVerdict, InstanceVerdict, JobState, KillTarget, LookAgain, Note, NvmlStatus, Owner, Process,
-    RecoveryAction, Remedy, Report, Sentence, SlurmJob, StateQualifier, Suspect, UnattributedTrust,
-    WhyUnknown,
+    short_container_id, Blindness, ChargedTo, ContainerName, Departure, Evidence, GpuAccount,
+    GpuOutcome, GpuVerdict, InstanceVerdict, JobState, KillTarget, LookAgain, Note, NvmlStatus,
+    Owner, Process, RecoveryAction, Remedy, Report, Sentence, SlurmJob, StateQualifier, Suspect,
+    UnattributedTrust, WhyUnknown,
 };
 use crate::dates::utc_words;
 use crate::units::format_bytes;
@@ -96,6 +96,7 @@ fn process_words(process: &Process, extra: &[String]) -> String {
     }
     words.push_str(&container_words(
         process.cgroup.container_id.as_deref(),
+        process.container.as_ref(),
         pod_words(process).as_deref(),
     ));
     if process.container_ended() {
@@ -141,12 +142,33 @@ fn pod_words(process: &Process) -> Option<String> {
     }
 }
 
-/// `, container 3f2a9c0b1d2e, pod ml/sglang-0` for a process in a container; empty for a
-/// process on the host.
-fn container_words(container_id: Option<&str>, pod: Option<&str>) -> String {
+/// `, container 3f2a9c0b1d2e, pod ml/sglang-0` for a process in a container, or
+/// `, container trainer (3f2a9c0b1d2e, image pytorch/pytorch:2.4, compose project lab)`
+/// where its engine named it; empty for a process on the host.
+fn container_words(
+    container_id: Option<&str>,
+    named: Option<&ContainerName>,
+    pod: Option<&str>,
+) -> String {
     let mut words = String::new();
-    if let Some(id) = container_id {
-        let _ = write!(words, ", container {}", short_container_id(id));
+    match (container_id, named) {
+        (Some(id), Some(named)) => {
+            let mut about = vec![short_container_id(id).to_string()];
+            if let Some(image) = &named.image {
+                about.push(format!("image {image}"));
+            }
+            if let Some(project) = &named.compose_project {
+                about.push(format!("compose project {project}"));
+            }
+            if let Some(pod) = &named.pod {
+                about.push(format!("podman pod {pod}"));
+            }
+            let _ = write!(words, ", container {} ({})", named.name, about.join(", "));
+        }
+        (Some(id), None) => {
+            let _ = write!(words, ", container {}", short_container_id(id));
+        }
+        (None, _) => {}
     }
     if let Some(pod) = pod {
         let _ = write!(words, ", pod {pod}");
@@ -606,7 +628,7 @@ fn note_words(note: &Note, account: &GpuAccount, gpu: u32) -> String {
         ),
         Note::OwnerContainerEnded { pid, comm, cgroup } => format!(
             "PID {pid} ({comm}{}) still owns its memory although its container has ended: it survived the SIGKILL that ends a container's processes, so it is stuck (usually in the driver); if it stays, only a reboot or GPU reset frees the memory.",
-            container_words(cgroup.container_id.as_deref(), cgroup.pod_uid.as_deref())
+            container_words(cgroup.container_id.as_deref(), None, cgroup.pod_uid.as_deref())
         ),
         Note::MoreOwnerNotes { count } => format!(
             "{count} more such notes about owners left out; vram-exporter check --json lists every owner."
@@ -858,12 +880,20 @@ fn table(out: &mut String, header: [&str; 4], rows: &[Row], what: &str) {
     }
 }
 
-/// A process's container, `(ended)` when it outlived it; `-` on the host.
+/// A process's container by name where its engine named it, else its short id;
+/// `(ended)` when it outlived it; `-` on the host.
 fn container_cell(process: &Process) -> String {
-    match process.cgroup.container_id.as_deref() {
-        Some(id) if process.container_ended() => format!("{} (ended)", short_container_id(id)),
-        Some(id) => short_container_id(id).to_string(),
-        None => "-".to_string(),
+    let Some(id) = process.cgroup.container_id.as_deref() else {
+        return "-".to_string();
+    };
+    let shown = process
+        .container
+        .as_ref()
+        .map_or_else(|| short_container_id(id), |named| named.name.as_str());
+    if process.container_ended() {
+        format!("{shown} (ended)")
+    } else {
+        shown.to_string()
     }
 }
 
