@@ -329,7 +329,7 @@ pub struct ContainersArgs {
     pub podman_socket: PathBuf,
 
     /// Longest one call to an engine may take. Calls run on a thread of their own, never
-    /// during a scrape; check waits for its lookups at most three times this long.
+    /// during a scrape; check waits for its lookups at most five times this long.
     #[arg(long = "containers.timeout", value_name = "DURATION", default_value = "1s", value_parser = parse_duration, global = true)]
     pub timeout: Duration,
 }

@@ -14,6 +14,7 @@ mod containers;
 mod dashboard;
 mod deploy;
 mod e2e;
+mod engines;
 mod exporter;
 mod fake_nvml_docs;
 mod gpu_health;

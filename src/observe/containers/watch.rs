@@ -54,8 +54,9 @@ pub(crate) struct ContainerWatch {
 }
 
 impl ContainerWatch {
-    /// Watches the engines whose socket paths are set; checks each once now (waiting at
-    /// most for one call's timeout) and, for a server, every refresh interval.
+    /// Watches the engines whose socket paths are set: checks each at once, on the thread,
+    /// and, for a server, again every refresh interval. Nothing waits for the first check:
+    /// until it answers an engine is down, "not checked yet".
     pub(crate) fn start(config: ContainersConfig, lifespan: Lifespan) -> ContainerWatch {
         let sockets: Vec<(Engine, PathBuf)> = [
             (Engine::Docker, config.docker_socket.clone()),
@@ -79,7 +80,6 @@ impl ContainerWatch {
             cache: HashMap::new(),
         }));
         let (requests, received) = mpsc::channel();
-        let (first_done, first) = mpsc::channel();
         let thread = Thread {
             sockets,
             timeout: config.timeout,
@@ -89,19 +89,15 @@ impl ContainerWatch {
         };
         let spawned = std::thread::Builder::new()
             .name("container-engines".into())
-            .spawn(move || thread.run(&received, first_done));
-        match spawned {
-            Ok(_) => {
-                let _ = first.recv_timeout(config.timeout + Duration::from_millis(500));
-            }
-            Err(error) => {
-                tracing::error!(error = %error, "cannot start the container engines' thread; containers are not named")
-            }
+            .spawn(move || thread.run(&received));
+        if let Err(error) = spawned {
+            tracing::error!(error = %error, "cannot start the container engines' thread; containers are not named");
         }
         ContainerWatch {
             shared,
             requests: Mutex::new(requests),
-            wait: (lifespan == Lifespan::OneShot).then(|| config.timeout * 3),
+            // Behind a check of each engine, then one lookup per engine.
+            wait: (lifespan == Lifespan::OneShot).then(|| config.timeout * 5),
         }
     }
 
@@ -177,7 +173,7 @@ struct Thread {
 }
 
 impl Thread {
-    fn run(self, requests: &mpsc::Receiver<Request>, first_done: mpsc::Sender<()>) {
+    fn run(self, requests: &mpsc::Receiver<Request>) {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -189,7 +185,6 @@ impl Thread {
             }
         };
         self.ping(&runtime, true);
-        let _ = first_done.send(());
         let mut next_ping = Instant::now() + self.refresh_interval;
         loop {
             let now = Instant::now();
@@ -392,19 +387,23 @@ mod tests {
             }
             std::thread::sleep(Duration::from_secs(5));
         });
-        let watch = ContainerWatch::start(config(socket, PathBuf::new()), Lifespan::Serving);
         let started = Instant::now();
-        let reading = watch.reading(vec![(ID.to_string(), vec![Engine::Docker])]);
+        let watch = ContainerWatch::start(config(socket, PathBuf::new()), Lifespan::Serving);
+        let wanted = || vec![(ID.to_string(), vec![Engine::Docker])];
+        let mut reading = watch.reading(wanted());
         assert!(
-            started.elapsed() < Duration::from_millis(100),
+            started.elapsed() < Duration::from_millis(200),
             "{:?}",
             started.elapsed()
         );
+        assert!(!reading.engines[&Engine::Docker].up());
+        // The ping, then the lookup, each give up at the timeout: the engine is down.
+        while reading.engines[&Engine::Docker].error != Some(EngineError::Timeout) {
+            assert!(started.elapsed() < Duration::from_secs(5), "{reading:?}");
+            std::thread::sleep(Duration::from_millis(20));
+            reading = watch.reading(wanted());
+        }
         assert!(reading.names.is_empty());
-        assert_eq!(
-            reading.engines[&Engine::Docker].error,
-            Some(EngineError::Timeout)
-        );
         // An empty path leaves the engine out.
         assert!(!reading.engines.contains_key(&Engine::Podman));
         drop(held);
