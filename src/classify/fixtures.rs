@@ -279,6 +279,18 @@ pub(crate) fn contained(mut facts: ProcessFacts, init: Option<NamespaceInit>) ->
     facts
 }
 
+/// The fork orphan 524 in step 0 of Slurm job 4242 of alice, whose owner 503 exited.
+pub(crate) fn slurm_fork_orphan() -> Host {
+    Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(in_slurm_job(
+            cuda(524, &[0]).child_of(503).started(150_000),
+            4242,
+            "0",
+        ))
+}
+
 /// `facts` in step `step` of Slurm job `job_id` of `user` (uid 1000), as cgroup v1
 /// names it.
 pub(crate) fn in_slurm_job(mut facts: ProcessFacts, job_id: u64, step: &str) -> ProcessFacts {

@@ -725,18 +725,6 @@ fn kinship_is_not_claimed_across_pid_namespaces() {
 
 // Slurm.
 
-/// A fork orphan, 524, in step 0 of Slurm job 4242, whose owner 503 exited.
-fn slurm_fork_orphan() -> Host {
-    Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .holder(in_slurm_job(
-            cuda(524, &[0]).child_of(503).started(150_000),
-            4242,
-            "0",
-        ))
-}
-
 #[test]
 fn a_culprit_in_a_step_that_runs_is_ended_by_cancelling_its_job() {
     let account = slurm_fork_orphan()

@@ -159,18 +159,9 @@ fn text_names_the_culprit_of_a_fork_orphan_and_suggests_killing_it() {
     assert_eq!(words.notes, Vec::<String>::new());
 }
 
-/// A fork orphan, 524, in step 0 of Slurm job 4242 of alice, whose owner 503 exited;
-/// slurmstepds run the steps `running`.
+/// The Slurm fork orphan of the fixtures, with slurmstepds running the steps `running`.
 fn slurm_orphan(running: &[(u64, &str)]) -> Host {
-    Host::idle()
-        .used(USED_ONE_OWNER)
-        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
-        .holder(in_slurm_job(
-            cuda(524, &[0]).child_of(503).started(150_000),
-            4242,
-            "0",
-        ))
-        .slurm_running(running)
+    slurm_fork_orphan().slurm_running(running)
 }
 
 #[test]
