@@ -55,8 +55,9 @@ pub(crate) struct ContainerWatch {
 
 impl ContainerWatch {
     /// Watches the engines whose socket paths are set: checks each at once, on the thread,
-    /// and, for a server, again every refresh interval. Nothing waits for the first check:
-    /// until it answers an engine is down, "not checked yet".
+    /// and, for a server, again every refresh interval. A server does not wait for the
+    /// first check (until it answers an engine is down, "not checked yet"); a one-shot
+    /// command, whose output says how each engine is, waits for it within the timeout.
     pub(crate) fn start(config: ContainersConfig, lifespan: Lifespan) -> ContainerWatch {
         let sockets: Vec<(Engine, PathBuf)> = [
             (Engine::Docker, config.docker_socket.clone()),
@@ -80,6 +81,8 @@ impl ContainerWatch {
             cache: HashMap::new(),
         }));
         let (requests, received) = mpsc::channel();
+        let (first_done, first) = mpsc::channel();
+        let engines = sockets.len() as u32;
         let thread = Thread {
             sockets,
             timeout: config.timeout,
@@ -89,9 +92,15 @@ impl ContainerWatch {
         };
         let spawned = std::thread::Builder::new()
             .name("container-engines".into())
-            .spawn(move || thread.run(&received));
-        if let Err(error) = spawned {
-            tracing::error!(error = %error, "cannot start the container engines' thread; containers are not named");
+            .spawn(move || thread.run(&received, first_done));
+        match spawned {
+            Ok(_) if lifespan == Lifespan::OneShot => {
+                let _ = first.recv_timeout(config.timeout * engines + Duration::from_millis(100));
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::error!(error = %error, "cannot start the container engines' thread; containers are not named")
+            }
         }
         ContainerWatch {
             shared,
@@ -173,7 +182,7 @@ struct Thread {
 }
 
 impl Thread {
-    fn run(self, requests: &mpsc::Receiver<Request>) {
+    fn run(self, requests: &mpsc::Receiver<Request>, first_done: mpsc::Sender<()>) {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -185,6 +194,7 @@ impl Thread {
             }
         };
         self.ping(&runtime, true);
+        let _ = first_done.send(());
         let mut next_ping = Instant::now() + self.refresh_interval;
         loop {
             let now = Instant::now();
