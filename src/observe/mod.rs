@@ -37,7 +37,7 @@ pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapsh
 use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::NvmlSource;
-use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
+use self::procfs::{Memory, OwnersRead, Placement, ProcRoot, Slurmstepds};
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -73,6 +73,8 @@ pub struct LiveHost {
     kubernetes: Option<KubernetesWatch>,
     /// The container engines, when they are watched.
     containers: Option<ContainerWatch>,
+    /// The slurmstepds found by earlier looks.
+    slurmstepds: Mutex<Slurmstepds>,
     /// The driver's table of MIG capability minors.
     mig_minors: PathBuf,
 }
@@ -97,6 +99,7 @@ impl LiveHost {
             memory: Mutex::new(Memory::new()),
             kubernetes: None,
             containers: None,
+            slurmstepds: Mutex::new(Slurmstepds::default()),
         }
     }
 
@@ -157,10 +160,10 @@ impl LiveHost {
             .kubernetes
             .as_ref()
             .map(|watch| self.kubernetes_reading(watch, &owners));
-        let in_slurm_jobs = owners.values().any(|owner| {
-            matches!(&owner.now, ProcessLookup::Present(facts) if facts.cgroup.slurm.is_some())
-        });
-        let slurm = in_slurm_jobs.then(|| self.slurm_reading());
+        let slurm = self.slurm_reading(owners.values().filter_map(|owner| match &owner.now {
+            ProcessLookup::Present(facts) => Some(&facts.cgroup),
+            _ => None,
+        }));
         let containers = self.containers.as_ref().map(|watch| {
             watch.reading(wanted_containers(owners.values().filter_map(
                 |owner| match &owner.now {
@@ -191,9 +194,21 @@ impl LiveHost {
         }
     }
 
-    /// Which Slurm job steps run now, looked for within the scan budget.
-    fn slurm_reading(&self) -> SlurmReading {
-        procfs::look_for_slurmstepds(&self.proc_root, Instant::now() + self.scan_budget)
+    /// Whether the Slurm job steps of the processes in `cgroups` run now, looked for
+    /// within the scan budget; `None` when none runs in a job.
+    fn slurm_reading<'a>(
+        &self,
+        cgroups: impl Iterator<Item = &'a CgroupAttribution>,
+    ) -> Option<SlurmReading> {
+        let wanted: Vec<(u64, Option<String>)> = cgroups
+            .filter_map(|cgroup| cgroup.slurm.as_ref())
+            .map(|step| (step.job_id, step.step.clone()))
+            .collect();
+        if wanted.is_empty() {
+            return None;
+        }
+        let deadline = Instant::now() + self.scan_budget;
+        Some(lock(&self.slurmstepds).look(&self.proc_root, &wanted, deadline))
     }
 
     /// The holder scan, served from and adding to what earlier looks found.
@@ -358,13 +373,21 @@ impl Source {
                 let cgroups = scan.holders.iter().map(|holder| &holder.cgroup);
                 watch.add_names(reading, wanted_containers(cgroups));
             }
-            // Holders in Slurm jobs: whether their steps run, as of now.
+            // Holders in Slurm jobs, with the owners: whether their steps run, as of now.
             if scan
                 .holders
                 .iter()
                 .any(|holder| holder.cgroup.slurm.is_some())
             {
-                observation.slurm = Some(host.slurm_reading());
+                let owners = observation
+                    .owners
+                    .values()
+                    .filter_map(|owner| match &owner.now {
+                        ProcessLookup::Present(facts) => Some(&facts.cgroup),
+                        _ => None,
+                    });
+                let holders = scan.holders.iter().map(|holder| &holder.cgroup);
+                observation.slurm = host.slurm_reading(owners.chain(holders));
             }
             observation.holder_scan = Some(scan);
         }

@@ -42,5 +42,5 @@ pub use reading::{
     References,
 };
 pub use root::{PidNamespace, ProcRoot, DEVICE_PREFIX};
-pub(crate) use slurm::look_for_slurmstepds;
+pub(crate) use slurm::Slurmstepds;
 pub use slurm::{RunningStep, SlurmReading};

@@ -9,12 +9,23 @@
 //! `slurmstepd: [2.extern]`; each `srun` step `slurmstepd: [2.0]`; each is adopted by
 //! PID 1 and lives until its step ends. cgroup v2 names them the same (Slurm's
 //! `doc/html/cgroup_v2.shtml`), beside `slurmstepd infinity`, which belongs to no job.
+//!
+//! Finding them takes a walk over every process, so the ones found are remembered
+//! ([`Slurmstepds`]) and only checked again (one read each) while the steps asked about
+//! are among them; a step a complete walk found no slurmstepd for is taken as ended for
+//! [`ENDED_FOR`] before the next walk looks again (a requeued job runs its steps anew).
 
 use super::root::ProcRoot;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::time::Instant;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How long a step a complete walk found no slurmstepd for counts as ended without
+/// another walk.
+pub(crate) const ENDED_FOR: Duration = Duration::from_secs(10);
 
 /// The command name every slurmstepd has, whatever title it gives itself.
 const SLURMSTEPD: &str = "slurmstepd";
@@ -29,7 +40,7 @@ pub struct SlurmReading {
 }
 
 /// One job step whose slurmstepd runs.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RunningStep {
     /// The job.
     pub job_id: u64,
@@ -46,50 +57,135 @@ impl SlurmReading {
     }
 }
 
+/// The slurmstepds found so far, and the steps found ended, kept from one look to the next.
+#[derive(Debug, Default)]
+pub(crate) struct Slurmstepds {
+    /// Each slurmstepd seen running, by PID, with the step its title names.
+    known: Vec<(u32, RunningStep)>,
+    /// Steps a complete walk found no slurmstepd for, and when.
+    ended: HashMap<RunningStep, Instant>,
+}
+
+impl Slurmstepds {
+    /// Which of the `wanted` steps run (a step `None`: any step of the job): from the
+    /// slurmstepds known to run still, walking over every process under `root` (until
+    /// `deadline`) only when a wanted step is neither among them nor recently found ended.
+    pub(crate) fn look(
+        &mut self,
+        root: &ProcRoot,
+        wanted: &[(u64, Option<String>)],
+        deadline: Instant,
+    ) -> SlurmReading {
+        let now = Instant::now();
+        self.known
+            .retain(|(pid, step)| still_runs(&root.pid_dir(*pid), step));
+        self.ended
+            .retain(|_, found| now.duration_since(*found) < ENDED_FOR);
+        let settled = |(job_id, step): &(u64, Option<String>)| match step {
+            Some(step) => {
+                let step = RunningStep {
+                    job_id: *job_id,
+                    step: step.clone(),
+                };
+                self.known.iter().any(|(_, known)| *known == step) || self.ended.contains_key(&step)
+            }
+            None => self.known.iter().any(|(_, known)| known.job_id == *job_id),
+        };
+        if !wanted.iter().all(settled) {
+            let walk = walk(root, deadline);
+            if walk.complete {
+                for (job_id, step) in wanted {
+                    if let Some(step) = step {
+                        let step = RunningStep {
+                            job_id: *job_id,
+                            step: step.clone(),
+                        };
+                        if !walk.found.iter().any(|(_, found)| *found == step) {
+                            self.ended.insert(step, now);
+                        }
+                    }
+                }
+                self.known = walk.found;
+            } else {
+                for found in walk.found {
+                    if !self.known.contains(&found) {
+                        self.known.push(found);
+                    }
+                }
+                return self.reading(false);
+            }
+        }
+        self.reading(true)
+    }
+
+    fn reading(&self, complete: bool) -> SlurmReading {
+        let mut running_steps: Vec<RunningStep> =
+            self.known.iter().map(|(_, step)| step.clone()).collect();
+        running_steps.sort();
+        running_steps.dedup();
+        SlurmReading {
+            running_steps,
+            complete,
+        }
+    }
+}
+
+/// What one walk over the processes found.
+struct Walk {
+    found: Vec<(u32, RunningStep)>,
+    complete: bool,
+}
+
 /// Every slurmstepd under `root`, looking until `deadline`.
-pub(crate) fn look_for_slurmstepds(root: &ProcRoot, deadline: Instant) -> SlurmReading {
+fn walk(root: &ProcRoot, deadline: Instant) -> Walk {
     let Ok(entries) = fs::read_dir(&root.root) else {
-        return SlurmReading::default();
+        return Walk {
+            found: Vec::new(),
+            complete: false,
+        };
     };
-    let mut running_steps = Vec::new();
+    let mut found = Vec::new();
     for entry in entries.flatten() {
         if Instant::now() >= deadline {
-            running_steps.sort();
-            running_steps.dedup();
-            return SlurmReading {
-                running_steps,
+            return Walk {
+                found,
                 complete: false,
             };
         }
-        let name = entry.file_name();
-        if !name.as_encoded_bytes().iter().all(u8::is_ascii_digit) {
-            continue;
-        }
-        let dir = entry.path();
-        // A process that exits meanwhile is simply not a running step.
-        let Ok(comm) = fs::read(dir.join("comm")) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
             continue;
         };
-        if comm.strip_suffix(b"\n").unwrap_or(&comm) != SLURMSTEPD.as_bytes() {
-            continue;
-        }
-        // Any user can call a process slurmstepd; Slurm's runs as root.
-        if fs::metadata(&dir).map_or(true, |metadata| metadata.uid() != 0) {
-            continue;
-        }
-        if let Some(step) = fs::read(dir.join("cmdline"))
-            .ok()
-            .and_then(|cmdline| step_in_title(&cmdline))
-        {
-            running_steps.push(step);
+        if let Some(step) = slurmstepd_at(&entry.path()) {
+            found.push((pid, step));
         }
     }
-    running_steps.sort();
-    running_steps.dedup();
-    SlurmReading {
-        running_steps,
+    Walk {
+        found,
         complete: true,
     }
+}
+
+/// The step of the slurmstepd whose process directory is `dir`, if it is one.
+fn slurmstepd_at(dir: &Path) -> Option<RunningStep> {
+    // A process that exits meanwhile is simply not a running step.
+    let comm = fs::read(dir.join("comm")).ok()?;
+    if comm.strip_suffix(b"\n").unwrap_or(&comm) != SLURMSTEPD.as_bytes() {
+        return None;
+    }
+    // Any user can call a process slurmstepd; Slurm's runs as root.
+    if fs::metadata(dir).ok()?.uid() != 0 {
+        return None;
+    }
+    step_in_title(&fs::read(dir.join("cmdline")).ok()?)
+}
+
+/// Whether the slurmstepd once found at `dir` is there still, for the same step.
+fn still_runs(dir: &Path, step: &RunningStep) -> bool {
+    slurmstepd_at(dir).as_ref() == Some(step)
 }
 
 /// The step a slurmstepd's title names: `slurmstepd: [4242.0]`, `[4242.batch]`.
@@ -163,9 +259,22 @@ mod tests {
         }
     }
 
+    fn wanted(steps: &[(u64, &str)]) -> Vec<(u64, Option<String>)> {
+        steps
+            .iter()
+            .map(|(job_id, step)| (*job_id, Some((*step).to_string())))
+            .collect()
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
     #[test]
     fn every_root_slurmstepd_is_a_running_step() {
         // The tests run as root, so the folders made here are root's, as /proc's are.
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(unsafe { libc::geteuid() }, 0, "the tests run as root");
         let dir = procfs_with(&[
             (10, "slurmstepd", b"slurmstepd: [7.batch]\0"),
             (11, "slurmstepd", b"slurmstepd: [7.0]\0"),
@@ -173,39 +282,54 @@ mod tests {
             (13, "python3", b"python3\0train.py\0"),
             (14, "slurmstepd", b"slurmstepd: [7.0]\0"),
         ]);
-        let reading = look_for_slurmstepds(&root(&dir), Instant::now() + Duration::from_secs(5));
-        let owned_by_root = fs::metadata(dir.path()).unwrap().uid() == 0;
-        if owned_by_root {
-            assert_eq!(
-                reading.running_steps,
-                [running(7, "0"), running(7, "batch")]
-            );
-            assert!(reading.runs(7, Some("0")));
-            assert!(reading.runs(7, None));
-            assert!(!reading.runs(7, Some("1")));
-            assert!(!reading.runs(8, None));
-        } else {
-            // A look-alike owned by another user is not Slurm's.
-            assert!(reading.running_steps.is_empty());
-        }
+        let reading = Slurmstepds::default().look(&root(&dir), &wanted(&[(7, "0")]), soon());
+        assert_eq!(
+            reading.running_steps,
+            [running(7, "0"), running(7, "batch")]
+        );
         assert!(reading.complete);
+        assert!(reading.runs(7, Some("0")));
+        assert!(reading.runs(7, None));
+        assert!(!reading.runs(7, Some("1")));
+        assert!(!reading.runs(8, None));
+        // One that belongs to another user is not Slurm's.
+        let process = dir.path().join("15");
+        fs::create_dir(&process).unwrap();
+        fs::write(process.join("comm"), "slurmstepd\n").unwrap();
+        fs::write(process.join("cmdline"), b"slurmstepd: [9.0]\0").unwrap();
+        std::os::unix::fs::chown(&process, Some(1000), None).unwrap();
+        let reading = Slurmstepds::default().look(&root(&dir), &wanted(&[(9, "0")]), soon());
+        assert!(!reading.runs(9, None));
     }
 
     #[test]
-    fn a_look_past_its_deadline_is_incomplete() {
+    fn known_slurmstepds_spare_the_walk_and_ended_steps_are_remembered() {
         let dir = procfs_with(&[(10, "slurmstepd", b"slurmstepd: [7.0]\0")]);
-        let reading = look_for_slurmstepds(&root(&dir), Instant::now());
+        let mut stepds = Slurmstepds::default();
+        assert!(stepds
+            .look(&root(&dir), &wanted(&[(7, "0"), (8, "0")]), soon())
+            .runs(7, Some("0")));
+        // Known, and 8.0 found ended: a look past its deadline needs no walk.
+        let reading = stepds.look(&root(&dir), &wanted(&[(7, "0"), (8, "0")]), Instant::now());
+        assert!(reading.complete && reading.runs(7, Some("0")) && !reading.runs(8, None));
+        // The slurmstepd ends: checked again, it is gone, and its step with it.
+        fs::write(dir.path().join("10/cmdline"), b"").unwrap();
+        let reading = stepds.look(&root(&dir), &wanted(&[(7, "0")]), soon());
+        assert!(reading.complete && !reading.runs(7, None));
+        // A step never seen needs a walk: one past its deadline is incomplete.
+        let reading = stepds.look(&root(&dir), &wanted(&[(9, "batch")]), Instant::now());
         assert!(!reading.complete);
     }
 
     #[test]
     fn a_missing_procfs_is_incomplete() {
-        let reading = look_for_slurmstepds(
+        let reading = Slurmstepds::default().look(
             &ProcRoot {
                 root: "/nonexistent/proc".into(),
                 device_prefix: Vec::new(),
             },
-            Instant::now() + Duration::from_secs(1),
+            &wanted(&[(7, "0")]),
+            soon(),
         );
         assert!(!reading.complete);
     }
