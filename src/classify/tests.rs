@@ -822,6 +822,39 @@ fn culprits_inside_and_outside_running_steps_are_cancelled_and_killed() {
 }
 
 #[test]
+fn a_snapshot_keeps_slurm_steps_and_container_names_and_replays_to_the_same_verdict() {
+    let host = slurm_fork_orphan()
+        .slurm_running(&[(4242, "0")])
+        .holder(contained(cuda(600, &[0]), None))
+        .containers_named();
+    let observation = host.observation();
+    let text = serde_json::to_string(&observation).unwrap();
+    let replayed: crate::observe::Observation = serde_json::from_str(&text).unwrap();
+    assert_eq!(replayed, observation);
+    let report = classify(&replayed, &Settings::default());
+    let account = report.gpus[0].account().unwrap();
+    assert!(matches!(account.remedy, Remedy::CancelJobs { .. }));
+    let named = account
+        .culprits
+        .iter()
+        .find(|culprit| culprit.process.pid == 600)
+        .and_then(|culprit| culprit.process.container.as_ref())
+        .map(|container| container.name.as_str());
+    assert_eq!(named, Some("trainer"));
+    // A snapshot of an older version has neither: no job runs, no container is named.
+    let mut older: serde_json::Value = serde_json::from_str(&text).unwrap();
+    older.as_object_mut().unwrap().remove("slurm");
+    older.as_object_mut().unwrap().remove("containers");
+    let older: crate::observe::Observation = serde_json::from_value(older).unwrap();
+    let report = classify(&older, &Settings::default());
+    assert!(matches!(
+        report.gpus[0].account().unwrap().remedy,
+        Remedy::Kill { .. }
+    ));
+    assert_eq!(report.container_engines, None);
+}
+
+#[test]
 fn a_live_owner_left_behind_by_its_slurm_job_gets_a_note() {
     let owner = in_slurm_job(cuda(432, &[0]), 4242, "0");
     let account = Host::idle()
