@@ -160,18 +160,11 @@ impl LiveHost {
             .kubernetes
             .as_ref()
             .map(|watch| self.kubernetes_reading(watch, &owners));
-        let slurm = self.slurm_reading(owners.values().filter_map(|owner| match &owner.now {
-            ProcessLookup::Present(facts) => Some(&facts.cgroup),
-            _ => None,
-        }));
-        let containers = self.containers.as_ref().map(|watch| {
-            watch.reading(wanted_containers(owners.values().filter_map(
-                |owner| match &owner.now {
-                    ProcessLookup::Present(facts) => Some(&facts.cgroup),
-                    _ => None,
-                },
-            )))
-        });
+        let slurm = self.slurm_reading(cgroups_of(&owners));
+        let containers = self
+            .containers
+            .as_ref()
+            .map(|watch| watch.reading(wanted_containers(cgroups_of(&owners))));
         // Where a slow scrape's time went, for whoever profiles one.
         tracing::debug!(
             nvml_seconds = nvml_read.as_secs_f64(),
@@ -273,6 +266,14 @@ impl LiveHost {
         }
         reading
     }
+}
+
+/// The cgroups of the owners that are there.
+fn cgroups_of(owners: &BTreeMap<u32, OwnerLookup>) -> impl Iterator<Item = &CgroupAttribution> {
+    owners.values().filter_map(|owner| match &owner.now {
+        ProcessLookup::Present(facts) => Some(&facts.cgroup),
+        _ => None,
+    })
 }
 
 /// The containers to name, each with the engines that may know it: the one its cgroup's
@@ -379,15 +380,9 @@ impl Source {
                 .iter()
                 .any(|holder| holder.cgroup.slurm.is_some())
             {
-                let owners = observation
-                    .owners
-                    .values()
-                    .filter_map(|owner| match &owner.now {
-                        ProcessLookup::Present(facts) => Some(&facts.cgroup),
-                        _ => None,
-                    });
                 let holders = scan.holders.iter().map(|holder| &holder.cgroup);
-                observation.slurm = host.slurm_reading(owners.chain(holders));
+                observation.slurm =
+                    host.slurm_reading(cgroups_of(&observation.owners).chain(holders));
             }
             observation.holder_scan = Some(scan);
         }
