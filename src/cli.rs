@@ -2,6 +2,7 @@
 
 use crate::classify::Settings;
 use crate::logging::{LogFormat, LogLevel};
+use crate::observe::containers::{ContainersConfig, DEFAULT_DOCKER_SOCKET, DEFAULT_PODMAN_SOCKET};
 use crate::observe::kubernetes::{
     KubernetesConfig, DEFAULT_POD_LOGS, DEFAULT_POD_RESOURCES_SOCKET,
 };
@@ -82,6 +83,10 @@ pub struct Cli {
     /// The kubelet's sources, for every mode.
     #[command(flatten)]
     pub kubelet: KubeletArgs,
+
+    /// The container engines' sockets, for every mode.
+    #[command(flatten)]
+    pub containers: ContainersArgs,
 }
 
 /// Subcommands; serving metrics is the default.
@@ -319,6 +324,42 @@ pub struct KubeletArgs {
         global = true
     )]
     pub pod_logs: PathBuf,
+}
+
+/// Where the container engines' sockets are, on a Docker or Podman host: they name the
+/// container a process runs in (name, image, Compose project or Podman pod). A socket that
+/// is not there is left alone; an empty path leaves its engine out.
+#[derive(Debug, Args)]
+pub struct ContainersArgs {
+    /// Docker's Engine API socket.
+    #[arg(
+        long = "containers.docker-socket",
+        value_name = "PATH",
+        value_parser = socket_path,
+        default_value = DEFAULT_DOCKER_SOCKET,
+        global = true
+    )]
+    pub docker_socket: PathBuf,
+
+    /// Podman's API socket (rootful podman.socket's by default).
+    #[arg(
+        long = "containers.podman-socket",
+        value_name = "PATH",
+        value_parser = socket_path,
+        default_value = DEFAULT_PODMAN_SOCKET,
+        global = true
+    )]
+    pub podman_socket: PathBuf,
+
+    /// Longest one call to an engine may take. Calls run on a thread of their own, never
+    /// during a scrape; check waits for its lookups at most five times this long.
+    #[arg(long = "containers.timeout", value_name = "DURATION", default_value = "1s", value_parser = parse_duration, global = true)]
+    pub timeout: Duration,
+}
+
+/// A socket's path; empty (which clap's path parser refuses) turns its engine off.
+fn socket_path(value: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(value))
 }
 
 /// Flags of `check`.
@@ -626,6 +667,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Where the kubelet's sources are.
     pub kubernetes: KubernetesConfig,
+    /// Where the container engines' sockets are.
+    pub containers: ContainersConfig,
 }
 
 impl Cli {
@@ -672,6 +715,7 @@ impl Cli {
         )?;
         let refresh_interval =
             longer_than_zero(self.kubelet.refresh_interval, "kubelet.refresh-interval")?;
+        let containers_timeout = longer_than_zero(self.containers.timeout, "containers.timeout")?;
         let defaults = Settings::default();
         Ok(Config {
             mode,
@@ -700,6 +744,12 @@ impl Cli {
                 pod_resources_socket: self.kubelet.pod_resources_path,
                 pod_logs: self.kubelet.pod_logs,
                 refresh_interval,
+            },
+            containers: ContainersConfig {
+                docker_socket: self.containers.docker_socket,
+                podman_socket: self.containers.podman_socket,
+                timeout: containers_timeout,
+                ..ContainersConfig::default()
             },
         })
     }
@@ -997,6 +1047,30 @@ mod tests {
     }
 
     #[test]
+    fn container_engine_flags() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.containers, ContainersConfig::default());
+        let config = parse(&[
+            "check",
+            "--containers.docker-socket",
+            "",
+            "--containers.podman-socket",
+            "/host/run/podman/podman.sock",
+            "--containers.timeout",
+            "250ms",
+        ])
+        .unwrap();
+        assert_eq!(config.containers.docker_socket, PathBuf::new());
+        assert_eq!(
+            config.containers.podman_socket,
+            PathBuf::from("/host/run/podman/podman.sock")
+        );
+        assert_eq!(config.containers.timeout, Duration::from_millis(250));
+        let error = parse(&["--containers.timeout", "0s"]).unwrap_err();
+        assert!(error.contains("containers.timeout"), "{error}");
+    }
+
+    #[test]
     fn kubelet_flags() {
         let config = parse(&[]).unwrap();
         assert_eq!(config.kubernetes, KubernetesConfig::default());
@@ -1149,11 +1223,15 @@ mod tests {
             "web.collection-timeout",
             "version",
         ];
-        // Every mode names pods, so every mode takes the kubelet's sources.
+        // Every mode names pods and containers, so every mode takes the kubelet's sources
+        // and the container engines' sockets.
         let kubelet: &[&str] = &[
             "kubelet.pod-resources-path",
             "kubelet.refresh-interval",
             "path.pod-logs",
+            "containers.docker-socket",
+            "containers.podman-socket",
+            "containers.timeout",
         ];
         assert_eq!(
             listed_flags(&[]),

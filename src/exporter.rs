@@ -134,6 +134,8 @@ impl Exporter {
                     procfs_errors: 0,
                     procfs_stuck: None,
                     kubernetes: None,
+                    slurm: None,
+                    containers: None,
                 };
                 Collected {
                     report: classify(&observation, &self.settings),

@@ -66,7 +66,9 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
         _ => Lifespan::OneShot,
     };
     let exporter = Arc::new(Exporter::new(
-        source(&config, lifespan).with_kubernetes(&config.kubernetes, lifespan),
+        source(&config, lifespan)
+            .with_kubernetes(&config.kubernetes, lifespan)
+            .with_containers(&config.containers, lifespan),
         config.settings.clone(),
         RenderOptions {
             per_process_limit: config.per_process_limit,

@@ -51,6 +51,10 @@ required=(
     "buildah buildah deploy/image/build.sh builds the container image"
     "podman podman the image runs under podman"
     "/usr/sbin/runc runc podman runs the image through Debian's runc"
+    "/usr/sbin/munged munge a one-node Slurm cluster authenticates with munge"
+    "/usr/sbin/slurmctld slurmctld the one-node Slurm cluster's controller"
+    "/usr/sbin/slurmd slurmd the one-node Slurm cluster's node daemon"
+    "sbatch slurm-client the Slurm test submits and cancels a job"
 )
 
 install_missing_packages() {
@@ -77,8 +81,19 @@ install_missing_packages() {
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
         say "installing ${packages[*]} with apt-get (running as root)"
         export DEBIAN_FRONTEND=noninteractive
+        # Without an init system, the daemons' packages fail to configure when they try
+        # to start them: the tests start their own. A policy that forbids starting
+        # services, for the install only, unless the host has one already.
+        local no_policy=
+        if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+            say "forbidding service starts (/usr/sbin/policy-rc.d) while installing"
+            printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+            chmod 755 /usr/sbin/policy-rc.d
+            no_policy=1
+        fi
         apt-get update -qq
         apt-get install -y -qq "${packages[@]}" >/dev/null
+        [[ -z $no_policy ]] || rm -f /usr/sbin/policy-rc.d
     else
         say "install them with:"
         say "    sudo apt-get install -y ${packages[*]}"

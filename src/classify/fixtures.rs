@@ -4,11 +4,12 @@
 
 use super::*;
 // Where a listed owner's PID leads in `/proc`, for the hosts the renderers' tests build.
+use crate::observe::containers::ContainersReading;
 pub(crate) use crate::observe::ProcessLookup;
 use crate::observe::{
     CgroupAttribution, GpuHealth, GpuReading, GpuState, HolderScan, Identity, MemoryReading,
     NamespaceInit, NodeSet, NvmlLists, NvmlProcess, NvmlReading, Observation, OwnerLookup,
-    ProcessFacts, ProcessList, ProcfsView, RecoveryAction, References,
+    ProcessFacts, ProcessList, ProcfsView, RecoveryAction, References, SlurmReading,
 };
 
 pub(crate) const MIB: u64 = 1024 * 1024;
@@ -107,6 +108,8 @@ pub(crate) struct Host {
     pub(crate) holders: Option<Vec<ProcessFacts>>,
     pub(crate) scan_cut_short: bool,
     pub(crate) scan_denied: u64,
+    pub(crate) slurm: Option<SlurmReading>,
+    pub(crate) containers: Option<ContainersReading>,
 }
 
 impl Host {
@@ -120,6 +123,8 @@ impl Host {
             holders: None,
             scan_cut_short: false,
             scan_denied: 0,
+            slurm: None,
+            containers: None,
         }
         .gpu(0)
     }
@@ -240,6 +245,8 @@ impl Host {
             procfs_errors: 0,
             procfs_stuck: None,
             kubernetes: None,
+            slurm: self.slurm.clone(),
+            containers: self.containers.clone(),
         }
     }
 
@@ -282,12 +289,96 @@ pub(crate) fn contained(mut facts: ProcessFacts, init: Option<NamespaceInit>) ->
         cgroup: Some(format!("/kubepods/pod{POD}/{CONTAINER}")),
         container_id: Some(CONTAINER.into()),
         pod_uid: Some(POD.into()),
+        ..CgroupAttribution::default()
     };
     facts.pid_namespace_init = init;
     facts
 }
 
+/// The fork orphan 524 in step 0 of Slurm job 4242 of alice, whose owner 503 exited.
+pub(crate) fn slurm_fork_orphan() -> Host {
+    Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(in_slurm_job(
+            cuda(524, &[0]).child_of(503).started(150_000),
+            4242,
+            "0",
+        ))
+}
+
+/// `facts` in step `step` of Slurm job `job_id` of `user` (uid 1000), as cgroup v1
+/// names it.
+pub(crate) fn in_slurm_job(mut facts: ProcessFacts, job_id: u64, step: &str) -> ProcessFacts {
+    facts.uid = Some(1000);
+    facts.user = Some("alice".into());
+    facts.cgroup = CgroupAttribution {
+        cgroup: Some(format!("/slurm/uid_1000/job_{job_id}/step_{step}/task_0")),
+        slurm: Some(crate::observe::SlurmStep {
+            job_id,
+            step: Some(step.into()),
+            uid: Some(1000),
+        }),
+        ..CgroupAttribution::default()
+    };
+    facts
+}
+
 impl Host {
+    /// The container engines' names: Podman named container `CONTAINER` `trainer`, from
+    /// image `localhost/model:1`, in pod `lab`; Docker is absent.
+    pub(crate) fn containers_named(mut self) -> Host {
+        use crate::observe::containers::{ContainerName, Engine, EngineError, EngineHealth};
+        self.containers = Some(ContainersReading {
+            engines: [
+                (
+                    Engine::Docker,
+                    EngineHealth {
+                        error: Some(EngineError::Absent),
+                        message: Some("no container engine socket at /var/run/docker.sock".into()),
+                        last_success_unix_seconds: None,
+                    },
+                ),
+                (
+                    Engine::Podman,
+                    EngineHealth {
+                        error: None,
+                        message: None,
+                        last_success_unix_seconds: Some(1_764_800_000.5),
+                    },
+                ),
+            ]
+            .into(),
+            names: [(
+                CONTAINER.to_string(),
+                ContainerName {
+                    engine: Engine::Podman,
+                    name: "trainer".into(),
+                    image: Some("localhost/model:1".into()),
+                    compose_project: None,
+                    pod: Some("lab".into()),
+                },
+            )]
+            .into(),
+        });
+        self
+    }
+
+    /// The Slurm job steps whose slurmstepd runs, from a complete look.
+    pub(crate) fn slurm_running(mut self, steps: &[(u64, &str)]) -> Host {
+        self.slurm = Some(SlurmReading {
+            running_steps: steps
+                .iter()
+                .map(|(job_id, step)| crate::observe::RunningStep {
+                    job_id: *job_id,
+                    step: (*step).into(),
+                })
+                .collect(),
+            complete: true,
+        });
+        self
+    }
+
     pub(crate) fn health(mut self, health: GpuHealth) -> Host {
         self.gpus[0].health = health;
         self

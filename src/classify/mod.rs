@@ -9,6 +9,7 @@ mod mps;
 mod owners;
 pub mod pods;
 mod sentence;
+pub mod slurm;
 mod suspects;
 #[cfg(test)]
 mod tests;
@@ -32,6 +33,7 @@ use suspects::Scene;
 
 // What the verdict carries of the observation, named here so that the renderers need
 // nothing from `observe`.
+pub use crate::observe::containers::{ContainerName, Engine, EngineError, EngineHealth};
 pub use crate::observe::kubernetes::{KubeletSource, SourceError, SourceHealth};
 pub use crate::observe::procfs::short_container_id;
 pub use crate::observe::{
@@ -40,6 +42,7 @@ pub use crate::observe::{
     StuckCall, StuckRead, XidReading,
 };
 pub use pods::{GpuPod, KubernetesView, PodName};
+pub use slurm::{JobState, JobToCancel, LeftBehind, SlurmJob};
 
 /// Tunables of the classification.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +196,13 @@ pub struct Process {
     /// Its pod's namespace and name, when the kubelet's pod log directories name its uid.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodName>,
+    /// Its container's name, image, and Compose project or Podman pod, when its engine
+    /// named it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerName>,
+    /// Its Slurm job and step, its user, and whether Slurm still runs it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_job: Option<SlurmJob>,
     /// PID 1 of its PID namespace, when that is nested in ours (a container's own). In
     /// JSON `container_ended: true` follows it once that has exited.
     #[serde(flatten, serialize_with = "namespace_init_json")]
@@ -245,6 +255,13 @@ impl Process {
             wchan: facts.wchan.clone(),
             cgroup: facts.cgroup.clone(),
             pod: None,
+            container: facts.cgroup.container_id.as_ref().and_then(|id| {
+                frame
+                    .containers
+                    .and_then(|reading| reading.names.get(id))
+                    .cloned()
+            }),
+            slurm_job: SlurmJob::of(facts, frame.slurm),
             pid_namespace_init: facts.pid_namespace_init,
             descriptors: facts.descriptors.clone(),
             mappings: facts.mappings.clone(),
@@ -352,6 +369,14 @@ pub enum Remedy {
         /// The culprits, in PID order.
         targets: Vec<KillTarget>,
     },
+    /// Cancel these Slurm jobs: culprits run in steps that Slurm still runs, and ending
+    /// the job ends them. Culprits outside such steps are to be killed beside.
+    CancelJobs {
+        /// The jobs, by id, each with its culprits.
+        jobs: Vec<JobToCancel>,
+        /// The other culprits, in PID order.
+        targets: Vec<KillTarget>,
+    },
     /// The owner is exiting: its memory is being freed.
     Wait,
     /// Under MPS, no client process holds a dead client's memory, but the MPS server (a
@@ -401,6 +426,18 @@ pub struct KillTarget {
     pub started_unix_seconds: Option<u64>,
     /// Command name.
     pub comm: String,
+}
+
+impl KillTarget {
+    /// A process to end, by identity.
+    pub fn of(process: &Process) -> KillTarget {
+        KillTarget {
+            pid: process.pid,
+            start_time_ticks: process.start_time_ticks,
+            started_unix_seconds: process.started_unix_seconds,
+            comm: process.comm.clone(),
+        }
+    }
 }
 
 /// Why the holder of orphaned memory cannot be named.
@@ -551,6 +588,21 @@ pub enum Note {
     CulpritsContainerEnded {
         /// Their PIDs.
         pids: Vec<u32>,
+    },
+    /// Culprits run in Slurm job steps that have ended, or of which it cannot be told
+    /// whether they run: Slurm will not end them, so they are to be killed.
+    CulpritsLeftBySlurm {
+        /// Each such culprit, with its job.
+        culprits: Vec<LeftBehind>,
+    },
+    /// A live owner runs in a Slurm job step that has ended: Slurm left it behind.
+    OwnerLeftBySlurm {
+        /// Its PID.
+        pid: u32,
+        /// Its command name.
+        comm: String,
+        /// Its job and step.
+        job: SlurmJob,
     },
     /// A culprit is in uninterruptible sleep: it dies only when it leaves the driver.
     CulpritInUninterruptibleSleep,
@@ -1155,6 +1207,10 @@ pub struct Report {
     /// Each GPU's pods, pod names by uid, and the kubelet sources' health; `None` when the
     /// observation has none (a snapshot of an older version).
     pub kubernetes: Option<KubernetesView>,
+
+    // Container engines.
+    /// How each watched container engine's last call went; `None` when none is watched.
+    pub container_engines: Option<BTreeMap<Engine, EngineHealth>>,
 }
 
 impl Report {
@@ -1185,6 +1241,8 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         boot_time_unix_seconds: observation.boot_time_unix_seconds,
         ticks_per_second: observation.clock_ticks_per_second,
         procfs_view: observation.procfs_view,
+        slurm: observation.slurm.as_ref(),
+        containers: observation.containers.as_ref(),
     };
     let scan = observation.holder_scan.as_ref().map(|scan| ScanSummary {
         cut_short: scan.cut_short,
@@ -1330,6 +1388,10 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         holder_scan: scan,
         procfs_stuck: observation.procfs_stuck.clone(),
         kubernetes,
+        container_engines: observation
+            .containers
+            .as_ref()
+            .map(|reading| reading.engines.clone()),
     }
 }
 
@@ -1406,7 +1468,7 @@ struct GpuPlace {
 struct Surroundings<'a> {
     observation: &'a Observation,
     settings: &'a Settings,
-    frame: &'a Frame,
+    frame: &'a Frame<'a>,
     scan: Option<ScanSummary>,
     live_owner_gpus: &'a BTreeMap<u32, Vec<u32>>,
     /// Every PID NVML lists on some GPU or MIG device.
@@ -1610,18 +1672,16 @@ fn remedy(
                 reason: Blindness::CulpritsNotVisible,
             };
         }
-        return Remedy::Kill {
-            targets: account
-                .culprits
-                .iter()
-                .map(|culprit| KillTarget {
-                    pid: culprit.process.pid,
-                    start_time_ticks: culprit.process.start_time_ticks,
-                    started_unix_seconds: culprit.process.started_unix_seconds,
-                    comm: culprit.process.comm.clone(),
-                })
-                .collect(),
-        };
+        let culprits: Vec<&Process> = account
+            .culprits
+            .iter()
+            .map(|culprit| &culprit.process)
+            .collect();
+        let (jobs, targets) = slurm::jobs_to_cancel(&culprits);
+        if jobs.is_empty() {
+            return Remedy::Kill { targets };
+        }
+        return Remedy::CancelJobs { jobs, targets };
     }
     if !account.undetermined.is_empty() {
         return Remedy::CannotTell {
@@ -1751,6 +1811,17 @@ fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
                 });
             }
         }
+        let left_by_slurm = owner.process().and_then(|process| {
+            let job = process.slurm_job.as_ref()?;
+            matches!(job.state, JobState::StepEnded | JobState::Ended).then(|| {
+                Note::OwnerLeftBySlurm {
+                    pid: owner.pid,
+                    comm: process.comm.clone(),
+                    job: job.clone(),
+                }
+            })
+        });
+        owner_notes.extend(left_by_slurm);
     }
     let left_out = owner_notes.len().saturating_sub(MAX_OWNER_NOTES);
     notes.extend(owner_notes.into_iter().take(MAX_OWNER_NOTES));
@@ -1771,6 +1842,10 @@ fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
             .collect();
         if !ended.is_empty() {
             notes.push(Note::CulpritsContainerEnded { pids: ended });
+        }
+        let left = slurm::left_behind(account.culprits.iter().map(|culprit| &culprit.process));
+        if !left.is_empty() {
+            notes.push(Note::CulpritsLeftBySlurm { culprits: left });
         }
         let states: Vec<ProcessState> = account
             .culprits

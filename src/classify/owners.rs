@@ -3,8 +3,10 @@
 //! device file).
 
 use super::{Process, ProcessState};
+use crate::observe::containers::ContainersReading;
 use crate::observe::{
     Identity, NvmlLists, NvmlProcess, OwnerLookup, ProcessFacts, ProcessLookup, ProcfsView,
+    SlurmReading,
 };
 use serde::{Serialize, Serializer};
 use strum::{EnumCount, IntoStaticStr, VariantArray};
@@ -369,18 +371,23 @@ fn exiting(facts: &ProcessFacts) -> bool {
 }
 
 /// How the observation's raw numbers read where the verdict is given: start times in
-/// clock ticks after boot become dates, the procfs's PIDs become ours.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame {
+/// clock ticks after boot become dates, the procfs's PIDs become ours, cgroups become
+/// named containers and Slurm jobs that run or have ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Frame<'a> {
     /// When the host booted, in seconds since the Unix epoch.
     pub boot_time_unix_seconds: Option<u64>,
     /// Clock ticks per second of start times.
     pub ticks_per_second: u64,
     /// Whether the procfs read shows our PID namespace.
     pub procfs_view: ProcfsView,
+    /// The Slurm job steps that run, when they were looked for.
+    pub slurm: Option<&'a SlurmReading>,
+    /// The names the container engines gave containers, when they are watched.
+    pub containers: Option<&'a ContainersReading>,
 }
 
-impl Frame {
+impl Frame<'_> {
     /// When a process that started `ticks` after boot started, in seconds since the epoch.
     pub fn started(&self, ticks: u64) -> Option<u64> {
         let boot = self.boot_time_unix_seconds?;

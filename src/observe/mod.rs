@@ -3,8 +3,10 @@
 //!
 //! - [`nvml`]: the GPUs, their memory and the processes NVML charges for it, MIG, and
 //!   what the driver says each GPU needs;
-//! - [`procfs`]: the processes NVML names and those that hold NVIDIA device files;
-//! - [`kubernetes`]: the kubelet's pod-resources API and pod log directories.
+//! - [`procfs`]: the processes NVML names and those that hold NVIDIA device files, with
+//!   the container, pod and Slurm job step each runs in, and which Slurm steps still run;
+//! - [`kubernetes`]: the kubelet's pod-resources API and pod log directories;
+//! - [`containers`]: the container engines' names for the containers processes run in.
 //!
 //! `snapshot` holds what one look saw ([`Observation`]) and the file that carries it
 //! elsewhere ([`Snapshot`]). This module is the one place that combines the sources
@@ -16,6 +18,7 @@
 //! that does not answer by then is reported as such, with what it is stuck in, and the
 //! others are served as on a healthy host.
 
+pub mod containers;
 mod error_line;
 pub mod kubernetes;
 mod lifespan;
@@ -34,18 +37,20 @@ pub use nvml::{
 };
 pub use procfs::{
     CgroupAttribution, HolderScan, Identity, NamespaceInit, NarrowAccess, NodeSet, PidNamespace,
-    ProcessFacts, ProcessLookup, ProcfsView, References,
+    ProcessFacts, ProcessLookup, ProcfsView, References, RunningStep, Runtime, SlurmReading,
+    SlurmStep,
 };
 pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot, StuckRead};
 
+use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::{NvmlSource, NvmlThread};
-use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
+use self::procfs::{Memory, OwnersRead, Placement, ProcRoot, Slurmstepds};
 use self::worker::{InCall, NoAnswer, Worker};
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// When each part of one look must be done, for a caller that waits from `started`
@@ -108,6 +113,7 @@ pub enum ReaderThread {
 /// What the `/proc` reader thread is told it is doing, before its first read.
 const READING_OWNERS: &str = "reading NVML's owners in /proc";
 const SCANNING: &str = "scanning /proc for holders";
+const LOOKING_FOR_SLURMSTEPDS: &str = "looking for the slurmstepds of jobs in /proc";
 
 /// Where observations come from.
 #[derive(Debug)]
@@ -141,6 +147,10 @@ pub struct LiveHost {
     first_seen: Mutex<HashMap<u32, Identity>>,
     /// The kubelet's sources, when they are watched.
     kubernetes: Option<KubernetesWatch>,
+    /// The container engines, when they are watched.
+    containers: Option<ContainerWatch>,
+    /// The slurmstepds found by earlier looks.
+    slurmstepds: Arc<Mutex<Slurmstepds>>,
     /// The driver's table of MIG capability minors.
     mig_minors: PathBuf,
 }
@@ -166,6 +176,8 @@ impl LiveHost {
             scan_budget,
             first_seen: Mutex::new(HashMap::new()),
             kubernetes: None,
+            containers: None,
+            slurmstepds: Arc::new(Mutex::new(Slurmstepds::default())),
         }
     }
 
@@ -173,6 +185,12 @@ impl LiveHost {
     /// and, for a server, on a thread of their own every refresh interval.
     pub fn with_kubernetes(mut self, config: KubernetesConfig, lifespan: Lifespan) -> Self {
         self.kubernetes = Some(KubernetesWatch::start(config, lifespan));
+        self
+    }
+
+    /// Also names containers through their engines' sockets, on a thread of their own.
+    pub fn with_containers(mut self, config: ContainersConfig, lifespan: Lifespan) -> Self {
+        self.containers = Some(ContainerWatch::start(config, lifespan));
         self
     }
 
@@ -286,6 +304,11 @@ impl LiveHost {
             .kubernetes
             .as_ref()
             .map(|watch| self.kubernetes_reading(watch, &owners, deadlines.owners));
+        let slurm = self.slurm_reading(cgroups_of(&owners), deadlines.owners);
+        let containers = self
+            .containers
+            .as_ref()
+            .map(|watch| watch.reading(wanted_containers(cgroups_of(&owners))));
         // Where a slow scrape's time went, for whoever profiles one.
         tracing::debug!(
             nvml_seconds = nvml_read.as_secs_f64(),
@@ -304,6 +327,8 @@ impl LiveHost {
             procfs_errors,
             procfs_stuck,
             kubernetes,
+            slurm,
+            containers,
         }
     }
 
@@ -375,6 +400,40 @@ impl LiveHost {
         }
     }
 
+    /// Whether the Slurm job steps of the processes in `cgroups` run now; `None` when none
+    /// runs in a job. The look walks `/proc` when a step is new, so it runs on the `/proc`
+    /// reader thread, waited for until `until`: a reader that does not answer makes the
+    /// look incomplete, and no job is then cancelled on it.
+    fn slurm_reading<'a>(
+        &self,
+        cgroups: impl Iterator<Item = &'a CgroupAttribution>,
+        until: Instant,
+    ) -> Option<SlurmReading> {
+        let wanted: Vec<(u64, Option<String>)> = cgroups
+            .filter_map(|cgroup| cgroup.slurm.as_ref())
+            .map(|step| (step.job_id, step.step.clone()))
+            .collect();
+        if wanted.is_empty() {
+            return None;
+        }
+        let deadline = scan_deadline(Instant::now(), self.scan_budget, Some(until));
+        let (root, slurmstepds) = (self.proc_root.clone(), Arc::clone(&self.slurmstepds));
+        let job = move |_: &mut Memory| lock(&slurmstepds).look(&root, &wanted, deadline);
+        Some(match self.procfs.run(LOOKING_FOR_SLURMSTEPDS, until, job) {
+            Ok(reading) => {
+                self.procfs_answers();
+                reading
+            }
+            Err(no_answer) => {
+                self.procfs_failure(no_answer);
+                SlurmReading {
+                    running_steps: Vec::new(),
+                    complete: false,
+                }
+            }
+        })
+    }
+
     /// Fill in each owner's first-seen identity, remembering new ones and forgetting the
     /// PIDs NVML no longer lists (on GPUs that answered: a GPU that failed this time may
     /// list them again).
@@ -430,6 +489,32 @@ impl LiveHost {
     }
 }
 
+/// The cgroups of the owners that are there.
+fn cgroups_of(owners: &BTreeMap<u32, OwnerLookup>) -> impl Iterator<Item = &CgroupAttribution> {
+    owners.values().filter_map(|owner| match &owner.now {
+        ProcessLookup::Present(facts) => Some(&facts.cgroup),
+        _ => None,
+    })
+}
+
+/// The containers to name, each with the engines that may know it: the one its cgroup's
+/// runtime prefix names, or either for a bare id outside any pod. Kubernetes' containers
+/// (a pod, containerd, CRI-O) are the kubelet's to name.
+fn wanted_containers<'a>(cgroups: impl Iterator<Item = &'a CgroupAttribution>) -> Vec<Wanted> {
+    cgroups
+        .filter_map(|cgroup| {
+            let id = cgroup.container_id.as_ref()?;
+            let engines = match cgroup.runtime {
+                Some(Runtime::Docker) => vec![Engine::Docker],
+                Some(Runtime::Podman) => vec![Engine::Podman],
+                None if cgroup.pod_uid.is_none() => vec![Engine::Docker, Engine::Podman],
+                Some(Runtime::Containerd | Runtime::CriO) | None => return None,
+            };
+            Some((id.clone(), engines))
+        })
+        .collect()
+}
+
 /// The owners this observation read, for the holder scan that follows it.
 fn owners_read(observation: &Observation) -> OwnersRead {
     let listed = observation.nvml.listed_pids();
@@ -475,6 +560,17 @@ impl Source {
         }
     }
 
+    /// A live source that also names containers through their engines (see
+    /// [`LiveHost::with_containers`]); a replay keeps what its snapshot recorded.
+    pub fn with_containers(self, config: &ContainersConfig, lifespan: Lifespan) -> Source {
+        match self {
+            Source::Live(host) => {
+                Source::Live(Box::new(host.with_containers(config.clone(), lifespan)))
+            }
+            replay @ Source::Replay(_) => replay,
+        }
+    }
+
     /// One observation, without the holder scan, waiting for each source until its
     /// deadline.
     pub fn observe(&self, deadlines: &Deadlines) -> Result<Observation, ObserveError> {
@@ -498,6 +594,22 @@ impl Source {
                     .iter()
                     .filter_map(|holder| holder.cgroup.pod_uid.as_deref());
                 watch.add_names(reading, uids);
+            }
+            if let (Some(watch), Some(reading)) = (&host.containers, &mut observation.containers) {
+                let cgroups = scan.holders.iter().map(|holder| &holder.cgroup);
+                watch.add_names(reading, wanted_containers(cgroups));
+            }
+            // Holders in Slurm jobs, with the owners: whether their steps run, as of now.
+            if scan
+                .holders
+                .iter()
+                .any(|holder| holder.cgroup.slurm.is_some())
+            {
+                let holders = scan.holders.iter().map(|holder| &holder.cgroup);
+                observation.slurm = host.slurm_reading(
+                    cgroups_of(&observation.owners).chain(holders),
+                    deadlines.scan_waited,
+                );
             }
             observation.holder_scan = Some(scan);
         }

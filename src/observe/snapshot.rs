@@ -2,9 +2,10 @@
 //! reads, and the [`Snapshot`] file that carries one to another machine, where it replays
 //! to the same verdict.
 
+use super::containers::ContainersReading;
 use super::kubernetes::KubernetesReading;
 use super::nvml::NvmlReading;
-use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView};
+use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView, SlurmReading};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,6 +47,18 @@ pub struct Observation {
     /// the pods owners and holders run in. `None` in snapshots of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesReading>,
+
+    // Slurm.
+    /// Which Slurm job steps still run, looked for when an owner or holder runs in a
+    /// Slurm job's cgroup; `None` when none does (or in snapshots of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmReading>,
+
+    // Container engines.
+    /// The engines' health and the names of the containers owners and holders run in;
+    /// `None` when no engine is watched (or in snapshots of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<ContainersReading>,
 }
 
 /// The `/proc` reader thread, not returned at a look's deadline.

@@ -4,14 +4,15 @@
 //! the classifier.
 
 use crate::classify::{
-    GoneReason, GpuAccount, GpuError, GpuVerdict, InstanceVerdict, KubeletSource, KubernetesView,
-    MemoryReading, NvmlFailure, OrphanReason, OwnerState, PodName, Process, ProcfsView,
-    RecoveryAction, Report, Role, StateTally,
+    Engine, EngineError, EngineHealth, GoneReason, GpuAccount, GpuError, GpuVerdict,
+    InstanceVerdict, KubeletSource, KubernetesView, MemoryReading, NvmlFailure, OrphanReason,
+    OwnerState, PodName, Process, ProcfsView, RecoveryAction, Report, Role, StateTally,
 };
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
+use std::collections::BTreeMap;
 use std::fmt;
 use strum::{IntoEnumIterator, VariantArray};
 
@@ -117,24 +118,38 @@ struct MigInfoLabels {
     name: String,
 }
 
-/// Where a process runs: `container_id` and `pod_uid`, then `namespace` and `pod`; each
-/// empty when the process runs in none or its pod's name is unknown.
+/// Where a process runs: `container_id` and `pod_uid`, then `namespace` and `pod`, then
+/// its container's name and image, then its Slurm job's id, step and user; each empty
+/// when the process runs in none or its pod's or container's name is unknown. Only per-process series carry them: on a per-GPU series they
+/// would multiply its series by the workloads that come and go.
 #[derive(Debug, Clone, EncodeLabelSet)]
 struct PlaceLabels {
     container_id: Option<String>,
     pod_uid: Option<String>,
     namespace: Option<String>,
     pod: Option<String>,
+    container_name: Option<String>,
+    container_image: Option<String>,
+    slurm_job_id: Option<u64>,
+    slurm_step: Option<String>,
+    slurm_user: Option<String>,
 }
 
 impl PlaceLabels {
     fn of(process: Option<&Process>) -> PlaceLabels {
         let pod: Option<&PodName> = process.and_then(|process| process.pod.as_ref());
+        let job = process.and_then(|process| process.slurm_job.as_ref());
+        let container = process.and_then(|process| process.container.as_ref());
         PlaceLabels {
             container_id: process.and_then(|process| process.cgroup.container_id.clone()),
             pod_uid: process.and_then(|process| process.cgroup.pod_uid.clone()),
             namespace: pod.map(|pod| pod.namespace.clone()),
             pod: pod.map(|pod| pod.name.clone()),
+            container_name: container.map(|container| container.name.clone()),
+            container_image: container.and_then(|container| container.image.clone()),
+            slurm_job_id: job.map(|job| job.job_id),
+            slurm_step: job.and_then(|job| job.step.clone()),
+            slurm_user: job.and_then(|job| job.user.clone()),
         }
     }
 }
@@ -228,6 +243,12 @@ struct XidLabel {
 #[derive(Debug, Clone, EncodeLabelSet)]
 struct SourceLabel {
     source: &'static str,
+}
+
+/// A container engine.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct EngineLabel {
+    engine: &'static str,
 }
 
 /// Name, help and reading of one memory gauge.
@@ -352,6 +373,9 @@ pub fn encode_report(
     }
     if let Some(kubernetes) = &report.kubernetes {
         encode_kubernetes(encoder, kubernetes)?;
+    }
+    if let Some(engines) = &report.container_engines {
+        encode_container_engines(encoder, engines)?;
     }
     let measured_instances: Vec<_> = report
         .gpus
@@ -849,6 +873,51 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         "vram_kubelet_unmatched_devices",
         "GPU and MIG devices the kubelet assigns to containers that match no GPU NVML lists (a GPU NVML lost, or an id it cannot place).",
         single(kubernetes.unmatched_devices),
+    )
+}
+
+/// The container engines' health, named as the kubelet sources' is.
+fn encode_container_engines(
+    encoder: &mut DescriptorEncoder,
+    engines: &BTreeMap<Engine, EngineHealth>,
+) -> fmt::Result {
+    let label = |engine: &Engine| EngineLabel {
+        engine: engine.as_str(),
+    };
+    gauge(
+        encoder,
+        "vram_container_engine_up",
+        "1 when the last call to this container engine's socket (docker, podman) succeeded, 0 when it failed or the socket is absent.",
+        engines
+            .iter()
+            .map(|(engine, health)| (label(engine), flag(health.up()))),
+    )?;
+    gauge(
+        encoder,
+        "vram_container_engine_error",
+        "1 for the kind of failure of this container engine's last call (absent: no socket at its path; unavailable, timeout, http_error, malformed), else 0.",
+        engines.iter().flat_map(|(engine, health)| {
+            EngineError::ALL.iter().map(move |&kind| {
+                let labels = (
+                    label(engine),
+                    ErrorLabel {
+                        error: kind.as_str(),
+                    },
+                );
+                (labels, flag(health.error == Some(kind)))
+            })
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_container_engine_last_success_timestamp_seconds",
+        "When a call to this container engine last succeeded, in seconds since the Unix epoch; 0 when none has. Containers it named stay named.",
+        engines.iter().map(|(engine, health)| {
+            (
+                label(engine),
+                health.last_success_unix_seconds.unwrap_or(0.0),
+            )
+        }),
     )
 }
 

@@ -159,6 +159,185 @@ fn text_names_the_culprit_of_a_fork_orphan_and_suggests_killing_it() {
     assert_eq!(words.notes, Vec::<String>::new());
 }
 
+/// The Slurm fork orphan of the fixtures, with slurmstepds running the steps `running`.
+fn slurm_orphan(running: &[(u64, &str)]) -> Host {
+    slurm_fork_orphan().slurm_running(running)
+}
+
+#[test]
+fn text_suggests_scancel_for_a_culprit_whose_step_runs() {
+    let report = slurm_orphan(&[(4242, "0")]).report();
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words.sentence.contains(", user alice, parent 503, Slurm job 4242 step 0 of user alice, running, holds a context on GPU 0")
+            && words.sentence.ends_with(" - cancelling Slurm job 4242 should free it."),
+        "{}",
+        words.sentence
+    );
+    assert_eq!(
+        words.suggestion.as_deref(),
+        Some("scancel 4242   # job 4242 of user alice still runs the step that holds it: 524 is python3, started 2026-12-03 00:25:00 UTC; then: vram-exporter check --gpu 0 --wait 30s")
+    );
+    assert_eq!(words.notes, Vec::<String>::new());
+    let table = gpu_table(&report.gpus[0]);
+    let header = table.lines().find(|line| line.contains("PARENT")).unwrap();
+    assert!(header.ends_with("PARENT  JOB"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|line| line.trim_start().starts_with("524 ") && line.ends_with("  4242.0")),
+        "{table}"
+    );
+}
+
+#[test]
+fn text_suggests_kill_and_says_why_when_the_job_has_ended() {
+    let report = slurm_orphan(&[]).report();
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words
+            .sentence
+            .contains("Slurm job 4242 step 0 of user alice, a job that has ended, holds")
+            && words.sentence.ends_with(" - killing 524 should free it."),
+        "{}",
+        words.sentence
+    );
+    assert!(words
+        .suggestion
+        .as_deref()
+        .unwrap()
+        .starts_with("kill 524   # "));
+    assert_eq!(
+        words.notes,
+        ["PID 524 is of Slurm job 4242 (step 0), which has ended: the process survived its job, so Slurm no longer tracks it and scancel cannot end it; kill it (a process that leaves its parent escapes proctrack/linuxproc and proctrack/pgid; under proctrack/cgroup only one stuck in the driver survives)."]
+    );
+    let table = gpu_table(&report.gpus[0]);
+    assert!(table.contains("  4242.0 (ended)"), "{table}");
+    // The step ended, the job runs on.
+    let words = verdict(&slurm_orphan(&[(4242, "batch")]).report().gpus[0]);
+    assert!(words
+        .suggestion
+        .as_deref()
+        .unwrap()
+        .starts_with("kill 524 "));
+    assert!(
+        words.notes[0]
+            .contains("cancelling the job would stop its work without ending this process"),
+        "{:?}",
+        words.notes
+    );
+}
+
+#[test]
+fn json_and_metrics_carry_the_slurm_job_on_per_process_series_only() {
+    let report = slurm_orphan(&[(4242, "0")]).report();
+    let document = json_of(&report);
+    let culprit = &document["gpus"][0]["culprits"][0];
+    assert_eq!(
+        culprit["slurm_job"],
+        json!({"job_id": 4242, "step": "0", "user": "alice", "state": "running"})
+    );
+    assert_eq!(
+        culprit["slurm"],
+        json!({"job_id": 4242, "step": "0", "uid": 1000})
+    );
+    assert_eq!(document["gpus"][0]["remedy"]["action"], "cancel_jobs");
+    assert_eq!(document["gpus"][0]["remedy"]["jobs"][0]["job_id"], 4242);
+    let samples = samples(&metrics_of(&report));
+    assert_eq!(
+        value(
+            &samples,
+            "vram_holder_info",
+            &[
+                ("pid", "524"),
+                ("slurm_job_id", "4242"),
+                ("slurm_step", "0"),
+                ("slurm_user", "alice")
+            ]
+        ),
+        1.0
+    );
+    let per_process = ["vram_holder_info", "vram_process_used_bytes"];
+    for (family, labels, _) in &samples {
+        if per_process.contains(&family.as_str()) {
+            continue;
+        }
+        assert!(
+            labels.iter().all(|(key, _)| !key.starts_with("slurm_")),
+            "{family} {labels:?}"
+        );
+    }
+}
+
+#[test]
+fn a_container_its_engine_named_is_shown_by_name_and_image() {
+    let report = stuck_in_an_ended_container().containers_named().report();
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words.sentence.contains(&format!(
+            ", container trainer ({}, image localhost/model:1, podman pod lab), ",
+            &CONTAINER[..12]
+        )),
+        "{}",
+        words.sentence
+    );
+    let table = gpu_table(&report.gpus[0]);
+    assert!(table.contains("  trainer (ended)"), "{table}");
+    let document = json_of(&report);
+    assert_eq!(
+        document["gpus"][0]["culprits"][0]["container"],
+        json!({"engine": "podman", "name": "trainer", "image": "localhost/model:1", "pod": "lab"})
+    );
+    let samples = samples(&metrics_of(&report));
+    assert_eq!(
+        value(
+            &samples,
+            "vram_holder_info",
+            &[
+                ("pid", "524"),
+                ("container_name", "trainer"),
+                ("container_image", "localhost/model:1")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "vram_container_engine_up",
+            &[("engine", "podman")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "vram_container_engine_error",
+            &[("engine", "docker"), ("error", "absent")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "vram_container_engine_last_success_timestamp_seconds",
+            &[("engine", "podman")]
+        ),
+        1_764_800_000.5
+    );
+    for (family, labels, _) in &samples {
+        if ["vram_holder_info", "vram_process_used_bytes"].contains(&family.as_str()) {
+            continue;
+        }
+        assert!(
+            labels
+                .iter()
+                .all(|(key, _)| !key.starts_with("container_") || key == "container_id"),
+            "{family} {labels:?}"
+        );
+    }
+}
+
 #[test]
 fn text_says_how_gone_owners_went_as_the_classifier_decided() {
     let mut exiting = cuda(432, &[]).state('Z');
@@ -524,8 +703,8 @@ fn prometheus_writes_each_label_set_in_its_order() {
         "vram_owner_processes{gpu=\"0\",uuid=\"GPU-0\",state=\"gone\"} 1",
         "vram_gone_owner_processes{gpu=\"0\",uuid=\"GPU-0\",reason=\"exited\"} 1",
         "vram_holder_processes{gpu=\"0\",uuid=\"GPU-0\",role=\"bystander\"} 1",
-        &format!("vram_holder_info{{gpu=\"0\",uuid=\"GPU-0\",pid=\"524\",start_time=\"{}\",comm=\"python3\",state=\"running\",container_id=\"{CONTAINER}\",pod_uid=\"{POD}\",namespace=\"\",pod=\"\"}} 1", BOOT + 1_500),
-        "vram_process_used_bytes{gpu=\"0\",uuid=\"GPU-0\",pid=\"503\",comm=\"\",state=\"gone\",container_id=\"\",pod_uid=\"\",namespace=\"\",pod=\"\"} 9229565952",
+        &format!("vram_holder_info{{gpu=\"0\",uuid=\"GPU-0\",pid=\"524\",start_time=\"{}\",comm=\"python3\",state=\"running\",container_id=\"{CONTAINER}\",pod_uid=\"{POD}\",namespace=\"\",pod=\"\",container_name=\"\",container_image=\"\",slurm_job_id=\"\",slurm_step=\"\",slurm_user=\"\"}} 1", BOOT + 1_500),
+        "vram_process_used_bytes{gpu=\"0\",uuid=\"GPU-0\",pid=\"503\",comm=\"\",state=\"gone\",container_id=\"\",pod_uid=\"\",namespace=\"\",pod=\"\",container_name=\"\",container_image=\"\",slurm_job_id=\"\",slurm_step=\"\",slurm_user=\"\"} 9229565952",
         "vram_exited_container_processes{gpu=\"0\",uuid=\"GPU-0\"} 1",
         "vram_gpu_recovery_action{gpu=\"0\",uuid=\"GPU-0\",action=\"gpu_reset\"} 1",
         "vram_gpu_recovery_action{gpu=\"0\",uuid=\"GPU-0\",action=\"unknown\"} 0",

@@ -4,10 +4,10 @@
 //! puts it into words.
 
 use crate::classify::{
-    short_container_id, Blindness, ChargedTo, Departure, Evidence, GpuAccount, GpuOutcome,
-    GpuVerdict, InstanceVerdict, LookAgain, NarrowAccess, Note, NvmlFailure, NvmlStatus, Owner,
-    Process, RecoveryAction, Remedy, Report, Sentence, StateQualifier, Suspect, UnattributedTrust,
-    WhyUnknown,
+    short_container_id, Blindness, ChargedTo, ContainerName, Departure, Evidence, GpuAccount,
+    GpuOutcome, GpuVerdict, InstanceVerdict, JobState, KillTarget, LookAgain, NarrowAccess, Note,
+    NvmlFailure, NvmlStatus, Owner, Process, RecoveryAction, Remedy, Report, Sentence, SlurmJob,
+    StateQualifier, Suspect, UnattributedTrust, WhyUnknown,
 };
 use crate::dates::utc_words;
 use crate::units::format_bytes;
@@ -96,6 +96,7 @@ fn process_words(process: &Process, extra: &[String]) -> String {
     }
     words.push_str(&container_words(
         process.cgroup.container_id.as_deref(),
+        process.container.as_ref(),
         pod_words(process).as_deref(),
     ));
     if process.container_ended() {
@@ -105,10 +106,31 @@ fn process_words(process: &Process, extra: &[String]) -> String {
             ", whose PID namespace has ended"
         });
     }
+    if let Some(job) = &process.slurm_job {
+        let _ = write!(words, ", {}", job_words(job));
+        match job.state {
+            JobState::Running => words.push_str(", running"),
+            JobState::StepEnded => words.push_str(", a step that has ended while its job runs"),
+            JobState::Ended => words.push_str(", a job that has ended"),
+            JobState::Unknown => {}
+        }
+    }
     for part in extra {
         let _ = write!(words, ", {part}");
     }
     words.push(')');
+    words
+}
+
+/// `Slurm job 4242 step 0 of user alice`.
+fn job_words(job: &SlurmJob) -> String {
+    let mut words = format!("Slurm job {}", job.job_id);
+    if let Some(step) = &job.step {
+        let _ = write!(words, " step {step}");
+    }
+    if let Some(user) = &job.user {
+        let _ = write!(words, " of user {user}");
+    }
     words
 }
 
@@ -120,12 +142,33 @@ fn pod_words(process: &Process) -> Option<String> {
     }
 }
 
-/// `, container 3f2a9c0b1d2e, pod ml/sglang-0` for a process in a container; empty for a
-/// process on the host.
-fn container_words(container_id: Option<&str>, pod: Option<&str>) -> String {
+/// `, container 3f2a9c0b1d2e, pod ml/sglang-0` for a process in a container, or
+/// `, container trainer (3f2a9c0b1d2e, image pytorch/pytorch:2.4, compose project lab)`
+/// where its engine named it; empty for a process on the host.
+fn container_words(
+    container_id: Option<&str>,
+    named: Option<&ContainerName>,
+    pod: Option<&str>,
+) -> String {
     let mut words = String::new();
-    if let Some(id) = container_id {
-        let _ = write!(words, ", container {}", short_container_id(id));
+    match (container_id, named) {
+        (Some(id), Some(named)) => {
+            let mut about = vec![short_container_id(id).to_string()];
+            if let Some(image) = &named.image {
+                about.push(format!("image {image}"));
+            }
+            if let Some(project) = &named.compose_project {
+                about.push(format!("compose project {project}"));
+            }
+            if let Some(pod) = &named.pod {
+                about.push(format!("podman pod {pod}"));
+            }
+            let _ = write!(words, ", container {} ({})", named.name, about.join(", "));
+        }
+        (Some(id), None) => {
+            let _ = write!(words, ", container {}", short_container_id(id));
+        }
+        (None, _) => {}
     }
     if let Some(pod) = pod {
         let _ = write!(words, ", pod {pod}");
@@ -418,27 +461,50 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
                     "them".to_string()
                 }
             );
-            let pids: Vec<String> = targets
-                .iter()
-                .map(|target| target.pid.to_string())
-                .collect();
-            let who: Vec<String> = targets
-                .iter()
-                .take(MAX_PIDS_NAMED)
-                .map(|target| {
-                    let process = account
-                        .culprits
-                        .iter()
-                        .find(|culprit| culprit.process.pid == target.pid)
-                        .map(|culprit| identity_words(&culprit.process))
-                        .unwrap_or_else(|| target.comm.clone());
-                    format!("{} is {process}", target.pid)
-                })
-                .collect();
             Some(format!(
                 "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
-                pids.join(" "),
-                who.join("; ")
+                target_pids(targets),
+                who_they_are(targets, account).join("; ")
+            ))
+        }
+        Remedy::CancelJobs { jobs, targets } => {
+            let cancel = list(jobs.iter().map(|job| format!("Slurm job {}", job.job_id)));
+            let _ = write!(
+                sentence,
+                "; still held by {} - cancelling {cancel}{} should free it.",
+                suspects_words(&account.culprits, index),
+                match targets.as_slice() {
+                    [] => String::new(),
+                    [target] => format!(" and killing {}", target.pid),
+                    _ => " and killing the others".to_string(),
+                }
+            );
+            let ids: Vec<String> = jobs.iter().map(|job| job.job_id.to_string()).collect();
+            let mut command = format!("scancel {}", ids.join(" "));
+            if !targets.is_empty() {
+                let _ = write!(command, "; kill {}", target_pids(targets));
+            }
+            let mut why: Vec<String> = jobs
+                .iter()
+                .map(|job| {
+                    let user = job
+                        .user
+                        .as_ref()
+                        .map(|user| format!(" of user {user}"))
+                        .unwrap_or_default();
+                    format!(
+                        "job {}{user} still runs the step{} that hold{} it: {}",
+                        job.job_id,
+                        if job.culprits.len() == 1 { "" } else { "s" },
+                        if job.culprits.len() == 1 { "s" } else { "" },
+                        who_they_are(&job.culprits, account).join(", ")
+                    )
+                })
+                .collect();
+            why.extend(who_they_are(targets, account));
+            Some(format!(
+                "{command}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
+                why.join("; ")
             ))
         }
         Remedy::Wait => {
@@ -523,6 +589,32 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
     }
 }
 
+/// `795 796`: the PIDs to kill.
+fn target_pids(targets: &[KillTarget]) -> String {
+    let pids: Vec<String> = targets
+        .iter()
+        .map(|target| target.pid.to_string())
+        .collect();
+    pids.join(" ")
+}
+
+/// `795 is python3, started ...` for the first few targets, from the culprits' records.
+fn who_they_are(targets: &[KillTarget], account: &GpuAccount) -> Vec<String> {
+    targets
+        .iter()
+        .take(MAX_PIDS_NAMED)
+        .map(|target| {
+            let process = account
+                .culprits
+                .iter()
+                .find(|culprit| culprit.process.pid == target.pid)
+                .map(|culprit| identity_words(&culprit.process))
+                .unwrap_or_else(|| target.comm.clone());
+            format!("{} is {process}", target.pid)
+        })
+        .collect()
+}
+
 /// What a recovery action asks of the operator.
 fn recovery_words(action: RecoveryAction) -> &'static str {
     match action {
@@ -594,7 +686,7 @@ fn note_words(note: &Note, account: &GpuAccount, gpu: u32) -> String {
         ),
         Note::OwnerContainerEnded { pid, comm, cgroup } => format!(
             "PID {pid} ({comm}{}) still owns its memory although its container has ended: it survived the SIGKILL that ends a container's processes, so it is stuck (usually in the driver); if it stays, only a reboot or GPU reset frees the memory.",
-            container_words(cgroup.container_id.as_deref(), cgroup.pod_uid.as_deref())
+            container_words(cgroup.container_id.as_deref(), None, cgroup.pod_uid.as_deref())
         ),
         Note::MoreOwnerNotes { count } => format!(
             "{count} more such notes about owners left out; vram-exporter check --json lists every owner."
@@ -607,6 +699,21 @@ fn note_words(note: &Note, account: &GpuAccount, gpu: u32) -> String {
             pid_list(pids),
             if pids.len() == 1 { "it" } else { "they" },
             if pids.len() == 1 { "it is" } else { "they are" }
+        ),
+        Note::CulpritsLeftBySlurm { culprits } => {
+            let sentences: Vec<String> = culprits
+                .iter()
+                .take(MAX_PIDS_NAMED)
+                .map(|left| left_by_slurm_words(left.pid, &left.job))
+                .collect();
+            sentences.join(" ")
+        }
+        Note::OwnerLeftBySlurm { pid, comm, job } => format!(
+            "PID {pid} ({comm}) still owns its memory although {}: Slurm left it behind and will not end it; killing it frees the memory.",
+            match job.state {
+                JobState::StepEnded => format!("step {} of Slurm job {} has ended", job.step.as_deref().unwrap_or("?"), job.job_id),
+                _ => format!("Slurm job {} has ended", job.job_id),
+            }
         ),
         Note::CulpritInUninterruptibleSleep => "A holder in uninterruptible sleep dies only when it leaves the driver call it waits in; if it never does, only a reboot or GPU reset frees the memory.".into(),
         Note::CulpritStopped => "A stopped holder still dies on SIGKILL; SIGTERM waits until it is continued.".into(),
@@ -673,6 +780,26 @@ pub fn not_answering_lines(report: &Report) -> Vec<String> {
         ));
     }
     lines
+}
+
+/// Why Slurm will not end a culprit of `job`, and what to do instead.
+fn left_by_slurm_words(pid: u32, job: &SlurmJob) -> String {
+    let step = job.step.as_deref().unwrap_or("?");
+    match job.state {
+        JobState::Ended => format!(
+            "PID {pid} is of Slurm job {} (step {step}), which has ended: the process survived its job, so Slurm no longer tracks it and scancel cannot end it; kill it (a process that leaves its parent escapes proctrack/linuxproc and proctrack/pgid; under proctrack/cgroup only one stuck in the driver survives).",
+            job.job_id
+        ),
+        JobState::StepEnded => format!(
+            "PID {pid} is of step {step} of Slurm job {}, which has ended while the job runs on: the process survived its step, and cancelling the job would stop its work without ending this process; kill it.",
+            job.job_id
+        ),
+        JobState::Unknown => format!(
+            "PID {pid} is of Slurm job {} (step {step}); whether Slurm still runs that step cannot be told (the look for its slurmstepd did not finish): if it does, scancel {} ends it too.",
+            job.job_id, job.job_id
+        ),
+        JobState::Running => String::new(),
+    }
 }
 
 /// The table for one GPU, nvidia-smi style, without the verdict.
@@ -782,10 +909,12 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
     out
 }
 
-/// One row of a process table: PID, command, state, a figure, and the container.
+/// One row of a process table: PID, command, state, a figure, the container, and the
+/// Slurm job step.
 struct Row {
     cells: [String; 4],
     container: Option<String>,
+    job: Option<String>,
 }
 
 fn owner_row(owner: &Owner) -> Row {
@@ -808,6 +937,7 @@ fn owner_row(owner: &Owner) -> Row {
             ),
         ],
         container: owner.process().map(container_cell),
+        job: owner.process().and_then(job_cell),
     }
 }
 
@@ -821,25 +951,38 @@ fn suspect_row(suspect: &Suspect) -> Row {
             process.ppid.to_string(),
         ],
         container: Some(container_cell(process)),
+        job: job_cell(process),
     }
 }
 
-/// Header and rows, with a CONTAINER column when any row has a container.
+/// Header and rows, with a CONTAINER column when any row has a container and a JOB column
+/// when any runs in a Slurm job.
 fn table(out: &mut String, header: [&str; 4], rows: &[Row], what: &str) {
     let containers = rows
         .iter()
         .any(|row| row.container.as_deref().is_some_and(|cell| cell != "-"));
-    let line = |cells: [&str; 4], container: Option<&str>| {
+    let jobs = rows.iter().any(|row| row.job.is_some());
+    let width = rows
+        .iter()
+        .filter_map(|row| row.container.as_deref())
+        .map(str::len)
+        .chain(["CONTAINER".len()])
+        .max()
+        .unwrap_or_default();
+    let line = |cells: [&str; 4], container: Option<&str>, job: Option<&str>| {
         let mut line = format!(
             "  {:>8}  {:<16}  {:<28}  {:>12}",
             cells[0], cells[1], cells[2], cells[3]
         );
         if let (true, Some(container)) = (containers, container) {
-            let _ = write!(line, "  {container}");
+            let _ = write!(line, "  {container:<width$}");
         }
-        line
+        if jobs {
+            let _ = write!(line, "  {}", job.unwrap_or("-"));
+        }
+        line.trim_end().to_string()
     };
-    let _ = writeln!(out, "{}", line(header, Some("CONTAINER")));
+    let _ = writeln!(out, "{}", line(header, Some("CONTAINER"), Some("JOB")));
     for row in rows.iter().take(MAX_ROWS) {
         let cells = [
             row.cells[0].as_str(),
@@ -850,7 +993,11 @@ fn table(out: &mut String, header: [&str; 4], rows: &[Row], what: &str) {
         let _ = writeln!(
             out,
             "{}",
-            line(cells, Some(row.container.as_deref().unwrap_or("-")))
+            line(
+                cells,
+                Some(row.container.as_deref().unwrap_or("-")),
+                row.job.as_deref()
+            )
         );
     }
     if rows.len() > MAX_ROWS {
@@ -862,13 +1009,31 @@ fn table(out: &mut String, header: [&str; 4], rows: &[Row], what: &str) {
     }
 }
 
-/// A process's container, `(ended)` when it outlived it; `-` on the host.
+/// A process's container by name where its engine named it, else its short id;
+/// `(ended)` when it outlived it; `-` on the host.
 fn container_cell(process: &Process) -> String {
-    match process.cgroup.container_id.as_deref() {
-        Some(id) if process.container_ended() => format!("{} (ended)", short_container_id(id)),
-        Some(id) => short_container_id(id).to_string(),
-        None => "-".to_string(),
+    let Some(id) = process.cgroup.container_id.as_deref() else {
+        return "-".to_string();
+    };
+    let shown = process
+        .container
+        .as_ref()
+        .map_or_else(|| short_container_id(id), |named| named.name.as_str());
+    if process.container_ended() {
+        format!("{shown} (ended)")
+    } else {
+        shown.to_string()
     }
+}
+
+/// A process's Slurm job step as Slurm writes it, `4242.0`, `(ended)` when Slurm no
+/// longer runs it.
+fn job_cell(process: &Process) -> Option<String> {
+    let job = process.slurm_job.as_ref()?;
+    Some(match job.state {
+        JobState::Running | JobState::Unknown => job.step_id(),
+        JobState::StepEnded | JobState::Ended => format!("{} (ended)", job.step_id()),
+    })
 }
 
 fn or_dash(text: &str) -> &str {

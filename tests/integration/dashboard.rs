@@ -53,6 +53,10 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_kubelet_error",
     "vram_kubelet_last_success_timestamp_seconds",
     "vram_kubelet_unmatched_devices",
+    // Container engines: their health.
+    "vram_container_engine_up",
+    "vram_container_engine_error",
+    "vram_container_engine_last_success_timestamp_seconds",
     // MIG devices and what the driver says a GPU needs.
     "vram_gpu_mig_mode",
     "vram_gpu_mig_mode_pending",

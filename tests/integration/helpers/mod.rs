@@ -18,7 +18,8 @@ pub use exporter::{
 };
 pub use model::{model_program, Model, Mps};
 pub use output::{
-    assert_promtool_clean, columns, kill_line, pids_of, promtool, suggestion, verdict_line, Metrics,
+    assert_per_gpu_series_carry_no_workload_labels, assert_promtool_clean, columns, kill_line,
+    pids_of, promtool, suggestion, verdict_line, Metrics,
 };
 pub use processes::{
     children_of, effective_uid, holds, nonexistent_pid, proc_comm, proc_state,

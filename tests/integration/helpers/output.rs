@@ -96,6 +96,37 @@ fn parse_sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
     (name.to_string(), parsed, value)
 }
 
+/// The series that name a process, the only ones that may carry its workload (container,
+/// pod, Slurm job): on any other series such labels would multiply it by the workloads
+/// that come and go.
+pub const PER_PROCESS_SERIES: &[&str] = &["vram_holder_info", "vram_process_used_bytes"];
+
+/// Labels that name a process's workload: its Slurm job, its container's name and image.
+const WORKLOAD_LABELS: &[&str] = &[
+    "slurm_job_id",
+    "slurm_step",
+    "slurm_user",
+    "container_name",
+    "container_image",
+];
+
+/// Fail if any series but the per-process ones carries a workload label.
+pub fn assert_per_gpu_series_carry_no_workload_labels(metrics: &Metrics) {
+    for (name, labels, _) in &metrics.samples {
+        if PER_PROCESS_SERIES.contains(&name.as_str()) {
+            continue;
+        }
+        let workload: Vec<&String> = labels
+            .keys()
+            .filter(|key| WORKLOAD_LABELS.contains(&key.as_str()))
+            .collect();
+        assert!(
+            workload.is_empty(),
+            "{name} carries workload labels {workload:?}: only {PER_PROCESS_SERIES:?} may"
+        );
+    }
+}
+
 /// The line that installs promtool (Debian's `prometheus` package ships it).
 const INSTALL_PROMTOOL: &str = "apt-get install -y prometheus";
 
