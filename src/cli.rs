@@ -353,7 +353,7 @@ pub struct ContainersArgs {
 
     /// Longest one call to an engine may take. Calls run on a thread of their own, never
     /// during a scrape; check waits for its lookups at most five times this long.
-    #[arg(long = "containers.timeout", value_name = "DURATION", default_value = "1s", value_parser = parse_duration, global = true)]
+    #[arg(id = "containers.timeout", long = "containers.timeout", value_name = "DURATION", default_value = "1s", value_parser = parse_duration, global = true)]
     pub timeout: Duration,
 }
 
