@@ -1089,8 +1089,8 @@ fn wrk_percentile(report: &str, percent: &str) -> Duration {
     Duration::from_secs_f64(number.parse::<f64>().unwrap() * scale)
 }
 
-/// The scrape targets, as it measured them (`wrk`, one connection, one thread):
-/// 8 GPUs with 8 live owners each, then the same during a fork-orphan episode (an owner
+/// The scrape targets of docs/benchmarks.md, measured as they were set (`wrk`, one
+/// connection, one thread): 8 GPUs with 8 live owners each, then the same during a fork-orphan episode (an owner
 /// killed while its forked child keeps the device file, so every scrape scans for
 /// holders). With a baseline, both builds alternate over two rounds.
 fn targets(rig: &Rig, pids: &[u32], baseline: Option<&Path>, seconds: usize) {

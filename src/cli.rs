@@ -2,6 +2,7 @@
 
 use crate::classify::Settings;
 use crate::logging::{LogFormat, LogLevel};
+use crate::observe::containers::{ContainersConfig, DEFAULT_DOCKER_SOCKET, DEFAULT_PODMAN_SOCKET};
 use crate::observe::kubernetes::{
     KubernetesConfig, DEFAULT_POD_LOGS, DEFAULT_POD_RESOURCES_SOCKET,
 };
@@ -35,13 +36,20 @@ Exit status:
   0  nothing orphaned
   1  orphaned memory found (with --wait: still there when the time is up)
   2  error: a bad flag, an unreadable snapshot, NVML missing
-  3  cannot tell: some memory cannot be judged (a GPU lost, owners that cannot be read, a blind exporter with unattributed memory)";
+  3  cannot tell: some memory cannot be judged (a GPU lost or not answering NVML within --timeout, owners that cannot be read, a blind exporter with unattributed memory)";
 
-/// Exit statuses of `snapshot` and `textfile`.
+/// Exit statuses of `snapshot` and `textfile`: each code with its meaning as
+/// [`crate::exit_codes::written_meaning`] says it (a test holds the two together).
 const WRITE_EXIT_STATUS: &str = "\
 Exit status:
   0  written
-  2  error: a bad flag, NVML missing, a file that cannot be written";
+  2  error: a bad flag, a file that cannot be written; or NVML missing (the file is still written, and says so)
+  3  written, but NVML, a GPU or a /proc read did not answer within --timeout (the file says which)";
+
+/// How long a one-shot command waits when `--timeout` is not given: long enough for a
+/// healthy NVML to initialise eight GPUs without persistence mode (seconds), short enough
+/// that a person at night knows the tool is not hung.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What `--version` prints: the version and the source revision that
 /// `vram_build_info{revision}` reports, so a binary names its commit without serving.
@@ -75,6 +83,10 @@ pub struct Cli {
     /// The kubelet's sources, for every mode.
     #[command(flatten)]
     pub kubelet: KubeletArgs,
+
+    /// The container engines' sockets, for every mode.
+    #[command(flatten)]
+    pub containers: ContainersArgs,
 }
 
 /// Subcommands; serving metrics is the default.
@@ -179,6 +191,22 @@ pub struct SourceArgs {
     /// tests point it at a fixture.
     #[arg(long = "test.mig-minors", hide = true)]
     pub mig_minors: Option<PathBuf>,
+
+    /// Read the GPUs one after another rather than side by side; only the benchmark that
+    /// measures what reading them side by side saves uses it.
+    #[arg(long = "test.nvml-one-gpu-at-a-time", hide = true)]
+    pub one_gpu_at_a_time: bool,
+}
+
+/// How long a one-shot command waits for NVML and `/proc`.
+#[derive(Debug, Default, Args)]
+pub struct TimeoutArgs {
+    /// Longest one look waits for NVML and /proc: the GPUs are read side by side, NVML is
+    /// waited for during half of it, and a GPU (or NVML, or a /proc read) that has not
+    /// answered by then is reported as not answering while the rest is judged as usual
+    /// [default: 30s].
+    #[arg(long = "timeout", value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
 }
 
 /// How memory is judged.
@@ -202,7 +230,7 @@ pub struct JudgementArgs {
 #[command(next_help_heading = "Judging memory")]
 pub struct ScanArgs {
     /// Time budget of one scan of /proc/*/fd for device-file holders; a scrape's scan also
-    /// stops in time for the scrape (nine tenths of its wait) [default: 2s].
+    /// stops in time for the scrape (85 % of its wait) [default: 2s].
     #[arg(long = "holders.scan-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub scan_timeout: Option<Duration>,
 }
@@ -298,6 +326,42 @@ pub struct KubeletArgs {
     pub pod_logs: PathBuf,
 }
 
+/// Where the container engines' sockets are, on a Docker or Podman host: they name the
+/// container a process runs in (name, image, Compose project or Podman pod). A socket that
+/// is not there is left alone; an empty path leaves its engine out.
+#[derive(Debug, Args)]
+pub struct ContainersArgs {
+    /// Docker's Engine API socket.
+    #[arg(
+        long = "containers.docker-socket",
+        value_name = "PATH",
+        value_parser = socket_path,
+        default_value = DEFAULT_DOCKER_SOCKET,
+        global = true
+    )]
+    pub docker_socket: PathBuf,
+
+    /// Podman's API socket (rootful podman.socket's by default).
+    #[arg(
+        long = "containers.podman-socket",
+        value_name = "PATH",
+        value_parser = socket_path,
+        default_value = DEFAULT_PODMAN_SOCKET,
+        global = true
+    )]
+    pub podman_socket: PathBuf,
+
+    /// Longest one call to an engine may take. Calls run on a thread of their own, never
+    /// during a scrape; check waits for its lookups at most five times this long.
+    #[arg(id = "containers.timeout", long = "containers.timeout", value_name = "DURATION", default_value = "1s", value_parser = parse_duration, global = true)]
+    pub timeout: Duration,
+}
+
+/// A socket's path; empty (which clap's path parser refuses) turns its engine off.
+fn socket_path(value: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(value))
+}
+
 /// Flags of `check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -317,6 +381,10 @@ pub struct CheckArgs {
     #[arg(long = "wait.interval", value_name = "DURATION", default_value = "250ms", value_parser = parse_duration)]
     pub wait_interval: Duration,
 
+    /// How long one look waits.
+    #[command(flatten)]
+    pub timeout: TimeoutArgs,
+
     /// Where to look, how to judge, the scan and logging.
     #[command(flatten)]
     pub shared: SharedArgs<JudgementArgs, Without>,
@@ -329,6 +397,10 @@ pub struct SnapshotArgs {
     #[arg(long, short)]
     pub output: Option<PathBuf>,
 
+    /// How long the look waits.
+    #[command(flatten)]
+    pub timeout: TimeoutArgs,
+
     /// Where to look, the scan and logging.
     #[command(flatten)]
     pub shared: SharedArgs<Without, Without>,
@@ -337,9 +409,13 @@ pub struct SnapshotArgs {
 /// Flags of `textfile`: the server's metrics, without the server.
 #[derive(Debug, Args)]
 pub struct TextfileArgs {
-    /// File to write, e.g. /var/lib/node_exporter/textfile/vram.prom.
+    /// File to write, e.g. /var/lib/prometheus/node-exporter/vram-exporter.prom.
     #[arg(long, short)]
     pub output: PathBuf,
+
+    /// How long the look waits.
+    #[command(flatten)]
+    pub timeout: TimeoutArgs,
 
     /// The server's shared flags.
     #[command(flatten)]
@@ -535,11 +611,15 @@ pub enum Mode {
     Snapshot {
         /// `None` for standard output.
         output: Option<PathBuf>,
+        /// Longest the look waits for NVML and `/proc`.
+        timeout: Duration,
     },
     /// Write metrics to a file once.
     Textfile {
         /// The file.
         output: PathBuf,
+        /// Longest the look waits for NVML and `/proc`.
+        timeout: Duration,
     },
 }
 
@@ -554,6 +634,8 @@ pub struct CheckConfig {
     pub wait: Option<Duration>,
     /// Poll interval while waiting.
     pub wait_interval: Duration,
+    /// Longest one look waits for NVML and `/proc`.
+    pub timeout: Duration,
 }
 
 /// Everything the program needs, resolved from flags.
@@ -575,6 +657,8 @@ pub struct Config {
     pub device_prefix: Vec<u8>,
     /// The MIG capability minors table, when not the procfs's own (tests only).
     pub mig_minors: Option<PathBuf>,
+    /// Read the GPUs one after another (a benchmark's baseline only).
+    pub nvml_one_gpu_at_a_time: bool,
     /// Per-process series limit, `None` when off.
     pub per_process_limit: Option<usize>,
     /// Log level.
@@ -583,6 +667,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Where the kubelet's sources are.
     pub kubernetes: KubernetesConfig,
+    /// Where the container engines' sockets are.
+    pub containers: ContainersConfig,
 }
 
 impl Cli {
@@ -597,18 +683,21 @@ impl Cli {
                     gpus: args.gpus,
                     wait: args.wait,
                     wait_interval: longer_than_zero(args.wait_interval, "wait.interval")?,
+                    timeout: args.timeout.resolve()?,
                 };
                 (Mode::Check(check), args.shared.widen())
             }
             Some(Command::Snapshot(args)) => (
                 Mode::Snapshot {
                     output: args.output,
+                    timeout: args.timeout.resolve()?,
                 },
                 args.shared.widen(),
             ),
             Some(Command::Textfile(args)) => (
                 Mode::Textfile {
                     output: args.output,
+                    timeout: args.timeout.resolve()?,
                 },
                 args.shared,
             ),
@@ -626,6 +715,7 @@ impl Cli {
         )?;
         let refresh_interval =
             longer_than_zero(self.kubelet.refresh_interval, "kubelet.refresh-interval")?;
+        let containers_timeout = longer_than_zero(self.containers.timeout, "containers.timeout")?;
         let defaults = Settings::default();
         Ok(Config {
             mode,
@@ -644,6 +734,7 @@ impl Cli {
                 .map(|prefix| prefix.into_os_string().into_vec())
                 .unwrap_or_else(|| crate::observe::procfs::DEVICE_PREFIX.to_vec()),
             mig_minors: source.mig_minors,
+            nvml_one_gpu_at_a_time: source.one_gpu_at_a_time,
             per_process_limit: collector
                 .per_process
                 .then_some(collector.per_process_limit.unwrap_or(256)),
@@ -654,7 +745,20 @@ impl Cli {
                 pod_logs: self.kubelet.pod_logs,
                 refresh_interval,
             },
+            containers: ContainersConfig {
+                docker_socket: self.containers.docker_socket,
+                podman_socket: self.containers.podman_socket,
+                timeout: containers_timeout,
+                ..ContainersConfig::default()
+            },
         })
+    }
+}
+
+impl TimeoutArgs {
+    /// `--timeout`, or its default; 0 cannot work.
+    fn resolve(self) -> Result<Duration, InvalidFlag> {
+        longer_than_zero(self.timeout.unwrap_or(DEFAULT_TIMEOUT), "timeout")
     }
 }
 
@@ -913,7 +1017,57 @@ mod tests {
         assert!(check.json);
         assert_eq!(check.gpus, vec![2]);
         assert_eq!(check.wait, Some(Duration::from_secs(30)));
+        assert_eq!(check.timeout, DEFAULT_TIMEOUT);
         assert!(parse(&["check", "--wait", "30"]).is_err());
+    }
+
+    #[test]
+    fn one_shot_commands_wait_their_timeout() {
+        let Mode::Check(check) = parse(&["check", "--timeout", "5s"]).unwrap().mode else {
+            panic!()
+        };
+        assert_eq!(check.timeout, Duration::from_secs(5));
+        let Mode::Snapshot { timeout, .. } = parse(&["snapshot", "--timeout", "2s"]).unwrap().mode
+        else {
+            panic!()
+        };
+        assert_eq!(timeout, Duration::from_secs(2));
+        let Mode::Textfile { timeout, .. } = parse(&["textfile", "-o", "x.prom"]).unwrap().mode
+        else {
+            panic!()
+        };
+        assert_eq!(timeout, DEFAULT_TIMEOUT);
+        let error = parse(&["check", "--timeout", "0s"]).unwrap_err();
+        assert!(
+            error.contains("--timeout") && error.contains("longer than 0"),
+            "{error}"
+        );
+        // The server has --web.collection-timeout instead.
+        assert!(parse(&["--timeout", "5s"]).is_err());
+    }
+
+    #[test]
+    fn container_engine_flags() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.containers, ContainersConfig::default());
+        let config = parse(&[
+            "check",
+            "--containers.docker-socket",
+            "",
+            "--containers.podman-socket",
+            "/host/run/podman/podman.sock",
+            "--containers.timeout",
+            "250ms",
+        ])
+        .unwrap();
+        assert_eq!(config.containers.docker_socket, PathBuf::new());
+        assert_eq!(
+            config.containers.podman_socket,
+            PathBuf::from("/host/run/podman/podman.sock")
+        );
+        assert_eq!(config.containers.timeout, Duration::from_millis(250));
+        let error = parse(&["--containers.timeout", "0s"]).unwrap_err();
+        assert!(error.contains("containers.timeout"), "{error}");
     }
 
     #[test]
@@ -1069,11 +1223,15 @@ mod tests {
             "web.collection-timeout",
             "version",
         ];
-        // Every mode names pods, so every mode takes the kubelet's sources.
+        // Every mode names pods and containers, so every mode takes the kubelet's sources
+        // and the container engines' sockets.
         let kubelet: &[&str] = &[
             "kubelet.pod-resources-path",
             "kubelet.refresh-interval",
             "path.pod-logs",
+            "containers.docker-socket",
+            "containers.podman-socket",
+            "containers.timeout",
         ];
         assert_eq!(
             listed_flags(&[]),
@@ -1082,24 +1240,34 @@ mod tests {
         assert_eq!(
             listed_flags(&["check"]),
             with(
-                &["json", "gpu", "wait", "wait.interval"],
+                &["json", "gpu", "wait", "wait.interval", "timeout"],
                 &[judgement, kubelet]
             )
         );
-        assert_eq!(listed_flags(&["snapshot"]), with(&["output"], &[kubelet]));
+        assert_eq!(
+            listed_flags(&["snapshot"]),
+            with(&["output", "timeout"], &[kubelet])
+        );
         assert_eq!(
             listed_flags(&["textfile"]),
-            with(&["output"], &[judgement, collector, kubelet])
+            with(&["output", "timeout"], &[judgement, collector, kubelet])
         );
     }
 
     #[test]
     fn help_lists_the_exit_statuses() {
-        use crate::exit_codes::{meaning, CANNOT_TELL, ERROR, ORPHANED, SUCCESS};
+        use crate::exit_codes::{meaning, written_meaning, CANNOT_TELL, ERROR, ORPHANED, SUCCESS};
         let check = help(&["check"]);
         for code in [SUCCESS, ORPHANED, ERROR, CANNOT_TELL] {
             let status = format!("  {code}  {}", meaning(code));
             assert!(check.contains(&status), "{status:?} missing from:\n{check}");
+        }
+        for mode in ["snapshot", "textfile"] {
+            let text = help(&[mode]);
+            for code in [SUCCESS, ERROR, CANNOT_TELL] {
+                let status = format!("  {code}  {}", written_meaning(code));
+                assert!(text.contains(&status), "{status:?} missing from:\n{text}");
+            }
         }
         let serve = help(&[]);
         assert!(

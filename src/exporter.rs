@@ -1,7 +1,10 @@
 //! Ties the flow together: observe -> classify -> render, once per scrape.
 
 use crate::classify::{classify, Report, Settings};
-use crate::observe::{NvmlReading, Observation, ObserveError, PidNamespace, ProcfsView, Source};
+use crate::observe::{
+    Deadlines, NvmlFailure, NvmlReading, Observation, ObserveError, PidNamespace, ProcfsView,
+    Source, Waiting,
+};
 use crate::render::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -17,19 +20,6 @@ pub enum HolderScanPolicy {
     WhenOrphaned,
     /// Every time (for `check` and `snapshot`).
     Always,
-    /// As `WhenOrphaned`, for a scrape that waits until shortly after this instant: a
-    /// scan stops at it, even within its own budget, and says it was cut short.
-    WhenOrphanedUntil(Instant),
-}
-
-impl HolderScanPolicy {
-    /// The instant by which a holder scan must be done, when a scrape waits for it.
-    pub fn deadline(self) -> Option<Instant> {
-        match self {
-            HolderScanPolicy::WhenOrphanedUntil(deadline) => Some(deadline),
-            HolderScanPolicy::WhenOrphaned | HolderScanPolicy::Always => None,
-        }
-    }
 }
 
 /// Exposition formats we can serve.
@@ -70,7 +60,9 @@ pub struct Exporter {
     settings: Settings,
     options: RenderOptions,
     build: BuildInfo,
-    /// NVML and the holder scan are not made for concurrent callers: one collection at a time.
+    /// One collection at a time: each GPU and `/proc` has one reader thread, and a second
+    /// collection would find it busy with the first's calls and report it stuck. Every
+    /// collection ends by its deadline, so the next waits no longer than that.
     collecting: Mutex<()>,
 }
 
@@ -86,27 +78,28 @@ impl Exporter {
         }
     }
 
-    /// Observe and classify, scanning for holders as `policy` says.
+    /// Observe and classify, scanning for holders as `policy` says, done by `until`: a
+    /// source that has not answered by its share of the time is reported as such (see
+    /// [`Deadlines`]).
     ///
     /// A replay file that cannot be read is an error here: one-shot commands report it.
     pub fn try_observe_and_classify(
         &self,
         policy: HolderScanPolicy,
+        until: Instant,
     ) -> Result<Collected, ObserveError> {
         let _one_at_a_time = crate::sync::lock(&self.collecting);
-        let mut observation = self.source.observe()?;
+        let deadlines = Deadlines::between(Instant::now(), until);
+        let mut observation = self.source.observe(&deadlines)?;
         let mut report = classify(&observation, &self.settings);
         let scan = match policy {
             HolderScanPolicy::Always => true,
-            HolderScanPolicy::WhenOrphaned | HolderScanPolicy::WhenOrphanedUntil(_) => {
-                report.orphaned_bytes() > 0
-            }
+            HolderScanPolicy::WhenOrphaned => report.orphaned_bytes() > 0,
         };
         let mut scan_seconds = None;
         if scan && observation.holder_scan.is_none() {
             let started = Instant::now();
-            self.source
-                .scan_holders(&mut observation, policy.deadline());
+            self.source.scan_holders(&mut observation, &deadlines);
             report = classify(&observation, &self.settings);
             scan_seconds = Some(started.elapsed().as_secs_f64());
         }
@@ -119,15 +112,19 @@ impl Exporter {
 
     /// Like [`Exporter::try_observe_and_classify`], for a scrape: a replay file that
     /// cannot be read is served as NVML being down, with the reason in the log.
-    pub fn observe_and_classify(&self, policy: HolderScanPolicy) -> Collected {
-        match self.try_observe_and_classify(policy) {
+    pub fn observe_and_classify(&self, policy: HolderScanPolicy, until: Instant) -> Collected {
+        match self.try_observe_and_classify(policy, until) {
             Ok(collected) => collected,
             Err(error) => {
                 // The error and its causes, each once, in one line.
                 let error = format!("{:#}", anyhow::Error::new(error));
                 tracing::error!(error = %error, "cannot observe");
                 let observation = Observation {
-                    nvml: NvmlReading::Down { error },
+                    nvml: NvmlReading::Down {
+                        error,
+                        reason: NvmlFailure::Failed,
+                        stuck: None,
+                    },
                     host_pid_namespace: None,
                     procfs_view: ProcfsView::Own,
                     boot_time_unix_seconds: None,
@@ -135,7 +132,10 @@ impl Exporter {
                     owners: BTreeMap::new(),
                     holder_scan: None,
                     procfs_errors: 0,
+                    procfs_stuck: None,
                     kubernetes: None,
+                    slurm: None,
+                    containers: None,
                 };
                 Collected {
                     report: classify(&observation, &self.settings),
@@ -144,6 +144,16 @@ impl Exporter {
                 }
             }
         }
+    }
+
+    /// Loads NVML now without waiting, so that a server logs a missing NVML at start.
+    pub fn start_loading_nvml(&self) {
+        self.source.start_loading_nvml();
+    }
+
+    /// The reader threads in a call now (what a look is waiting for); none for a replay.
+    pub fn waiting(&self) -> Vec<Waiting> {
+        self.source.waiting()
     }
 
     /// Which PID namespace the exporter runs in; `None` for a replay.
@@ -156,23 +166,35 @@ impl Exporter {
         self.source.hostname()
     }
 
-    /// A registry whose one collector observes the host afresh on every encode.
-    pub fn registry(self: &Arc<Self>) -> Registry {
-        self.registry_with(HolderScanPolicy::WhenOrphaned)
-    }
-
-    /// Like [`Exporter::registry`], for one scrape that stops waiting at `deadline`.
-    pub fn registry_until(self: &Arc<Self>, deadline: Instant) -> Registry {
-        self.registry_with(HolderScanPolicy::WhenOrphanedUntil(deadline))
-    }
-
-    fn registry_with(self: &Arc<Self>, policy: HolderScanPolicy) -> Registry {
+    /// A registry whose one collector observes the host afresh on every encode, for a
+    /// collection that must be done by `until` (a scrape's wait, `textfile --timeout`).
+    pub fn registry_until(self: &Arc<Self>, until: Instant) -> Registry {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(ScrapeCollector {
             exporter: Arc::clone(self),
-            policy,
+            until,
+            keep: None,
         }));
         registry
+    }
+}
+
+impl Exporter {
+    /// One collection encoded in `format`, done by `until`, with its report: for a
+    /// one-shot command whose exit status says what the file it writes carries.
+    pub fn encode_once(self: &Arc<Self>, until: Instant, format: Format) -> (String, Report) {
+        let kept = Arc::new(Mutex::new(None));
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(ScrapeCollector {
+            exporter: Arc::clone(self),
+            until,
+            keep: Some(Arc::clone(&kept)),
+        }));
+        let body = encode(&registry, format);
+        let report = crate::sync::lock(&kept)
+            .take()
+            .expect("encoding a registry runs its collector");
+        (body, report)
     }
 }
 
@@ -190,18 +212,21 @@ pub fn encode(registry: &Registry, format: Format) -> String {
     body
 }
 
-/// The prometheus-client collector: one fresh observation per encode.
+/// The prometheus-client collector: one fresh observation per encode, scanning for
+/// holders only where memory is orphaned.
 #[derive(Debug)]
 struct ScrapeCollector {
     exporter: Arc<Exporter>,
-    policy: HolderScanPolicy,
+    until: Instant,
+    /// Where to keep the report of the collection, when someone wants it.
+    keep: Option<Arc<Mutex<Option<Report>>>>,
 }
 
 impl Collector for ScrapeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let started = Instant::now();
         let exporter = &self.exporter;
-        let collected = exporter.observe_and_classify(self.policy);
+        let collected = exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned, self.until);
         let timing = ScrapeTiming {
             total_seconds: started.elapsed().as_secs_f64(),
             scan_seconds: collected.scan_seconds,
@@ -212,6 +237,10 @@ impl Collector for ScrapeCollector {
             &exporter.build,
             &exporter.options,
             timing,
-        )
+        )?;
+        if let Some(keep) = &self.keep {
+            *crate::sync::lock(keep) = Some(collected.report);
+        }
+        Ok(())
     }
 }

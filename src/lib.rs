@@ -66,7 +66,9 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
         _ => Lifespan::OneShot,
     };
     let exporter = Arc::new(Exporter::new(
-        source(&config, lifespan).with_kubernetes(&config.kubernetes, lifespan),
+        source(&config, lifespan)
+            .with_kubernetes(&config.kubernetes, lifespan)
+            .with_containers(&config.containers, lifespan),
         config.settings.clone(),
         RenderOptions {
             per_process_limit: config.per_process_limit,
@@ -78,6 +80,9 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
     }
     if matches!(config.mode, Mode::Serve(_)) {
         warn_if_blind(&exporter, &config);
+        // A missing NVML is logged now, not at the first scrape; the server does not wait
+        // for it (a hung init is the first scrape's to report).
+        exporter.start_loading_nvml();
     }
     match config.mode {
         Mode::Serve(serve) => {
@@ -85,8 +90,10 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Mode::Check(check) => commands::check::run(&exporter, &check),
-        Mode::Snapshot { output } => commands::snapshot::run(&exporter, output.as_deref()),
-        Mode::Textfile { output } => commands::textfile::run(&exporter, &output),
+        Mode::Snapshot { output, timeout } => {
+            commands::snapshot::run(&exporter, output.as_deref(), timeout)
+        }
+        Mode::Textfile { output, timeout } => commands::textfile::run(&exporter, &output, timeout),
     }
 }
 
@@ -103,7 +110,8 @@ fn source(config: &Config, lifespan: Lifespan) -> Source {
                 config.scan_timeout,
                 lifespan,
             )
-            .with_mig_minors(config.mig_minors.clone()),
+            .with_mig_minors(config.mig_minors.clone())
+            .with_one_gpu_at_a_time(config.nvml_one_gpu_at_a_time),
         )),
     }
 }

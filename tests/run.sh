@@ -1,56 +1,178 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lint, unit and integration tests.
+# The whole test suite: formatting, lint, the unit and integration tests, and a dry run
+# of the real-GPU suite's plumbing. It ends with one line that counts everything.
 #
-# The integration tests start Debian's prometheus (with promtool) and
-# prometheus-alertmanager, python3 for one process shape, and buildah, podman and runc
-# to build and run the container image; cargo cannot install those. Missing ones are
-# installed when this runs as root with apt-get, otherwise it stops with the line that
-# installs them. The chart's tests need a pinned helm, built with Go from its module,
-# and an offline Kubernetes validator from the Python registry: tests/tools.sh installs
-# them into a cache when missing (saying what it installs first) and reuses them after.
-# No test is ever skipped.
+# The integration tests run Debian programs that cargo cannot install (the list below,
+# each with why). Missing ones are named first, then installed with apt-get when this
+# runs as root; otherwise it stops with the line that installs them. The chart's tests
+# need a pinned helm, built with Go from its module, and an offline Kubernetes
+# validator: tests/tools.sh installs them into a cache when missing and reuses them
+# after. No test is ever skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=()
-command -v promtool >/dev/null || packages+=(prometheus)
-command -v prometheus >/dev/null || packages+=(prometheus)
-command -v prometheus-alertmanager >/dev/null || packages+=(prometheus-alertmanager)
-command -v python3 >/dev/null || packages+=(python3)
-# The validator's virtual environment (Debian's python3 splits venv out).
-python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
-command -v systemd-analyze >/dev/null || packages+=(systemd)
-# The build-info tests make scratch repositories (a source tarball builds without git).
-command -v git >/dev/null || packages+=(git)
-# The container image: built with buildah, run with podman through Debian's runc.
-command -v buildah >/dev/null || packages+=(buildah)
-command -v podman >/dev/null || packages+=(podman)
-[[ -x /usr/sbin/runc ]] || packages+=(runc)
-if ((${#packages[@]})); then
+# Most integration tests wait (on processes, on Prometheus, on deadlines they test)
+# rather than compute, so they run more at once than there are cores: on 2 cores the
+# integration tests took 70 s with 2 threads, 38 to 49 s with 8 and 45 s with 16.
+# RUST_TEST_THREADS, when set, decides instead.
+test_threads=${RUST_TEST_THREADS:-8}
+
+started=$SECONDS
+step=""
+logs=$(mktemp -d)
+
+say() {
+    echo "tests/run.sh: $*" >&2
+}
+
+elapsed() {
+    local seconds=$((SECONDS - started))
+    printf '%dm%02ds' $((seconds / 60)) $((seconds % 60))
+}
+
+on_exit() {
+    local status=$?
+    rm -rf "$logs"
+    if ((status != 0)); then
+        say "FAILED in ${step:-setup} after $(elapsed) (exit status $status)"
+    fi
+}
+trap on_exit EXIT
+
+# The Debian packages the tests need, as "program package why"; a program given as a
+# path is looked for there rather than on PATH.
+required=(
+    "promtool prometheus promtool checks the metrics and tests the alert rules"
+    "prometheus prometheus a real Prometheus scrapes the exporter (end to end, dashboard)"
+    "prometheus-alertmanager prometheus-alertmanager the orphan alert reaches a real Alertmanager"
+    "python3 python3 the model CUDA processes, and the GPU suite's dry run"
+    "systemd-analyze systemd systemd-analyze verifies and scores the units"
+    "git git the build-info tests make scratch repositories"
+    "buildah buildah deploy/image/build.sh builds the container image"
+    "podman podman the image runs under podman"
+    "/usr/sbin/runc runc podman runs the image through Debian's runc"
+    "/usr/sbin/munged munge a one-node Slurm cluster authenticates with munge"
+    "/usr/sbin/slurmctld slurmctld the one-node Slurm cluster's controller"
+    "/usr/sbin/slurmd slurmd the one-node Slurm cluster's node daemon"
+    "sbatch slurm-client the Slurm test submits and cancels a job"
+)
+
+install_missing_packages() {
+    step="installing packages"
+    local packages=() entry program package why
+    for entry in "${required[@]}"; do
+        read -r program package why <<<"$entry"
+        if [[ $program == /* ]]; then
+            [[ -x $program ]] && continue
+        else
+            command -v "$program" >/dev/null && continue
+        fi
+        say "missing $program (Debian package $package): $why"
+        packages+=("$package")
+    done
+    # The Kubernetes validator's virtual environment (Debian's python3 splits venv out).
+    if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+        say "missing python3's venv (Debian package python3-venv): tests/tools.sh makes the Kubernetes validator's virtual environment"
+        packages+=(python3-venv)
+    fi
+    ((${#packages[@]})) || return 0
     # shellcheck disable=SC2207
     packages=($(printf '%s\n' "${packages[@]}" | sort -u))
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
-        echo "tests/run.sh: installing ${packages[*]}" >&2
+        say "installing ${packages[*]} with apt-get (running as root)"
         export DEBIAN_FRONTEND=noninteractive
+        # Without an init system, the daemons' packages fail to configure when they try
+        # to start them: the tests start their own. A policy that forbids starting
+        # services, for the install only, unless the host has one already.
+        local no_policy=
+        if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+            say "forbidding service starts (/usr/sbin/policy-rc.d) while installing"
+            printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+            chmod 755 /usr/sbin/policy-rc.d
+            no_policy=1
+        fi
         apt-get update -qq
         apt-get install -y -qq "${packages[@]}" >/dev/null
+        [[ -z $no_policy ]] || rm -f /usr/sbin/policy-rc.d
     else
-        echo "tests/run.sh: missing ${packages[*]}; install them with:" >&2
-        echo "    sudo apt-get install -y ${packages[*]}" >&2
+        say "install them with:"
+        say "    sudo apt-get install -y ${packages[*]}"
         exit 1
     fi
-fi
+}
 
-# helm and the validator for tests/integration/helm.rs (a no-op once installed).
-tests/tools.sh install
+check_formatting() {
+    step="cargo fmt"
+    cargo fmt --all -- --check
+}
 
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked
+lint() {
+    step="cargo clippy"
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+}
+
+run_tests() {
+    step="cargo test"
+    cargo test --workspace --locked -- --test-threads "$test_threads" 2>&1 |
+        tee "$logs/cargo-test"
+}
 
 # The real-GPU suite's own plumbing, dry-run against the fake NVML, so that it keeps up
 # with the exporter's outputs between runs on a GPU (docs/gpu-validation.md).
-dry_run_out=$(mktemp -d)
-python3 tests/gpu/dry_run.py --binary target/debug/vram-exporter \
-    --library target/debug/deps/libfake_nvml.so --out "$dry_run_out"
-rm -rf "$dry_run_out"
+dry_run_gpu_suite() {
+    step="GPU suite dry run"
+    local out
+    out=$(mktemp -d -p "$logs")
+    python3 tests/gpu/dry_run.py --binary target/debug/vram-exporter \
+        --library target/debug/deps/libfake_nvml.so --out "$out" 2>&1 |
+        tee "$logs/dry-run"
+}
+
+# "18 fake-NVML + 177 unit + 160 integration tests": what cargo test ran, by test binary
+# (named after its target: the library's unit tests, the fake NVML's, the integration
+# tests), from its "Running ..." and "test result: ..." lines.
+count_tests() {
+    awk '
+        /^ *Running / {
+            target = $NF; sub(/.*\//, "", target); sub(/-[0-9a-f]+\)$/, "", target)
+            if (target == "vram_exporter") label = "unit"
+            else if (target == "fake_nvml" || target == "nvml") label = "fake-NVML"
+            else label = target
+        }
+        /^ *Doc-tests / { label = "doc" }
+        /^test result: / {
+            passed = $4
+            if (!(label in count)) order[++labels] = label
+            count[label] += passed
+        }
+        END {
+            for (i = 1; i <= labels; i++) {
+                if (count[order[i]] == 0) continue
+                line = line (line == "" ? "" : " + ") count[order[i]] " " order[i]
+            }
+            print line " tests"
+        }
+    ' "$logs/cargo-test"
+}
+
+# "130 GPU dry-run checks", from the dry run's last line ("130 passed, 0 failed in 9.1 s").
+count_dry_run_checks() {
+    sed -n 's/^\([0-9]*\) passed, 0 failed in .*/\1 GPU dry-run checks/p' "$logs/dry-run" | tail -n 1
+}
+
+# helm, built with Go from its module, and the offline Kubernetes validator, for the
+# chart's tests: tests/tools.sh says what it installs before it does, into a cache that
+# later runs reuse (a no-op once installed).
+install_test_tools() {
+    step="installing helm and the Kubernetes validator"
+    tests/tools.sh install
+}
+
+install_missing_packages
+install_test_tools
+check_formatting
+lint
+run_tests
+dry_run_gpu_suite
+step="summary"
+say "all green in $(elapsed): fmt, clippy, $(count_tests), $(count_dry_run_checks)"

@@ -252,11 +252,15 @@ pub fn resolve(scenario: &Scenario, device: Device) -> Result<(usize, Target<'_>
     Ok((index, target))
 }
 
-/// Runs the body of exported call `symbol`: logs it and turns its outcome, or a
-/// panic, into a return code, since unwinding into C would abort the exporter.
+/// Runs the body of exported call `symbol`: logs it, plays the machine-wide hang and
+/// delay the scenario sets for it, and turns its outcome, or a panic, into a return
+/// code, since unwinding into C would abort the exporter.
 pub fn call(symbol: &str, body: impl FnOnce() -> Result<(), Error>) -> Return {
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
         log_call(symbol);
+        if let Ok(scenario) = Scenario::load() {
+            scenario.slow_down(symbol);
+        }
         body()
     }));
     match outcome {

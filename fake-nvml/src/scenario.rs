@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
-use std::{env, fs, thread, time::Duration};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use std::{env, fs, thread};
 
 use serde::Deserialize;
 use std::sync::{Arc, Mutex};
@@ -55,6 +57,54 @@ pub struct Scenario {
     /// created before it appeared (see [`XidEvent::seq`]).
     #[serde(default)]
     pub xid_events: Vec<XidEvent>,
+    /// Per exported symbol (or `*` for every call), how long any call of it sleeps first,
+    /// whatever it is asked about: the library-level calls (`nvmlInit_v2`,
+    /// `nvmlDeviceGetCount_v2`, ...) are slowed here, and so is every call of a slow
+    /// driver.
+    #[serde(default)]
+    pub delays_ms: HashMap<String, u64>,
+    /// Per exported symbol (or `*`), a hang every call of it plays first (see [`Hang`]).
+    #[serde(default)]
+    pub hangs: HashMap<String, Hang>,
+}
+
+/// A call that blocks, as NVML's do on a GPU that fell off the bus or under a wedged
+/// driver, until the scenario says it ends: once `until_file` exists, or after `for_ms`,
+/// whichever comes first. At least one of them is required, so that a test's hang always
+/// ends. A call that starts after its end condition holds does not block.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hang {
+    /// The hang ends once this path exists (looked at every 10 ms).
+    #[serde(default)]
+    pub until_file: Option<PathBuf>,
+    /// The hang ends after this many milliseconds.
+    #[serde(default)]
+    pub for_ms: Option<u64>,
+}
+
+impl Hang {
+    /// Blocks until the hang's end.
+    fn play(&self) {
+        let started = Instant::now();
+        loop {
+            if self.until_file.as_ref().is_some_and(|file| file.exists()) {
+                return;
+            }
+            if self
+                .for_ms
+                .is_some_and(|ms| started.elapsed() >= Duration::from_millis(ms))
+            {
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether the hang says when it ends.
+    fn ends(&self) -> bool {
+        self.until_file.is_some() || self.for_ms.is_some()
+    }
 }
 
 /// One critical Xid error, as `nvmlEventSetWait_v2` delivers it.
@@ -105,9 +155,13 @@ pub struct Gpu {
     /// Per exported symbol, the error that call returns for this device.
     #[serde(default)]
     pub errors: HashMap<String, Error>,
-    /// Per exported symbol, how long that call sleeps first.
+    /// Per exported symbol (or `*` for every call on this device), how long that call
+    /// sleeps first.
     #[serde(default)]
     pub delays_ms: HashMap<String, u64>,
+    /// Per exported symbol (or `*`), a hang that call plays first on this device.
+    #[serde(default)]
+    pub hangs: HashMap<String, Hang>,
     /// MIG mode and MIG devices; absent on a GPU without MIG support.
     #[serde(default)]
     pub mig: Option<Mig>,
@@ -176,9 +230,12 @@ pub struct MigDevice {
     /// Per exported symbol, the error that call returns for this MIG device.
     #[serde(default)]
     pub errors: HashMap<String, Error>,
-    /// Per exported symbol, how long that call sleeps first on this MIG device.
+    /// Per exported symbol (or `*`), how long that call sleeps first on this MIG device.
     #[serde(default)]
     pub delays_ms: HashMap<String, u64>,
+    /// Per exported symbol (or `*`), a hang that call plays first on this MIG device.
+    #[serde(default)]
+    pub hangs: HashMap<String, Hang>,
 }
 
 /// What `nvmlDeviceGetRemappedRows` answers.
@@ -239,7 +296,12 @@ impl Scenario {
         // Parsing the file on every call would make the fake, not the exporter, the cost
         // a benchmark measures: a parsed scenario is kept while the file is the same file
         // (tests replace it by renaming a new one over it) with the same size and time.
-        let key = fs::metadata(&path).ok().map(|meta| {
+        // That key alone can miss a change: the kernel stamps files from a coarse clock
+        // (a few ms), and a file renamed over the last one can get its freed inode back,
+        // so two scenarios of the same size written within one tick look the same. While
+        // the file is that young its bytes decide; a benchmark's scenario is older.
+        let meta = fs::metadata(&path).ok();
+        let key = meta.as_ref().map(|meta| {
             use std::os::unix::fs::MetadataExt;
             (
                 path.clone(),
@@ -250,34 +312,71 @@ impl Scenario {
                 meta.mtime_nsec(),
             )
         });
-        static PARSED: Mutex<Option<(FileKey, Arc<Scenario>)>> = Mutex::new(None);
+        let young = meta
+            .and_then(|meta| meta.modified().ok())
+            .and_then(|modified| modified.elapsed().ok())
+            .is_none_or(|age| age < SAME_TICK);
+        static PARSED: Mutex<Option<Parsed>> = Mutex::new(None);
         let mut parsed = PARSED
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let (Some(key), Some((known, scenario))) = (&key, parsed.as_ref()) {
-            if key == known {
+        let text = if young {
+            Some(Self::read(&path)?)
+        } else {
+            None
+        };
+        if let (Some(key), Some((known, known_text, scenario))) = (&key, parsed.as_ref()) {
+            if key == known && text.as_ref().is_none_or(|text| text == known_text) {
                 return Ok(Arc::clone(scenario));
             }
         }
-        let scenario = Arc::new(Self::parse(&path)?);
+        let text = match text {
+            Some(text) => text,
+            None => Self::read(&path)?,
+        };
+        let scenario = Arc::new(Self::parse(&path, &text)?);
         if let Some(key) = key {
-            *parsed = Some((key, Arc::clone(&scenario)));
+            *parsed = Some((key, text, Arc::clone(&scenario)));
         }
         Ok(scenario)
     }
 
-    fn parse(path: &std::ffi::OsStr) -> Result<Self, Error> {
-        let text = fs::read(path).map_err(|err| {
+    fn read(path: &std::ffi::OsStr) -> Result<Vec<u8>, Error> {
+        fs::read(path).map_err(|err| {
             // A missing file is a legitimate "no driver" scenario; anything else is a test bug.
             if err.kind() != ErrorKind::NotFound {
                 eprintln!("fake-nvml: cannot read {}: {err}", path.to_string_lossy());
             }
             Error::Unknown
-        })?;
-        serde_json::from_slice(&text).map_err(|err| {
+        })
+    }
+
+    fn parse(path: &std::ffi::OsStr, text: &[u8]) -> Result<Self, Error> {
+        let scenario: Scenario = serde_json::from_slice(text).map_err(|err| {
             eprintln!("fake-nvml: cannot parse {}: {err}", path.to_string_lossy());
             Error::Unknown
-        })
+        })?;
+        // A hang without an end would outlive the test that set it.
+        let hangs = scenario
+            .hangs
+            .iter()
+            .chain(scenario.gpus.iter().flat_map(|gpu| {
+                gpu.hangs.iter().chain(
+                    gpu.mig
+                        .iter()
+                        .flat_map(|mig| mig.devices.iter().flat_map(|device| &device.hangs)),
+                )
+            }));
+        for (symbol, hang) in hangs {
+            if !hang.ends() {
+                eprintln!(
+                    "fake-nvml: cannot use {}: the hang of {symbol} needs until_file or for_ms",
+                    path.to_string_lossy()
+                );
+                return Err(Error::Unknown);
+            }
+        }
+        Ok(scenario)
     }
 
     /// The device at `index`, or `InvalidArg` past the end.
@@ -289,22 +388,50 @@ impl Scenario {
 /// What identifies one version of the scenario file: path, device, inode, size, mtime.
 type FileKey = (std::ffi::OsString, u64, u64, u64, i64, i64);
 
-/// Plays the delay and injected error that `delays` and `errors` hold for `symbol`.
+/// The scenario last parsed: its file's key, its bytes and what they said.
+type Parsed = (FileKey, Vec<u8>, Arc<Scenario>);
+
+/// Younger than this, a scenario file may have been rewritten within the same tick of the
+/// kernel's file clock (4 ms at HZ=250), so its bytes are compared, not only its key.
+const SAME_TICK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The entry for `symbol` in `table`, or its `*` entry for every call.
+fn for_symbol<'a, T>(table: &'a HashMap<String, T>, symbol: &str) -> Option<&'a T> {
+    table.get(symbol).or_else(|| table.get("*"))
+}
+
+/// Plays the hang and the delay that `hangs` and `delays` hold for `symbol`.
+pub fn slow_down(hangs: &HashMap<String, Hang>, delays: &HashMap<String, u64>, symbol: &str) {
+    if let Some(hang) = for_symbol(hangs, symbol) {
+        hang.play();
+    }
+    if let Some(&ms) = for_symbol(delays, symbol) {
+        thread::sleep(Duration::from_millis(ms));
+    }
+}
+
+/// Plays the hang, delay and injected error a device holds for `symbol`.
 fn enter(
+    hangs: &HashMap<String, Hang>,
     delays: &HashMap<String, u64>,
     errors: &HashMap<String, Error>,
     symbol: &str,
 ) -> Result<(), Error> {
-    if let Some(&ms) = delays.get(symbol) {
-        thread::sleep(Duration::from_millis(ms));
-    }
+    slow_down(hangs, delays, symbol);
     errors.get(symbol).map_or(Ok(()), |&err| Err(err))
 }
 
+impl Scenario {
+    /// Plays the machine-wide hang and delay for the call `symbol`.
+    pub fn slow_down(&self, symbol: &str) {
+        slow_down(&self.hangs, &self.delays_ms, symbol);
+    }
+}
+
 impl Gpu {
-    /// Plays this device's delay and injected error for the call `symbol`.
+    /// Plays this device's hang, delay and injected error for the call `symbol`.
     pub fn enter(&self, symbol: &str) -> Result<(), Error> {
-        enter(&self.delays_ms, &self.errors, symbol)
+        enter(&self.hangs, &self.delays_ms, &self.errors, symbol)
     }
 
     /// The MIG devices reachable now: none unless MIG is enabled.
@@ -331,9 +458,9 @@ impl Gpu {
 }
 
 impl MigDevice {
-    /// Plays this MIG device's delay and injected error for the call `symbol`.
+    /// Plays this MIG device's hang, delay and injected error for the call `symbol`.
     pub fn enter(&self, symbol: &str) -> Result<(), Error> {
-        enter(&self.delays_ms, &self.errors, symbol)
+        enter(&self.hangs, &self.delays_ms, &self.errors, symbol)
     }
 }
 

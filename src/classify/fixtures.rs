@@ -4,11 +4,12 @@
 
 use super::*;
 // Where a listed owner's PID leads in `/proc`, for the hosts the renderers' tests build.
+use crate::observe::containers::ContainersReading;
 pub(crate) use crate::observe::ProcessLookup;
 use crate::observe::{
     CgroupAttribution, GpuHealth, GpuReading, GpuState, HolderScan, Identity, MemoryReading,
-    NamespaceInit, NodeSet, NvmlProcess, NvmlReading, Observation, OwnerLookup, ProcessFacts,
-    ProcessList, ProcfsView, RecoveryAction, References,
+    NamespaceInit, NodeSet, NvmlLists, NvmlProcess, NvmlReading, Observation, OwnerLookup,
+    ProcessFacts, ProcessList, ProcfsView, RecoveryAction, References, SlurmReading,
 };
 
 pub(crate) const MIB: u64 = 1024 * 1024;
@@ -107,6 +108,8 @@ pub(crate) struct Host {
     pub(crate) holders: Option<Vec<ProcessFacts>>,
     pub(crate) scan_cut_short: bool,
     pub(crate) scan_denied: u64,
+    pub(crate) slurm: Option<SlurmReading>,
+    pub(crate) containers: Option<ContainersReading>,
 }
 
 impl Host {
@@ -120,8 +123,24 @@ impl Host {
             holders: None,
             scan_cut_short: false,
             scan_denied: 0,
+            slurm: None,
+            containers: None,
         }
         .gpu(0)
+    }
+
+    /// GPU `index` stuck for `seconds` in its memory call: it does not answer.
+    pub(crate) fn not_answering(mut self, index: u32, seconds: f64) -> Host {
+        let gpu = self
+            .gpus
+            .iter_mut()
+            .find(|gpu| gpu.index == index)
+            .expect("a GPU of this host");
+        gpu.state = GpuState::NotAnswering {
+            call: "nvmlDeviceGetMemoryInfo_v2".into(),
+            stuck_seconds: seconds,
+        };
+        self
     }
 
     /// Another idle GPU, index and minor `index`.
@@ -178,6 +197,7 @@ impl Host {
             pid,
             used_bytes: bytes,
             mps_only: false,
+            lists: NvmlLists::COMPUTE,
         });
         let first_seen = match &now {
             ProcessLookup::Present(facts) => Some(Identity::of(facts)),
@@ -223,7 +243,10 @@ impl Host {
                 duration_seconds: 0.001,
             }),
             procfs_errors: 0,
+            procfs_stuck: None,
             kubernetes: None,
+            slurm: self.slurm.clone(),
+            containers: self.containers.clone(),
         }
     }
 
@@ -266,12 +289,96 @@ pub(crate) fn contained(mut facts: ProcessFacts, init: Option<NamespaceInit>) ->
         cgroup: Some(format!("/kubepods/pod{POD}/{CONTAINER}")),
         container_id: Some(CONTAINER.into()),
         pod_uid: Some(POD.into()),
+        ..CgroupAttribution::default()
     };
     facts.pid_namespace_init = init;
     facts
 }
 
+/// The fork orphan 524 in step 0 of Slurm job 4242 of alice, whose owner 503 exited.
+pub(crate) fn slurm_fork_orphan() -> Host {
+    Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(in_slurm_job(
+            cuda(524, &[0]).child_of(503).started(150_000),
+            4242,
+            "0",
+        ))
+}
+
+/// `facts` in step `step` of Slurm job `job_id` of `user` (uid 1000), as cgroup v1
+/// names it.
+pub(crate) fn in_slurm_job(mut facts: ProcessFacts, job_id: u64, step: &str) -> ProcessFacts {
+    facts.uid = Some(1000);
+    facts.user = Some("alice".into());
+    facts.cgroup = CgroupAttribution {
+        cgroup: Some(format!("/slurm/uid_1000/job_{job_id}/step_{step}/task_0")),
+        slurm: Some(crate::observe::SlurmStep {
+            job_id,
+            step: Some(step.into()),
+            uid: Some(1000),
+        }),
+        ..CgroupAttribution::default()
+    };
+    facts
+}
+
 impl Host {
+    /// The container engines' names: Podman named container `CONTAINER` `trainer`, from
+    /// image `localhost/model:1`, in pod `lab`; Docker is absent.
+    pub(crate) fn containers_named(mut self) -> Host {
+        use crate::observe::containers::{ContainerName, Engine, EngineError, EngineHealth};
+        self.containers = Some(ContainersReading {
+            engines: [
+                (
+                    Engine::Docker,
+                    EngineHealth {
+                        error: Some(EngineError::Absent),
+                        message: Some("no container engine socket at /var/run/docker.sock".into()),
+                        last_success_unix_seconds: None,
+                    },
+                ),
+                (
+                    Engine::Podman,
+                    EngineHealth {
+                        error: None,
+                        message: None,
+                        last_success_unix_seconds: Some(1_764_800_000.5),
+                    },
+                ),
+            ]
+            .into(),
+            names: [(
+                CONTAINER.to_string(),
+                ContainerName {
+                    engine: Engine::Podman,
+                    name: "trainer".into(),
+                    image: Some("localhost/model:1".into()),
+                    compose_project: None,
+                    pod: Some("lab".into()),
+                },
+            )]
+            .into(),
+        });
+        self
+    }
+
+    /// The Slurm job steps whose slurmstepd runs, from a complete look.
+    pub(crate) fn slurm_running(mut self, steps: &[(u64, &str)]) -> Host {
+        self.slurm = Some(SlurmReading {
+            running_steps: steps
+                .iter()
+                .map(|(job_id, step)| crate::observe::RunningStep {
+                    job_id: *job_id,
+                    step: (*step).into(),
+                })
+                .collect(),
+            complete: true,
+        });
+        self
+    }
+
     pub(crate) fn health(mut self, health: GpuHealth) -> Host {
         self.gpus[0].health = health;
         self
@@ -314,6 +421,7 @@ pub(crate) fn mig_host(capabilities: bool) -> Host {
         pid: 503,
         used_bytes: Some(CHARGED_ONE_OWNER),
         mps_only: false,
+        lists: NvmlLists::COMPUTE,
     };
     let mut host = Host::idle().used(USED_ONE_OWNER).owner(
         503,
@@ -344,9 +452,119 @@ pub(crate) fn instance_child(pid: u32, caps: &[u32]) -> ProcessFacts {
     child
 }
 
+/// NVML's answer when its init has not returned for `seconds`.
+pub(crate) fn nvml_not_answering(seconds: f64) -> NvmlReading {
+    NvmlReading::Down {
+        error: "NVML does not answer: nvmlInit_v2 has not returned".into(),
+        reason: NvmlFailure::NotAnswering,
+        stuck: Some(StuckCall {
+            call: "nvmlInit_v2".into(),
+            stuck_seconds: seconds,
+        }),
+    }
+}
+
 /// NVML's answer when it cannot be loaded.
 pub(crate) fn nvml_down(error: &str) -> NvmlReading {
     NvmlReading::Down {
         error: error.into(),
+        reason: NvmlFailure::Missing,
+        stuck: None,
     }
+}
+
+impl Host {
+    /// NVML lists `pid` on GPU 0 on these lists (the fixtures list owners on the compute
+    /// list).
+    pub(crate) fn on_lists(mut self, pid: u32, lists: NvmlLists) -> Host {
+        for process in self.readings(0).1.iter_mut().filter(|p| p.pid == pid) {
+            process.lists = lists;
+            process.mps_only = lists == NvmlLists::MPS;
+        }
+        self
+    }
+
+    /// The exporter never saw any listed process before this look (a fresh `check`).
+    pub(crate) fn seen_for_the_first_time(mut self) -> Host {
+        for lookup in self.owners.values_mut() {
+            lookup.first_seen = None;
+        }
+        self
+    }
+}
+
+/// The compute list and the MPS list: where the H200 listed every MPS client, live or dead.
+pub(crate) const MPS_CLIENT: NvmlLists = NvmlLists {
+    compute: true,
+    graphics: false,
+    mps: true,
+};
+
+/// The MPS control daemon as the H200 showed it (PID 447, started at 2365 ticks, before
+/// every client): `nvidia-cuda-mps`, parent 1, leading its own session and group, holding
+/// GPU 0's node and nvidiactl, mapping the GPU's node only write-only and nvidiactl only
+/// read-only.
+pub(crate) fn mps_daemon(pid: u32) -> ProcessFacts {
+    ProcessFacts {
+        comm: "nvidia-cuda-mps".into(),
+        start_time_ticks: 2365,
+        threads: 2,
+        mappings: References::Read(NodeSet {
+            gpus: vec![0],
+            control: true,
+            gpus_without_read_write: [(0, crate::observe::NarrowAccess::WriteOnly)].into(),
+            control_without_read_write: Some(crate::observe::NarrowAccess::ReadOnly),
+            ..NodeSet::default()
+        }),
+        ..cuda(pid, &[0])
+    }
+}
+
+/// The MPS server as the H200 showed it: `nvidia-cuda-mps`, the daemon's child in its
+/// group and session, started when the first client connected, mapping GPU 0 read-write.
+pub(crate) fn mps_server(pid: u32, daemon: u32) -> ProcessFacts {
+    ProcessFacts {
+        comm: "nvidia-cuda-mps".into(),
+        start_time_ticks: 2990,
+        threads: 7,
+        ..cuda(pid, &[0]).child_of(daemon)
+    }
+}
+
+/// GPU 0 shared through MPS, as measured on the H200 (driver 580.159.04): the control
+/// daemon 447, its server 466 (on the compute list only, 69,206,016 bytes), a live client
+/// 449 (3 GiB: 3,860,856,832 bytes on the compute and MPS lists), and client 479, which
+/// allocated 4 GiB and exited: NVML still lists it on both lists (4,934,598,656 bytes).
+/// Without the dead client's forked child (see [`mps_fork_orphan`]).
+pub(crate) fn mps_dead_client_without_heir() -> Host {
+    mps_live_client()
+        .used(8_874_885_120)
+        .owner(479, Some(4_934_598_656), ProcessLookup::Missing)
+        .on_lists(479, MPS_CLIENT)
+}
+
+/// GPU 0 shared through MPS with one live client, as on the H200: the daemon 447, its
+/// server 466 and client 449 (3,939,434,496 bytes used).
+pub(crate) fn mps_live_client() -> Host {
+    Host::idle()
+        .used(3_939_434_496)
+        .owner(
+            449,
+            Some(3_860_856_832),
+            present(cuda(449, &[0]).started(2370)),
+        )
+        .on_lists(449, MPS_CLIENT)
+        .owner(466, Some(69_206_016), present(mps_server(466, 447)))
+        .holder(mps_daemon(447))
+        .holder(cuda(449, &[0]).started(2370))
+        .holder(mps_server(466, 447))
+}
+
+/// The fork orphan under MPS: [`mps_dead_client_without_heir`] with the dead client's
+/// child 500 (parent 1, in the dead client's group and session, started after it), which
+/// never touched CUDA and maps GPU 0 read-write through the inherited context.
+pub(crate) fn mps_fork_orphan() -> Host {
+    let mut child = cuda(500, &[0]).child_of(479).started(3410);
+    child.ppid = 1;
+    mps_dead_client_without_heir().holder(child)
 }

@@ -5,9 +5,11 @@
 
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod mps;
 mod owners;
 pub mod pods;
 mod sentence;
+pub mod slurm;
 mod suspects;
 #[cfg(test)]
 mod tests;
@@ -25,19 +27,22 @@ use crate::observe::{
     ProcessList,
 };
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use strum::{EnumCount, IntoStaticStr, VariantArray};
 use suspects::Scene;
 
 // What the verdict carries of the observation, named here so that the renderers need
 // nothing from `observe`.
+pub use crate::observe::containers::{ContainerName, Engine, EngineError, EngineHealth};
 pub use crate::observe::kubernetes::{KubeletSource, SourceError, SourceHealth};
 pub use crate::observe::procfs::short_container_id;
 pub use crate::observe::{
-    CgroupAttribution, GpuError, Identity, MemoryReading, NamespaceInit, NodeSet, ProcfsView,
-    RecoveryAction, References, RemappedRows, RetiredPages, XidReading,
+    CgroupAttribution, GpuError, Identity, MemoryReading, NamespaceInit, NarrowAccess, NodeSet,
+    NvmlFailure, NvmlLists, ProcfsView, RecoveryAction, References, RemappedRows, RetiredPages,
+    StuckCall, StuckRead, XidReading,
 };
 pub use pods::{GpuPod, KubernetesView, PodName};
+pub use slurm::{JobState, JobToCancel, LeftBehind, SlurmJob};
 
 /// Tunables of the classification.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,6 +196,13 @@ pub struct Process {
     /// Its pod's namespace and name, when the kubelet's pod log directories name its uid.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodName>,
+    /// Its container's name, image, and Compose project or Podman pod, when its engine
+    /// named it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerName>,
+    /// Its Slurm job and step, its user, and whether Slurm still runs it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_job: Option<SlurmJob>,
     /// PID 1 of its PID namespace, when that is nested in ours (a container's own). In
     /// JSON `container_ended: true` follows it once that has exited.
     #[serde(flatten, serialize_with = "namespace_init_json")]
@@ -243,6 +255,13 @@ impl Process {
             wchan: facts.wchan.clone(),
             cgroup: facts.cgroup.clone(),
             pod: None,
+            container: facts.cgroup.container_id.as_ref().and_then(|id| {
+                frame
+                    .containers
+                    .and_then(|reading| reading.names.get(id))
+                    .cloned()
+            }),
+            slurm_job: SlurmJob::of(facts, frame.slurm),
             pid_namespace_init: facts.pid_namespace_init,
             descriptors: facts.descriptors.clone(),
             mappings: facts.mappings.clone(),
@@ -350,8 +369,28 @@ pub enum Remedy {
         /// The culprits, in PID order.
         targets: Vec<KillTarget>,
     },
+    /// Cancel these Slurm jobs: culprits run in steps that Slurm still runs, and ending
+    /// the job ends them. Culprits outside such steps are to be killed beside.
+    CancelJobs {
+        /// The jobs, by id, each with its culprits.
+        jobs: Vec<JobToCancel>,
+        /// The other culprits, in PID order.
+        targets: Vec<KillTarget>,
+    },
     /// The owner is exiting: its memory is being freed.
     Wait,
+    /// Under MPS, no client process holds a dead client's memory, but the MPS server (a
+    /// live owner, which holds every client's context) does: only restarting MPS frees
+    /// it, which ends every client of the daemon. Never a plain kill of the daemon or the
+    /// server, and not a GPU reset.
+    RestartMps {
+        /// The MPS servers listed on the GPU.
+        servers: Vec<u32>,
+        /// Their control daemons.
+        daemons: Vec<u32>,
+        /// The live MPS clients on the GPU, which the restart ends too.
+        clients: Vec<u32>,
+    },
     /// No process but the GPU's own live owners holds its device file; stopping them may
     /// free it (one may hold the exited owner's context besides its own).
     StopOwners {
@@ -389,6 +428,18 @@ pub struct KillTarget {
     pub comm: String,
 }
 
+impl KillTarget {
+    /// A process to end, by identity.
+    pub fn of(process: &Process) -> KillTarget {
+        KillTarget {
+            pid: process.pid,
+            start_time_ticks: process.start_time_ticks,
+            started_unix_seconds: process.started_unix_seconds,
+            comm: process.comm.clone(),
+        }
+    }
+}
+
 /// Why the holder of orphaned memory cannot be named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "why", rename_all = "snake_case")]
@@ -403,6 +454,13 @@ pub enum Blindness {
     CulpritsNotVisible,
     /// The scan for holders ran out of time before it saw every process.
     ScanCutShort,
+    /// A `/proc` read of the scan (or of the look before it) blocked and has not
+    /// returned: a process in uninterruptible sleep holding its memory map lock blocks
+    /// reads of its maps. The scan saw only part of the processes, or none.
+    ScanBlocked {
+        /// Whole seconds the read had been blocked.
+        seconds: u64,
+    },
     /// The descriptors of some processes could not be read.
     ScanDenied {
         /// How many.
@@ -420,7 +478,9 @@ impl Blindness {
             Blindness::MappingsUnreadable { .. } | Blindness::ScanDenied { .. } => {
                 Some(LookAgain::AsRoot)
             }
-            Blindness::ScanCutShort | Blindness::NoScan => Some(LookAgain::AsBefore),
+            Blindness::ScanCutShort | Blindness::ScanBlocked { .. } | Blindness::NoScan => {
+                Some(LookAgain::AsBefore)
+            }
             Blindness::CulpritsNotVisible => None,
         }
     }
@@ -529,6 +589,21 @@ pub enum Note {
         /// Their PIDs.
         pids: Vec<u32>,
     },
+    /// Culprits run in Slurm job steps that have ended, or of which it cannot be told
+    /// whether they run: Slurm will not end them, so they are to be killed.
+    CulpritsLeftBySlurm {
+        /// Each such culprit, with its job.
+        culprits: Vec<LeftBehind>,
+    },
+    /// A live owner runs in a Slurm job step that has ended: Slurm left it behind.
+    OwnerLeftBySlurm {
+        /// Its PID.
+        pid: u32,
+        /// Its command name.
+        comm: String,
+        /// Its job and step.
+        job: SlurmJob,
+    },
     /// A culprit is in uninterruptible sleep: it dies only when it leaves the driver.
     CulpritInUninterruptibleSleep,
     /// A culprit is stopped: SIGKILL still ends it, SIGTERM waits until it is continued.
@@ -538,10 +613,16 @@ pub enum Note {
         /// Their PIDs.
         pids: Vec<u32>,
     },
-    /// Processes hold the device file without a context here (the bystanders): set
-    /// apart, never blamed.
+    /// Processes hold the device file without a context here (the bystanders other than
+    /// the MPS control daemon and server): set apart, never blamed.
     BystandersNotBlamed {
-        /// Their PIDs, as [`GpuAccount::bystanders`] lists them.
+        /// Their PIDs, in the order [`GpuAccount::bystanders`] lists them.
+        pids: Vec<u32>,
+    },
+    /// The MPS control daemon and server hold the device file: set apart, never blamed
+    /// for a client's memory (ending either ends MPS for every client).
+    MpsNotBlamed {
+        /// Their PIDs, in the order [`GpuAccount::bystanders`] lists them.
         pids: Vec<u32>,
     },
 }
@@ -575,8 +656,8 @@ pub struct GpuAccount {
     /// Processes with a context on this GPU that keep its orphaned memory alive (only
     /// while memory is orphaned), with the evidence.
     pub culprits: Vec<Suspect>,
-    /// Processes holding its device file without a context here (only while memory is
-    /// orphaned), with why they are not blamed.
+    /// Processes holding its device file without a context here, and the MPS control
+    /// daemon and server (only while memory is orphaned), with why they are not blamed.
     pub bystanders: Vec<Suspect>,
     /// Processes holding its device file whose mappings could not be read.
     pub undetermined: Vec<Suspect>,
@@ -644,6 +725,13 @@ impl GpuAccount {
         self.owners.iter().filter(|owner| owner.state().is_live())
     }
 
+    /// The bystanders that are the MPS control daemon or server (`mps`), or the others.
+    pub fn bystanders_apart(&self, mps: bool) -> impl Iterator<Item = &Suspect> {
+        self.bystanders
+            .iter()
+            .filter(move |bystander| bystander.is_mps_part() == mps)
+    }
+
     /// Holders of the device file in `role`.
     pub fn holders(&self, role: Role) -> &[Suspect] {
         match role {
@@ -672,6 +760,45 @@ pub enum GpuOutcome {
         /// NVML's own words.
         message: String,
     },
+    /// A call has not returned in time (a GPU that fell off the bus, a wedged driver):
+    /// nothing is known of its memory, so it is neither orphaned nor fine: cannot tell.
+    NotAnswering {
+        /// The NVML function it is stuck in.
+        call: String,
+        /// Seconds it had been stuck when the look was made.
+        stuck_seconds: f64,
+    },
+}
+
+impl GpuOutcome {
+    /// The kind of failure, when the readings did not succeed: a GPU that does not
+    /// answer is a `timeout`.
+    pub fn error_kind(&self) -> Option<GpuError> {
+        match self {
+            GpuOutcome::Measured(_) => None,
+            GpuOutcome::Failed { error, .. } => Some(*error),
+            GpuOutcome::NotAnswering { .. } => Some(GpuError::Timeout),
+        }
+    }
+
+    /// The account when the readings succeeded.
+    pub fn account(&self) -> Option<&GpuAccount> {
+        match self {
+            GpuOutcome::Measured(account) => Some(account),
+            GpuOutcome::Failed { .. } | GpuOutcome::NotAnswering { .. } => None,
+        }
+    }
+
+    /// The call it is stuck in and for how long, when it does not answer.
+    pub fn stuck(&self) -> Option<(&str, f64)> {
+        match self {
+            GpuOutcome::NotAnswering {
+                call,
+                stuck_seconds,
+            } => Some((call, *stuck_seconds)),
+            GpuOutcome::Measured(_) | GpuOutcome::Failed { .. } => None,
+        }
+    }
 }
 
 /// The verdict for one GPU.
@@ -772,10 +899,7 @@ pub struct InstanceVerdict {
 impl InstanceVerdict {
     /// The account when the instance answered.
     pub fn account(&self) -> Option<&GpuAccount> {
-        match &self.outcome {
-            GpuOutcome::Measured(account) => Some(account),
-            GpuOutcome::Failed { .. } => None,
-        }
+        self.outcome.account()
     }
 
     /// `GI 2, CI 0, 1g.18gb`, how people name an instance.
@@ -841,6 +965,13 @@ fn instance_verdicts(gpu: &GpuReading, around: &Surroundings<'_>) -> Vec<Instanc
                     error: *error,
                     message: message.clone(),
                 },
+                GpuState::NotAnswering {
+                    call,
+                    stuck_seconds,
+                } => GpuOutcome::NotAnswering {
+                    call: call.clone(),
+                    stuck_seconds: *stuck_seconds,
+                },
             },
         })
         .collect()
@@ -849,10 +980,7 @@ fn instance_verdicts(gpu: &GpuReading, around: &Surroundings<'_>) -> Vec<Instanc
 impl GpuVerdict {
     /// The account when the GPU answered.
     pub fn account(&self) -> Option<&GpuAccount> {
-        match &self.outcome {
-            GpuOutcome::Measured(account) => Some(account),
-            GpuOutcome::Failed { .. } => None,
-        }
+        self.outcome.account()
     }
 
     /// Orphaned bytes, 0 for a GPU that did not answer.
@@ -860,9 +988,20 @@ impl GpuVerdict {
         self.account().map_or(0, GpuAccount::orphaned_bytes)
     }
 
+    /// Whether the GPU or one of its MIG instances holds orphaned memory.
+    pub fn has_orphan(&self) -> bool {
+        std::iter::once(self.account())
+            .chain(self.instances.iter().map(InstanceVerdict::account))
+            .flatten()
+            .any(|account| account.finding == Finding::Orphaned)
+    }
+
     /// What `check` says of this GPU: the worst of the GPU's own verdict and its MIG
-    /// instances'.
+    /// instances'; a GPU that does not answer says so.
     pub fn status(&self) -> CheckStatus {
+        if self.outcome.stuck().is_some() {
+            return CheckStatus::NotAnswering;
+        }
         std::iter::once(self.account())
             .chain(self.instances.iter().map(InstanceVerdict::account))
             .map(|account| match account.map(|account| account.finding) {
@@ -876,7 +1015,9 @@ impl GpuVerdict {
 }
 
 /// What `check` reports, in order of precedence: orphaned memory is reported even beside
-/// a GPU that cannot be read.
+/// a GPU that cannot be read (one that answered that it is lost, say); but a look that
+/// did not complete, because NVML or a GPU did not answer in time, says so above all it
+/// found (which it still names): a script must not take a partial look for a whole one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckStatus {
@@ -886,20 +1027,58 @@ pub enum CheckStatus {
     CannotTell,
     /// Some GPU holds memory without a live owner.
     Orphaned,
-    /// NVML did not answer: nothing can be said.
+    /// NVML or a GPU did not answer in time: the look is incomplete.
+    NotAnswering,
+    /// NVML is missing or failed: nothing can be said.
     NvmlDown,
 }
 
 impl Report {
-    /// What `check` reports for the GPUs shown.
+    /// What `check` reports for the GPUs shown. NVML that does not answer is "cannot
+    /// tell", as a GPU that does not answer is; NVML that is missing or fails is an
+    /// error of the host.
     pub fn check_status(&self, gpus: &[&GpuVerdict]) -> CheckStatus {
-        if let NvmlStatus::Down { .. } = self.nvml {
-            return CheckStatus::NvmlDown;
+        match &self.nvml {
+            NvmlStatus::Down {
+                reason: NvmlFailure::NotAnswering,
+                ..
+            } => return CheckStatus::NotAnswering,
+            NvmlStatus::Down { .. } => return CheckStatus::NvmlDown,
+            NvmlStatus::Up { .. } => {}
         }
         gpus.iter()
             .map(|gpu| gpu.status())
             .max()
             .unwrap_or(CheckStatus::Clear)
+    }
+}
+
+/// What a file written from one look (a snapshot, a textfile) carries, as its command's
+/// exit status says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Everything answered.
+    Complete,
+    /// NVML is missing or failed: the file says so, and the command reports an error.
+    NvmlDown,
+    /// NVML, a GPU or a `/proc` read did not answer in time: the file says which.
+    NotAnswered,
+}
+
+impl Report {
+    /// What a file written from this report carries.
+    pub fn written(&self) -> Written {
+        match self.nvml.failure() {
+            Some(NvmlFailure::NotAnswering) => return Written::NotAnswered,
+            Some(_) => return Written::NvmlDown,
+            None => {}
+        }
+        let gpu_stuck = self.gpus.iter().any(|gpu| gpu.outcome.stuck().is_some());
+        if gpu_stuck || self.procfs_stuck.is_some() {
+            Written::NotAnswered
+        } else {
+            Written::Complete
+        }
     }
 }
 
@@ -912,6 +1091,9 @@ pub struct ScanSummary {
     pub permission_errors: u64,
     /// Seconds it took.
     pub duration_seconds: f64,
+    /// Whole seconds a `/proc` read had been blocked, when one kept the scan from
+    /// running or cut it short.
+    pub blocked_seconds: Option<u64>,
 }
 
 impl ScanSummary {
@@ -930,29 +1112,37 @@ impl Serialize for ScanSummary {
             cut_short: bool,
             permission_errors: u64,
             duration_seconds: f64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            blocked_seconds: Option<u64>,
         }
         ScanJson {
             complete: self.complete(),
             cut_short: self.cut_short,
             permission_errors: self.permission_errors,
             duration_seconds: self.duration_seconds,
+            blocked_seconds: self.blocked_seconds,
         }
         .serialize(serializer)
     }
 }
 
 /// Whether NVML answered, and what it said of itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum NvmlStatus {
     /// NVML loaded and answered.
     Up {
         /// The kernel driver's version.
         driver_version: String,
     },
-    /// NVML could not be loaded or initialised: nothing can be said of the GPUs.
+    /// NVML could not be loaded or initialised, or does not answer: nothing can be said
+    /// of the GPUs.
     Down {
         /// Why, in one line.
         error: String,
+        /// The kind of failure.
+        reason: NvmlFailure,
+        /// The library-level call that has not returned, when NVML does not answer.
+        stuck: Option<StuckCall>,
     },
 }
 
@@ -970,11 +1160,27 @@ impl NvmlStatus {
         }
     }
 
+    /// The kind of failure, when NVML did not answer.
+    pub fn failure(&self) -> Option<NvmlFailure> {
+        match self {
+            NvmlStatus::Up { .. } => None,
+            NvmlStatus::Down { reason, .. } => Some(*reason),
+        }
+    }
+
+    /// The call NVML is stuck in, when it does not answer.
+    pub fn stuck(&self) -> Option<&StuckCall> {
+        match self {
+            NvmlStatus::Up { .. } => None,
+            NvmlStatus::Down { stuck, .. } => stuck.as_ref(),
+        }
+    }
+
     /// Why NVML did not answer.
     pub fn error(&self) -> Option<&str> {
         match self {
             NvmlStatus::Up { .. } => None,
-            NvmlStatus::Down { error } => Some(error),
+            NvmlStatus::Down { error, .. } => Some(error),
         }
     }
 }
@@ -994,11 +1200,17 @@ pub struct Report {
     pub procfs_errors: u64,
     /// The holder scan, when one ran.
     pub holder_scan: Option<ScanSummary>,
+    /// The `/proc` reader, when it had not returned at this look's deadline.
+    pub procfs_stuck: Option<StuckRead>,
 
     // Kubernetes.
     /// Each GPU's pods, pod names by uid, and the kubelet sources' health; `None` when the
     /// observation has none (a snapshot of an older version).
     pub kubernetes: Option<KubernetesView>,
+
+    // Container engines.
+    /// How each watched container engine's last call went; `None` when none is watched.
+    pub container_engines: Option<BTreeMap<Engine, EngineHealth>>,
 }
 
 impl Report {
@@ -1029,11 +1241,19 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         boot_time_unix_seconds: observation.boot_time_unix_seconds,
         ticks_per_second: observation.clock_ticks_per_second,
         procfs_view: observation.procfs_view,
+        slurm: observation.slurm.as_ref(),
+        containers: observation.containers.as_ref(),
     };
     let scan = observation.holder_scan.as_ref().map(|scan| ScanSummary {
         cut_short: scan.cut_short,
         permission_errors: scan.permission_errors,
         duration_seconds: scan.duration_seconds,
+        // A scan cut short while the reader was stuck was cut short by the blocked read.
+        blocked_seconds: observation
+            .procfs_stuck
+            .as_ref()
+            .filter(|_| scan.cut_short)
+            .map(|stuck| stuck.stuck_seconds as u64),
     });
     let (nvml, gpus) = match &observation.nvml {
         NvmlReading::Up {
@@ -1047,7 +1267,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                     GpuState::Ok { processes, .. } => {
                         Some(judge_owners(processes, gpu.minor, observation, &frame))
                     }
-                    GpuState::Failed { .. } => None,
+                    GpuState::Failed { .. } | GpuState::NotAnswering { .. } => None,
                 })
                 .collect();
             let mut live_owner_gpus: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
@@ -1063,6 +1283,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                     }
                 }
             }
+            let listed: BTreeSet<u32> = observation.nvml.listed_pids().into_keys().collect();
             let verdicts = gpus
                 .iter()
                 .zip(judged)
@@ -1092,12 +1313,23 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                                     frame: &frame,
                                     scan,
                                     live_owner_gpus: &live_owner_gpus,
+                                    listed: &listed,
                                 },
                             )))
                         }
                         (GpuState::Failed { error, message }, _) => GpuOutcome::Failed {
                             error: *error,
                             message: message.clone(),
+                        },
+                        (
+                            GpuState::NotAnswering {
+                                call,
+                                stuck_seconds,
+                            },
+                            _,
+                        ) => GpuOutcome::NotAnswering {
+                            call: call.clone(),
+                            stuck_seconds: *stuck_seconds,
                         },
                         (GpuState::Ok { .. }, None) => {
                             unreachable!("owners are judged for every GPU that answered")
@@ -1111,6 +1343,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
                             frame: &frame,
                             scan,
                             live_owner_gpus: &live_owner_gpus,
+                            listed: &listed,
                         },
                     ),
                     mig: gpu.mig.as_ref().map(|mig| MigMode {
@@ -1125,9 +1358,15 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
             };
             (nvml, verdicts)
         }
-        NvmlReading::Down { error } => (
+        NvmlReading::Down {
+            error,
+            reason,
+            stuck,
+        } => (
             NvmlStatus::Down {
                 error: error.clone(),
+                reason: *reason,
+                stuck: stuck.clone(),
             },
             Vec::new(),
         ),
@@ -1147,7 +1386,12 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         gpus,
         procfs_errors: observation.procfs_errors,
         holder_scan: scan,
+        procfs_stuck: observation.procfs_stuck.clone(),
         kubernetes,
+        container_engines: observation
+            .containers
+            .as_ref()
+            .map(|reading| reading.engines.clone()),
     }
 }
 
@@ -1177,7 +1421,7 @@ fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
             )
             .filter_map(|outcome| match outcome {
                 GpuOutcome::Measured(account) => Some(account),
-                GpuOutcome::Failed { .. } => None,
+                GpuOutcome::Failed { .. } | GpuOutcome::NotAnswering { .. } => None,
             });
         for account in accounts {
             for owner in &mut account.owners {
@@ -1224,9 +1468,11 @@ struct GpuPlace {
 struct Surroundings<'a> {
     observation: &'a Observation,
     settings: &'a Settings,
-    frame: &'a Frame,
+    frame: &'a Frame<'a>,
     scan: Option<ScanSummary>,
     live_owner_gpus: &'a BTreeMap<u32, Vec<u32>>,
+    /// Every PID NVML lists on some GPU or MIG device.
+    listed: &'a BTreeSet<u32>,
 }
 
 fn judge_owners(
@@ -1359,12 +1605,14 @@ fn account_for_gpu(
         place.minor,
         around.observation.holder_scan.as_ref(),
     ) {
+        let mps = mps::mps_parts(&scan.holders, &account.owners, around.listed);
         let scene = Scene {
             minor,
             index: place.index,
             within: &place.within,
             owners: &account.owners,
             live_owner_gpus: around.live_owner_gpus,
+            mps: &mps,
         };
         for suspect in suspects::suspects(&scan.holders, &scene, around.settings, around.frame) {
             match suspect.role {
@@ -1403,8 +1651,9 @@ fn finding(account: &GpuAccount) -> Finding {
 }
 
 /// What gives orphaned memory back, in order: end the culprits; say "cannot tell" when
-/// a holder may hide behind what could not be read; wait for an exiting owner; stop the
-/// live owners that alone hold the device; else only a reset frees it.
+/// a holder may hide behind what could not be read; wait for an exiting owner; restart
+/// MPS when its server alone holds a dead client's memory; stop the live owners that
+/// alone hold the device; else only a reset frees it.
 fn remedy(
     account: &GpuAccount,
     scan: Option<ScanSummary>,
@@ -1423,18 +1672,16 @@ fn remedy(
                 reason: Blindness::CulpritsNotVisible,
             };
         }
-        return Remedy::Kill {
-            targets: account
-                .culprits
-                .iter()
-                .map(|culprit| KillTarget {
-                    pid: culprit.process.pid,
-                    start_time_ticks: culprit.process.start_time_ticks,
-                    started_unix_seconds: culprit.process.started_unix_seconds,
-                    comm: culprit.process.comm.clone(),
-                })
-                .collect(),
-        };
+        let culprits: Vec<&Process> = account
+            .culprits
+            .iter()
+            .map(|culprit| &culprit.process)
+            .collect();
+        let (jobs, targets) = slurm::jobs_to_cancel(&culprits);
+        if jobs.is_empty() {
+            return Remedy::Kill { targets };
+        }
+        return Remedy::CancelJobs { jobs, targets };
     }
     if !account.undetermined.is_empty() {
         return Remedy::CannotTell {
@@ -1454,6 +1701,9 @@ fn remedy(
     {
         return Remedy::Wait;
     }
+    if let Some(restart) = mps_restart(account) {
+        return restart;
+    }
     let live: Vec<u32> = account.live_owners().map(|owner| owner.pid).collect();
     if !live.is_empty() {
         return Remedy::StopOwners { pids: live };
@@ -1470,10 +1720,48 @@ fn remedy(
     }
 }
 
+/// The MPS restart, when the memory is a dead MPS client's (NVML lists it on the MPS
+/// list), no client process holds it (no culprit was found by a complete scan), and the
+/// GPU's MPS server is alive: the server holds every client's context.
+fn mps_restart(account: &GpuAccount) -> Option<Remedy> {
+    let mut servers = Vec::new();
+    let mut daemons = Vec::new();
+    for bystander in &account.bystanders {
+        for evidence in &bystander.evidence {
+            if let Evidence::MpsServer { daemon } = evidence {
+                servers.push(bystander.process.pid);
+                daemons.push(*daemon);
+            }
+        }
+    }
+    let dead_client = account.gone_owners().any(|owner| owner.lists.mps);
+    if servers.is_empty() || !dead_client {
+        return None;
+    }
+    servers.sort_unstable();
+    servers.dedup();
+    daemons.sort_unstable();
+    daemons.dedup();
+    let clients = account
+        .live_owners()
+        .filter(|owner| owner.lists.mps)
+        .map(|owner| owner.pid)
+        .collect();
+    Some(Remedy::RestartMps {
+        servers,
+        daemons,
+        clients,
+    })
+}
+
 /// What a holder scan could not see, if anything.
 fn scan_blindness(scan: Option<ScanSummary>) -> Option<Blindness> {
     match scan {
         None => Some(Blindness::NoScan),
+        Some(ScanSummary {
+            blocked_seconds: Some(seconds),
+            ..
+        }) => Some(Blindness::ScanBlocked { seconds }),
         Some(scan) if scan.cut_short => Some(Blindness::ScanCutShort),
         Some(scan) if scan.permission_errors > 0 => Some(Blindness::ScanDenied {
             processes: scan.permission_errors,
@@ -1523,6 +1811,17 @@ fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
                 });
             }
         }
+        let left_by_slurm = owner.process().and_then(|process| {
+            let job = process.slurm_job.as_ref()?;
+            matches!(job.state, JobState::StepEnded | JobState::Ended).then(|| {
+                Note::OwnerLeftBySlurm {
+                    pid: owner.pid,
+                    comm: process.comm.clone(),
+                    job: job.clone(),
+                }
+            })
+        });
+        owner_notes.extend(left_by_slurm);
     }
     let left_out = owner_notes.len().saturating_sub(MAX_OWNER_NOTES);
     notes.extend(owner_notes.into_iter().take(MAX_OWNER_NOTES));
@@ -1543,6 +1842,10 @@ fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
             .collect();
         if !ended.is_empty() {
             notes.push(Note::CulpritsContainerEnded { pids: ended });
+        }
+        let left = slurm::left_behind(account.culprits.iter().map(|culprit| &culprit.process));
+        if !left.is_empty() {
+            notes.push(Note::CulpritsLeftBySlurm { culprits: left });
         }
         let states: Vec<ProcessState> = account
             .culprits
@@ -1568,14 +1871,18 @@ fn notes(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
             });
         }
     }
-    if !account.bystanders.is_empty() {
-        notes.push(Note::BystandersNotBlamed {
-            pids: account
-                .bystanders
-                .iter()
-                .map(|bystander| bystander.process.pid)
-                .collect(),
-        });
+    let apart = |mps: bool| -> Vec<u32> {
+        account
+            .bystanders_apart(mps)
+            .map(|bystander| bystander.process.pid)
+            .collect()
+    };
+    let (others, mps) = (apart(false), apart(true));
+    if !others.is_empty() {
+        notes.push(Note::BystandersNotBlamed { pids: others });
+    }
+    if !mps.is_empty() {
+        notes.push(Note::MpsNotBlamed { pids: mps });
     }
     notes
 }

@@ -1,8 +1,13 @@
 //! Who owns a GPU's memory: the verdict on each process NVML charges, by identity (PID
-//! and start time) and by evidence of a context (shared mappings of the GPU's device file).
+//! and start time) and by evidence of a context (read-write shared mappings of the GPU's
+//! device file).
 
 use super::{Process, ProcessState};
-use crate::observe::{Identity, NvmlProcess, OwnerLookup, ProcessFacts, ProcessLookup, ProcfsView};
+use crate::observe::containers::ContainersReading;
+use crate::observe::{
+    Identity, NvmlLists, NvmlProcess, OwnerLookup, ProcessFacts, ProcessLookup, ProcfsView,
+    SlurmReading,
+};
 use serde::{Serialize, Serializer};
 use strum::{EnumCount, IntoStaticStr, VariantArray};
 
@@ -151,6 +156,11 @@ pub struct Owner {
     pub used_bytes: Option<u64>,
     /// The process the exporter first saw under this PID, when it saw one.
     pub first_seen: Option<Identity>,
+    /// Which of NVML's lists of the GPU name it (none known in snapshots of older
+    /// versions): under MPS a client is on the compute and MPS lists, the server on the
+    /// compute list alone. Not in `check --json`'s owners, whose keys scripts read as they
+    /// were; the MPS server's evidence says its lists.
+    pub lists: NvmlLists,
 }
 
 impl Owner {
@@ -259,7 +269,9 @@ impl Serialize for Owner {
 /// The rules, in order:
 /// - no process under the PID: gone (exited);
 /// - a zombie with no live thread and nothing mapped: gone (exiting, memory being freed);
-/// - a process that maps this GPU's node holds a context here: live, in its state;
+/// - a process that maps this GPU's node read-write holds a context here: live, in its
+///   state (one that maps it only write-only or read-only initialised the driver without
+///   a context, as the MPS control daemon does);
 /// - a process whose start time differs from the owner first seen under the PID, or
 ///   which maps nothing of this GPU: gone (reused), whatever it is;
 /// - mappings that cannot be read, a procfs that cannot show the PID, a GPU without a
@@ -279,6 +291,7 @@ pub fn judge_owner(
         standing: standing(process, lookup, minor, frame),
         used_bytes: process.used_bytes,
         first_seen,
+        lists: process.lists,
     }
 }
 
@@ -316,7 +329,7 @@ fn standing(
         (_, true) => Context::Unprovable,
         (None, false) => Context::Unknown(WhyUnknown::NoDeviceNode),
         (Some(minor), false) => match facts.mappings.nodes() {
-            Some(nodes) if nodes.gpus.contains(&minor) => Context::Here,
+            Some(nodes) if nodes.maps_gpu_read_write(minor) => Context::Here,
             Some(_) => Context::Absent,
             None => Context::Unknown(WhyUnknown::ContextUnreadable),
         },
@@ -339,9 +352,9 @@ fn standing(
 
 /// What the mappings of the process under an owner's PID say about a context on the GPU.
 enum Context {
-    /// It maps the GPU's node.
+    /// It maps the GPU's node read-write.
     Here,
-    /// Its mappings were read and name nothing of the GPU.
+    /// Its mappings were read and show no read-write mapping of the GPU's node.
     Absent,
     /// Mappings cannot prove it either way (an MPS client's context is the server's).
     Unprovable,
@@ -358,18 +371,23 @@ fn exiting(facts: &ProcessFacts) -> bool {
 }
 
 /// How the observation's raw numbers read where the verdict is given: start times in
-/// clock ticks after boot become dates, the procfs's PIDs become ours.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame {
+/// clock ticks after boot become dates, the procfs's PIDs become ours, cgroups become
+/// named containers and Slurm jobs that run or have ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Frame<'a> {
     /// When the host booted, in seconds since the Unix epoch.
     pub boot_time_unix_seconds: Option<u64>,
     /// Clock ticks per second of start times.
     pub ticks_per_second: u64,
     /// Whether the procfs read shows our PID namespace.
     pub procfs_view: ProcfsView,
+    /// The Slurm job steps that run, when they were looked for.
+    pub slurm: Option<&'a SlurmReading>,
+    /// The names the container engines gave containers, when they are watched.
+    pub containers: Option<&'a ContainersReading>,
 }
 
-impl Frame {
+impl Frame<'_> {
     /// When a process that started `ticks` after boot started, in seconds since the epoch.
     pub fn started(&self, ticks: u64) -> Option<u64> {
         let boot = self.boot_time_unix_seconds?;

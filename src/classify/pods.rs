@@ -215,6 +215,8 @@ mod tests {
             &reading(vec![assigned("a", "main", "nvidia.com/gpu", "GPU-1")]),
             &NvmlReading::Down {
                 error: "no driver".into(),
+                reason: crate::observe::NvmlFailure::Missing,
+                stuck: None,
             },
         );
         assert_eq!(down.unmatched_devices, 1);

@@ -1,10 +1,12 @@
 //! Who keeps orphaned memory alive: every process holding a GPU's device file is a
 //! candidate, with the evidence found for and against it. Only a candidate with a context
-//! on the GPU (shared mappings of its device file) is a culprit; the others are
-//! bystanders, and a candidate whose mappings cannot be read is undetermined.
+//! on the GPU (read-write shared mappings of its device file) is a culprit; the others are
+//! bystanders, and a candidate whose mappings cannot be read is undetermined. The MPS
+//! control daemon and server are bystanders whatever they map (see `mps`).
 
+use super::mps::{MpsPart, MPS_COMM};
 use super::{Frame, Owner, Process, Settings};
-use crate::observe::{ProcessFacts, ProcfsView, References};
+use crate::observe::{NarrowAccess, ProcessFacts, ProcfsView, References};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use strum::{IntoStaticStr, VariantArray};
@@ -17,7 +19,7 @@ pub enum Role {
     /// It holds a context on the GPU: its end frees the memory.
     Culprit,
     /// It holds the device file without a context on the GPU (an NVML client, another
-    /// GPU's job): never blamed.
+    /// GPU's job), or it is the MPS control daemon or server: never blamed.
     Bystander,
     /// Its mappings cannot be read: whether it holds a context cannot be told.
     Undetermined,
@@ -34,8 +36,15 @@ impl Role {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Evidence {
-    /// It maps this GPU's device file shared: it holds a context here (strong).
+    /// It maps this GPU's device file shared and read-write: it holds a context here
+    /// (strong).
     MapsGpu,
+    /// It maps this GPU's device file, but never read-write: the driver is initialised in
+    /// it, without a context (measured: the MPS control daemon maps it write-only).
+    MapsGpuWithoutContext {
+        /// How it maps it.
+        access: NarrowAccess,
+    },
     /// NVML lists it as an owner on no GPU, so the context it maps was inherited.
     Inherited,
     /// Its parent is the gone owner (not yet reaped).
@@ -72,6 +81,23 @@ pub enum Evidence {
     /// Its command name is a known NVML client's (the built-in list or
     /// `--holders.ignore-comm`); a label only, never a reason to blame or clear.
     KnownAgent,
+    /// It is the MPS control daemon: the parent of the GPU's MPS server, listed by NVML on
+    /// no GPU, leading its own session. Never blamed for a client's memory: killing it
+    /// frees no client's orphan and ends MPS for every client (measured on an H200).
+    MpsControlDaemon {
+        /// The MPS server's PID.
+        server: u32,
+    },
+    /// It is the MPS server: a live owner on the GPU's compute list and not its MPS list,
+    /// while the MPS list names the clients, and the control daemon's child. It holds
+    /// every client's context; never blamed for one client's memory: ending it ends MPS
+    /// for every client.
+    MpsServer {
+        /// The control daemon's PID.
+        daemon: u32,
+    },
+    /// Its command name is MPS's (`nvidia-cuda-mps`); a label only, never a reason.
+    MpsCommandName,
     /// Its mappings could not be read (root, or CAP_SYS_PTRACE, is needed).
     MappingsUnreadable,
     /// It maps the GPU, but which MIG instance its context is in cannot be told: the
@@ -102,6 +128,18 @@ pub struct Suspect {
     pub evidence: Vec<Evidence>,
 }
 
+impl Suspect {
+    /// Whether it is the MPS control daemon or server, set apart from other bystanders.
+    pub fn is_mps_part(&self) -> bool {
+        self.evidence.iter().any(|evidence| {
+            matches!(
+                evidence,
+                Evidence::MpsControlDaemon { .. } | Evidence::MpsServer { .. }
+            )
+        })
+    }
+}
+
 /// The GPU a candidate is judged for, and who owns what.
 pub(super) struct Scene<'a> {
     /// Minor number of the GPU's device node.
@@ -114,10 +152,13 @@ pub(super) struct Scene<'a> {
     pub owners: &'a [Owner],
     /// NVML index of every GPU each PID (ours) is a live owner of.
     pub live_owner_gpus: &'a BTreeMap<u32, Vec<u32>>,
+    /// The MPS control daemon and server of the GPU, by PID of the procfs.
+    pub mps: &'a BTreeMap<u32, MpsPart>,
 }
 
 /// The candidates of one GPU with orphaned memory: every scanned process holding or
-/// mapping its device file, other than its own live owners. Culprits come first.
+/// mapping its device file, other than its own live owners (but for the MPS server, a live
+/// owner listed apart). Culprits come first.
 pub(super) fn suspects(
     holders: &[ProcessFacts],
     scene: &Scene<'_>,
@@ -128,7 +169,7 @@ pub(super) fn suspects(
         .iter()
         .filter(|holder| holder.touches_gpu(scene.minor))
         .filter(|holder| in_instance(holder, scene.within))
-        .filter(|holder| !is_live_owner_here(holder, scene))
+        .filter(|holder| !is_live_owner_here(holder, scene) || scene.mps.contains_key(&holder.pid))
         .map(|holder| judge(holder, scene, settings, frame))
         .collect();
     found.sort_by_key(|suspect| (suspect.role != Role::Culprit, suspect.process.pid));
@@ -165,36 +206,57 @@ fn judge(holder: &ProcessFacts, scene: &Scene<'_>, settings: &Settings, frame: &
         .and_then(|pid| scene.live_owner_gpus.get(&pid))
         .cloned()
         .unwrap_or_default();
-    let role = match &holder.mappings {
-        References::Read(nodes)
-            if nodes.gpus.contains(&scene.minor) && *scene.within == Within::UnknownInstance =>
-        {
-            evidence.push(Evidence::MapsGpu);
-            evidence.push(Evidence::InstanceUnknown);
-            Role::Undetermined
-        }
-        References::Read(nodes) if nodes.gpus.contains(&scene.minor) => {
-            evidence.push(Evidence::MapsGpu);
-            if other_gpus.is_empty() {
-                evidence.push(Evidence::Inherited);
+    let narrow = holder
+        .mappings
+        .nodes()
+        .and_then(|nodes| nodes.gpu_without_read_write(scene.minor));
+    let role = if let Some(part) = scene.mps.get(&holder.pid) {
+        // Never a culprit of a client's orphan, whatever it maps.
+        evidence.push(match *part {
+            MpsPart::ControlDaemon { server } => Evidence::MpsControlDaemon { server },
+            MpsPart::Server { daemon } => Evidence::MpsServer { daemon },
+        });
+        evidence.extend(narrow.map(|access| Evidence::MapsGpuWithoutContext { access }));
+        Role::Bystander
+    } else {
+        match &holder.mappings {
+            References::Read(nodes)
+                if nodes.maps_gpu_read_write(scene.minor)
+                    && *scene.within == Within::UnknownInstance =>
+            {
+                evidence.push(Evidence::MapsGpu);
+                evidence.push(Evidence::InstanceUnknown);
+                Role::Undetermined
             }
-            evidence.extend(kinship(holder, scene, frame));
-            Role::Culprit
-        }
-        References::Read(_) => {
-            evidence.push(if other_gpus.is_empty() {
-                Evidence::NoContext
-            } else {
-                Evidence::OwnerOfOtherGpus { gpus: other_gpus }
-            });
-            Role::Bystander
-        }
-        References::Unreadable | References::NotRead => {
-            evidence.push(Evidence::MappingsUnreadable);
-            evidence.extend(kinship(holder, scene, frame));
-            Role::Undetermined
+            References::Read(nodes) if nodes.maps_gpu_read_write(scene.minor) => {
+                evidence.push(Evidence::MapsGpu);
+                if other_gpus.is_empty() {
+                    evidence.push(Evidence::Inherited);
+                }
+                evidence.extend(kinship(holder, scene, frame));
+                Role::Culprit
+            }
+            References::Read(_) => {
+                match narrow {
+                    Some(access) => evidence.push(Evidence::MapsGpuWithoutContext { access }),
+                    None if other_gpus.is_empty() => evidence.push(Evidence::NoContext),
+                    None => {}
+                }
+                if !other_gpus.is_empty() {
+                    evidence.push(Evidence::OwnerOfOtherGpus { gpus: other_gpus });
+                }
+                Role::Bystander
+            }
+            References::Unreadable | References::NotRead => {
+                evidence.push(Evidence::MappingsUnreadable);
+                evidence.extend(kinship(holder, scene, frame));
+                Role::Undetermined
+            }
         }
     };
+    if holder.comm.starts_with(MPS_COMM) {
+        evidence.push(Evidence::MpsCommandName);
+    }
     if settings.is_known_agent(&holder.comm) {
         evidence.push(Evidence::KnownAgent);
     }

@@ -3,7 +3,9 @@
 
 use super::fixtures::*;
 use super::*;
-use crate::observe::{GpuHealth, ProcessLookup, RecoveryAction, References};
+use crate::observe::{
+    GpuHealth, NvmlLists, ProcessLookup, RecoveryAction, References, SlurmReading,
+};
 
 // Owners: identity and context.
 
@@ -723,6 +725,160 @@ fn kinship_is_not_claimed_across_pid_namespaces() {
     );
 }
 
+// Slurm.
+
+#[test]
+fn a_culprit_in_a_step_that_runs_is_ended_by_cancelling_its_job() {
+    let account = slurm_fork_orphan()
+        .slurm_running(&[(4242, "0"), (4242, "extern")])
+        .account();
+    let job = account.culprits[0].process.slurm_job.clone().unwrap();
+    assert_eq!(
+        (
+            job.job_id,
+            job.step.as_deref(),
+            job.user.as_deref(),
+            job.state
+        ),
+        (4242, Some("0"), Some("alice"), JobState::Running)
+    );
+    let Remedy::CancelJobs { jobs, targets } = &account.remedy else {
+        panic!("{:?}", account.remedy)
+    };
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].job_id, 4242);
+    assert_eq!(jobs[0].user.as_deref(), Some("alice"));
+    assert_eq!(
+        jobs[0].culprits.iter().map(|c| c.pid).collect::<Vec<_>>(),
+        [524]
+    );
+    assert!(targets.is_empty());
+    assert!(!account
+        .notes
+        .iter()
+        .any(|note| matches!(note, Note::CulpritsLeftBySlurm { .. })));
+}
+
+#[test]
+fn a_culprit_whose_job_or_step_ended_is_killed_and_said_to_be_left_behind() {
+    for (running, state) in [
+        (&[][..], JobState::Ended),
+        (&[(4242, "batch")][..], JobState::StepEnded),
+        (&[(17, "0")][..], JobState::Ended),
+    ] {
+        let account = slurm_fork_orphan().slurm_running(running).account();
+        let Remedy::Kill { targets } = &account.remedy else {
+            panic!("{:?}", account.remedy)
+        };
+        assert_eq!(targets.iter().map(|t| t.pid).collect::<Vec<_>>(), [524]);
+        let left = account
+            .notes
+            .iter()
+            .find_map(|note| match note {
+                Note::CulpritsLeftBySlurm { culprits } => Some(culprits.clone()),
+                _ => None,
+            })
+            .expect("a note on the culprit Slurm left behind");
+        assert_eq!(left.len(), 1);
+        assert_eq!((left[0].pid, left[0].job.state), (524, state));
+    }
+}
+
+#[test]
+fn without_a_complete_look_at_slurmstepds_a_job_is_never_cancelled() {
+    // No look at all (a snapshot without one), and one cut short.
+    let account = slurm_fork_orphan().account();
+    assert!(matches!(account.remedy, Remedy::Kill { .. }));
+    assert_eq!(
+        account.culprits[0]
+            .process
+            .slurm_job
+            .as_ref()
+            .unwrap()
+            .state,
+        JobState::Unknown
+    );
+    let mut host = slurm_fork_orphan();
+    host.slurm = Some(SlurmReading {
+        running_steps: Vec::new(),
+        complete: false,
+    });
+    assert!(matches!(host.account().remedy, Remedy::Kill { .. }));
+}
+
+#[test]
+fn culprits_inside_and_outside_running_steps_are_cancelled_and_killed() {
+    let account = slurm_fork_orphan()
+        .holder(cuda(600, &[0]))
+        .holder(in_slurm_job(cuda(700, &[0]), 4243, "batch"))
+        .slurm_running(&[(4242, "0"), (4243, "batch")])
+        .account();
+    let Remedy::CancelJobs { jobs, targets } = &account.remedy else {
+        panic!("{:?}", account.remedy)
+    };
+    assert_eq!(
+        jobs.iter().map(|job| job.job_id).collect::<Vec<_>>(),
+        [4242, 4243]
+    );
+    assert_eq!(targets.iter().map(|t| t.pid).collect::<Vec<_>>(), [600]);
+}
+
+#[test]
+fn a_snapshot_keeps_slurm_steps_and_container_names_and_replays_to_the_same_verdict() {
+    let host = slurm_fork_orphan()
+        .slurm_running(&[(4242, "0")])
+        .holder(contained(cuda(600, &[0]), None))
+        .containers_named();
+    let observation = host.observation();
+    let text = serde_json::to_string(&observation).unwrap();
+    let replayed: crate::observe::Observation = serde_json::from_str(&text).unwrap();
+    assert_eq!(replayed, observation);
+    let report = classify(&replayed, &Settings::default());
+    let account = report.gpus[0].account().unwrap();
+    assert!(matches!(account.remedy, Remedy::CancelJobs { .. }));
+    let named = account
+        .culprits
+        .iter()
+        .find(|culprit| culprit.process.pid == 600)
+        .and_then(|culprit| culprit.process.container.as_ref())
+        .map(|container| container.name.as_str());
+    assert_eq!(named, Some("trainer"));
+    // A snapshot of an older version has neither: no job runs, no container is named.
+    let mut older: serde_json::Value = serde_json::from_str(&text).unwrap();
+    older.as_object_mut().unwrap().remove("slurm");
+    older.as_object_mut().unwrap().remove("containers");
+    let older: crate::observe::Observation = serde_json::from_value(older).unwrap();
+    let report = classify(&older, &Settings::default());
+    assert!(matches!(
+        report.gpus[0].account().unwrap().remedy,
+        Remedy::Kill { .. }
+    ));
+    assert_eq!(report.container_engines, None);
+}
+
+#[test]
+fn a_live_owner_left_behind_by_its_slurm_job_gets_a_note() {
+    let owner = in_slurm_job(cuda(432, &[0]), 4242, "0");
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), present(owner))
+        .slurm_running(&[])
+        .account();
+    assert_eq!(account.owners[0].state(), OwnerState::Running);
+    assert!(account.notes.iter().any(|note| matches!(
+        note,
+        Note::OwnerLeftBySlurm { pid: 432, job, .. } if job.state == JobState::Ended
+    )));
+    // While its step runs, there is nothing to say.
+    let owner = in_slurm_job(cuda(432, &[0]), 4242, "0");
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), present(owner))
+        .slurm_running(&[(4242, "0")])
+        .account();
+    assert!(account.notes.is_empty(), "{:?}", account.notes);
+}
+
 // Containers.
 
 #[test]
@@ -823,6 +979,7 @@ fn a_pid_listed_twice_counts_once_with_the_larger_figure() {
         pid: 503,
         used_bytes: None,
         mps_only: false,
+        lists: NvmlLists::COMPUTE,
     });
     let account = host.account();
     assert_eq!(account.owners.len(), 1);
@@ -869,10 +1026,79 @@ fn check_reports_orphaned_before_cannot_tell_before_clear() {
 }
 
 #[test]
+fn a_gpu_that_does_not_answer_is_cannot_tell_and_says_so_above_an_orphan() {
+    let report = fork_orphan().gpu(1).not_answering(1, 25.0).report();
+    let hung = &report.gpus[1];
+    assert_eq!(
+        hung.outcome,
+        GpuOutcome::NotAnswering {
+            call: "nvmlDeviceGetMemoryInfo_v2".into(),
+            stuck_seconds: 25.0
+        }
+    );
+    // Neither orphaned nor fine: nothing is known of its memory.
+    assert_eq!(hung.account(), None);
+    assert_eq!(hung.orphaned_bytes(), 0);
+    assert!(!hung.has_orphan());
+    assert_eq!(hung.outcome.error_kind(), Some(GpuError::Timeout));
+    assert_eq!(hung.status(), CheckStatus::NotAnswering);
+    // The orphan beside it is judged as usual, and still named...
+    assert_eq!(report.gpus[0].status(), CheckStatus::Orphaned);
+    assert!(report.gpus[0].has_orphan());
+    assert_eq!(report.orphaned_bytes(), CHARGED_ONE_OWNER);
+    // ...but the look is incomplete, and `check` says so above it.
+    let all: Vec<&GpuVerdict> = report.gpus.iter().collect();
+    assert_eq!(report.check_status(&all), CheckStatus::NotAnswering);
+    assert_eq!(report.check_status(&all[..1]), CheckStatus::Orphaned);
+    assert_eq!(report.written(), Written::NotAnswered);
+    assert_eq!(fork_orphan().report().written(), Written::Complete);
+}
+
+#[test]
+fn nvml_that_does_not_answer_is_cannot_tell_and_missing_nvml_an_error() {
+    let mut observation = Host::idle().observation();
+    observation.nvml = nvml_not_answering(12.0);
+    let report = classify(&observation, &Settings::default());
+    assert!(report.gpus.is_empty());
+    assert_eq!(report.check_status(&[]), CheckStatus::NotAnswering);
+    assert_eq!(report.nvml.failure(), Some(NvmlFailure::NotAnswering));
+    assert_eq!(report.nvml.stuck().unwrap().call, "nvmlInit_v2");
+    assert_eq!(report.written(), Written::NotAnswered);
+    observation.nvml = nvml_down("cannot load NVML");
+    let report = classify(&observation, &Settings::default());
+    assert_eq!(report.written(), Written::NvmlDown);
+}
+
+#[test]
+fn a_scan_cut_short_by_a_blocked_read_is_the_reason_nothing_is_suggested() {
+    let mut observation = fork_orphan().observation();
+    if let Some(scan) = &mut observation.holder_scan {
+        scan.cut_short = true;
+        scan.holders.clear();
+    }
+    observation.procfs_stuck = Some(StuckRead {
+        call: "scanning /proc for holders".into(),
+        stuck_seconds: 7.6,
+    });
+    let report = classify(&observation, &Settings::default());
+    assert_eq!(report.holder_scan.unwrap().blocked_seconds, Some(7));
+    let account = report.gpus[0].account().unwrap();
+    assert_eq!(
+        account.remedy,
+        Remedy::CannotTell {
+            reason: Blindness::ScanBlocked { seconds: 7 }
+        }
+    );
+    assert_eq!(report.written(), Written::NotAnswered);
+}
+
+#[test]
 fn nvml_down_is_its_own_status_with_no_gpus() {
     let mut observation = Host::idle().observation();
     observation.nvml = NvmlReading::Down {
         error: "libnvidia-ml.so.1: cannot open shared object file".into(),
+        reason: NvmlFailure::Missing,
+        stuck: None,
     };
     let report = classify(&observation, &Settings::default());
     assert!(report.gpus.is_empty());
@@ -999,4 +1225,224 @@ fn without_capability_minors_a_mig_holder_is_undetermined() {
         .evidence
         .contains(&Evidence::InstanceUnknown));
     assert!(matches!(orphaned.remedy, Remedy::CannotTell { .. }));
+}
+
+// MPS: the control daemon and server are never culprits of a client's orphan.
+
+#[test]
+fn a_process_mapping_the_gpu_only_write_only_holds_no_context_and_is_no_culprit() {
+    // The footprint the MPS control daemon showed on the H200, without MPS around it: the
+    // driver initialised, no context. The mapping rule alone clears it.
+    let writer = ProcessFacts {
+        comm: "gpu-probe".into(),
+        ..mps_daemon(447)
+    };
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(writer)
+        .account();
+    assert!(account.culprits.is_empty());
+    assert_eq!(pids(&account.bystanders), vec![447]);
+    assert_eq!(
+        account.bystanders[0].evidence,
+        vec![Evidence::MapsGpuWithoutContext {
+            access: NarrowAccess::WriteOnly
+        }]
+    );
+    assert_eq!(
+        account.remedy,
+        Remedy::ResetGpu {
+            blockers: vec![447]
+        }
+    );
+    // Beside a real heir, only the heir is killed.
+    let account = fork_orphan()
+        .holder(ProcessFacts {
+            comm: "gpu-probe".into(),
+            ..mps_daemon(447)
+        })
+        .account();
+    assert_eq!(pids(&account.culprits), vec![524]);
+    assert_eq!(pids(&account.bystanders), vec![447]);
+}
+
+#[test]
+fn an_owners_pid_held_by_a_write_only_mapper_is_reused_not_live() {
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(447, Some(CHARGED_ONE_OWNER), present(mps_daemon(447)))
+        .account();
+    assert_eq!(
+        account.owners[0].gone().map(WhyGone::reason),
+        Some(GoneReason::Reused)
+    );
+}
+
+#[test]
+fn under_mps_the_forked_child_alone_is_the_culprit_and_the_daemon_and_server_stand_apart() {
+    let account = mps_fork_orphan().account();
+    assert_eq!(account.finding, Finding::Orphaned);
+    // Only the dead client's 4,934,598,656 bytes are orphaned; the live client and the
+    // server own theirs.
+    assert_eq!(account.orphaned_bytes(), 4_934_598_656);
+    assert_eq!(pids(&account.culprits), vec![500]);
+    assert_eq!(
+        account.culprits[0].evidence,
+        vec![
+            Evidence::MapsGpu,
+            Evidence::Inherited,
+            Evidence::ProcessGroupOf { pid: 479 },
+            Evidence::SessionOf { pid: 479 },
+        ]
+    );
+    assert_eq!(pids(&account.bystanders), vec![447, 466]);
+    assert_eq!(
+        account.bystanders[0].evidence,
+        vec![
+            Evidence::MpsControlDaemon { server: 466 },
+            Evidence::MapsGpuWithoutContext {
+                access: NarrowAccess::WriteOnly
+            },
+            Evidence::MpsCommandName,
+        ]
+    );
+    assert_eq!(
+        account.bystanders[1].evidence,
+        vec![
+            Evidence::MpsServer { daemon: 447 },
+            Evidence::MpsCommandName
+        ]
+    );
+    let Remedy::Kill { targets } = &account.remedy else {
+        panic!("{:?}", account.remedy)
+    };
+    assert_eq!(targets.iter().map(|t| t.pid).collect::<Vec<_>>(), vec![500]);
+    assert!(account.notes.contains(&Note::MpsNotBlamed {
+        pids: vec![447, 466]
+    }));
+    assert!(!account
+        .notes
+        .iter()
+        .any(|note| matches!(note, Note::BystandersNotBlamed { .. })));
+    // The live client and the server are live owners.
+    let live: Vec<u32> = account.live_owners().map(|owner| owner.pid).collect();
+    assert_eq!(live, vec![449, 466]);
+}
+
+#[test]
+fn the_mps_parts_are_never_culprits_whatever_they_map() {
+    // A daemon that mapped the GPU read-write (another driver, say) is still the daemon:
+    // the structural guard stands beside the mapping rule.
+    let mut host = mps_fork_orphan();
+    let holders = host.holders.as_mut().unwrap();
+    let daemon = holders.iter_mut().find(|holder| holder.pid == 447).unwrap();
+    daemon.mappings = nodes(&[0]);
+    let account = host.account();
+    assert_eq!(pids(&account.culprits), vec![500]);
+    assert_eq!(pids(&account.bystanders), vec![447, 466]);
+    assert_eq!(
+        account.bystanders[0].evidence,
+        vec![
+            Evidence::MpsControlDaemon { server: 466 },
+            Evidence::MpsCommandName
+        ]
+    );
+}
+
+#[test]
+fn the_mps_server_alone_holding_a_dead_clients_memory_means_restarting_mps() {
+    let account = mps_dead_client_without_heir().account();
+    assert!(account.culprits.is_empty());
+    assert_eq!(pids(&account.bystanders), vec![447, 466]);
+    assert_eq!(
+        account.remedy,
+        Remedy::RestartMps {
+            servers: vec![466],
+            daemons: vec![447],
+            clients: vec![449],
+        }
+    );
+}
+
+#[test]
+fn an_exporter_that_never_saw_the_owners_alive_reaches_the_same_verdict() {
+    // `check` is a fresh process: it has seen no process before this one look.
+    for host in [mps_fork_orphan(), mps_dead_client_without_heir()] {
+        let seen = host.account();
+        let fresh = host.seen_for_the_first_time().account();
+        assert_eq!(fresh.culprits, seen.culprits);
+        assert_eq!(fresh.bystanders, seen.bystanders);
+        assert_eq!(fresh.remedy, seen.remedy);
+        assert_eq!(fresh.notes, seen.notes);
+    }
+}
+
+#[test]
+fn a_live_mps_client_owns_its_memory_and_nothing_is_blamed() {
+    let account = mps_live_client().account();
+    assert_eq!(account.finding, Finding::Owned);
+    assert_eq!(account.tally.processes(OwnerState::Running), 2);
+    assert!(account.culprits.is_empty() && account.bystanders.is_empty());
+    assert_eq!(account.remedy, Remedy::None);
+}
+
+#[test]
+fn the_mps_server_is_told_by_its_listing_and_its_parent_not_by_its_name() {
+    // The lists were not recorded (a snapshot of an older version): no server can be
+    // told, so the live owner stays out of the candidates and the stop is suggested.
+    let mut host = mps_dead_client_without_heir();
+    for process in host.readings(0).1.iter_mut() {
+        process.lists = NvmlLists::default();
+    }
+    let account = host.account();
+    assert_eq!(pids(&account.bystanders), vec![447]);
+    assert_eq!(
+        account.bystanders[0].evidence,
+        vec![
+            Evidence::MapsGpuWithoutContext {
+                access: NarrowAccess::WriteOnly
+            },
+            Evidence::MpsCommandName
+        ]
+    );
+    assert_eq!(
+        account.remedy,
+        Remedy::StopOwners {
+            pids: vec![449, 466]
+        }
+    );
+
+    // Listed as a server, but its parent leads no session of its own: no daemon, so not
+    // the MPS server, whatever its name. That parent maps the GPU read-write and NVML
+    // lists it nowhere: an inherited context, the culprit.
+    let mut host = mps_dead_client_without_heir();
+    let holders = host.holders.as_mut().unwrap();
+    holders.retain(|holder| holder.pid != 447);
+    holders.push(cuda(447, &[0]).child_of(1));
+    let account = host.account();
+    assert!(account.bystanders.iter().all(|b| !b.is_mps_part()));
+    assert_eq!(pids(&account.culprits), vec![447]);
+
+    // With no client on the MPS list, there is no MPS to speak of.
+    let mut host = mps_dead_client_without_heir();
+    for process in host.readings(0).1.iter_mut() {
+        process.lists = NvmlLists::COMPUTE;
+    }
+    assert!(host.account().bystanders.iter().all(|b| !b.is_mps_part()));
+}
+
+#[test]
+fn a_snapshot_without_the_access_of_mappings_keeps_its_old_verdict() {
+    // Written before how a node is mapped was recorded: every mapped GPU node was a
+    // context, and the verdict replays as it was given.
+    let mut host = mps_fork_orphan();
+    for process in host.readings(0).1.iter_mut() {
+        process.lists = NvmlLists::default();
+    }
+    let holders = host.holders.as_mut().unwrap();
+    let daemon = holders.iter_mut().find(|holder| holder.pid == 447).unwrap();
+    daemon.mappings = nodes(&[0]);
+    let account = host.account();
+    assert_eq!(pids(&account.culprits), vec![447, 500]);
 }

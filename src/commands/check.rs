@@ -1,31 +1,39 @@
 //! `vram-exporter check`: one look at the host for a person, or a wait until orphaned
-//! memory is gone ("did that kill actually work?").
+//! memory is gone ("did that kill actually work?"). Every look ends within `--timeout`,
+//! saying on stderr what it waits for while NVML or `/proc` is slow, so a person can tell
+//! a hung GPU from a hung tool.
 
-use crate::classify::{CheckStatus, GpuVerdict, NvmlStatus, Report};
+use crate::classify::{GpuVerdict, NvmlFailure, NvmlStatus, Report};
 use crate::cli::CheckConfig;
 use crate::exit_codes;
 use crate::exporter::{Exporter, HolderScanPolicy};
+use crate::observe::{ReaderThread, Waiting as Reading};
 use crate::render::json::check_document;
 use crate::render::text::{check_text, verdict};
 use crate::units::format_bytes;
-use anyhow::bail;
+use anyhow::{anyhow, bail};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const SPINNER: [char; 4] = ['|', '/', '-', '\\'];
 /// Without a terminal, repeat an unchanged progress line only this often.
 const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// A call slower than this is worth a progress line: a healthy look takes milliseconds,
+/// and a person starts to wonder after a second or two.
+const SLOW_CALL: Duration = Duration::from_secs(2);
+/// How often a look that waits looks at what it waits for.
+const LOOK_PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 /// Run `check`; the exit status is the verdict's (see [`exit_codes`]), or an error (2).
 pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode> {
-    let report = exporter
-        .try_observe_and_classify(HolderScanPolicy::Always)?
-        .report;
+    let report = look(exporter, HolderScanPolicy::Always, config.timeout)?;
     let Some(wait) = config.wait else {
         return finish(&report, config);
     };
-    if report.check_status(&select(&report, config)?) != CheckStatus::Orphaned {
+    // Waits while orphaned memory is found, also beside a GPU that does not answer.
+    if !select(&report, config)?.iter().any(|gpu| gpu.has_orphan()) {
         return finish(&report, config);
     }
     if !config.json {
@@ -35,13 +43,14 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
     let started = Instant::now();
     let mut progress = Progress::new();
     loop {
-        let polled = exporter
-            .try_observe_and_classify(HolderScanPolicy::WhenOrphaned)?
-            .report;
+        let polled = look(exporter, HolderScanPolicy::WhenOrphaned, config.timeout)?;
         let still = selected_orphaned_bytes(&polled, config)?;
+        // Memory on a GPU that does not answer (or with NVML down) is not freed: it is
+        // not seen.
+        let freed = still == 0 && !unseen(&polled, config)?;
         let waited = started.elapsed();
-        if still == 0 || waited >= wait {
-            progress.done(&if still == 0 {
+        if freed || waited >= wait {
+            progress.done(&if freed {
                 format!("orphaned memory freed after {:.1}s", waited.as_secs_f64())
             } else {
                 format!(
@@ -50,12 +59,10 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
                     waited.as_secs_f64()
                 )
             });
-            let last = exporter
-                .try_observe_and_classify(HolderScanPolicy::Always)?
-                .report;
+            let last = look(exporter, HolderScanPolicy::Always, config.timeout)?;
             return finish_after_wait(&last, config);
         }
-        progress.show(Waiting {
+        progress.show_waiting(Waiting {
             still_orphaned: still,
             waited,
             wait,
@@ -86,6 +93,92 @@ fn select<'a>(report: &'a Report, config: &CheckConfig) -> anyhow::Result<Vec<&'
         .collect())
 }
 
+/// One look, done within `timeout`; while a reader is slow, what it waits for goes to
+/// stderr.
+fn look(
+    exporter: &Exporter,
+    policy: HolderScanPolicy,
+    timeout: Duration,
+) -> anyhow::Result<Report> {
+    let until = Instant::now() + timeout;
+    std::thread::scope(|scope| {
+        let (sender, answer) = mpsc::channel();
+        scope.spawn(move || {
+            let _ = sender.send(exporter.try_observe_and_classify(policy, until));
+        });
+        let mut progress = Progress::new();
+        let mut shown = false;
+        loop {
+            match answer.recv_timeout(LOOK_PROGRESS_EVERY) {
+                Ok(collected) => {
+                    if shown {
+                        progress.clear();
+                    }
+                    return Ok(collected?.report);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let slow: Vec<Reading> = exporter
+                        .waiting()
+                        .into_iter()
+                        .filter(|reading| reading.since.elapsed() >= SLOW_CALL)
+                        .collect();
+                    if !slow.is_empty() {
+                        let key = slow.iter().map(|reading| reading_words(reading, false));
+                        let key: Vec<String> = key.collect();
+                        progress.show(&key.join("; "), &look_line(&slow, timeout));
+                        shown = true;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(anyhow!("the look at the host failed; see the log"))
+                }
+            }
+        }
+    })
+}
+
+/// `waiting for GPU 1 (in nvmlDeviceGetMemoryInfo_v2 for 3.0s); this look ends by 30s
+/// (--timeout), reporting what has not answered`.
+fn look_line(slow: &[Reading], timeout: Duration) -> String {
+    let readings: Vec<String> = slow
+        .iter()
+        .map(|reading| reading_words(reading, true))
+        .collect();
+    format!(
+        "waiting for {}; this look ends by {:.0}s (--timeout), reporting what has not answered",
+        readings.join(", "),
+        timeout.as_secs_f64()
+    )
+}
+
+/// `GPU 1 (in nvmlDeviceGetMemoryInfo_v2 for 3.0s)`, without the time for a key that
+/// stays the same while it waits.
+fn reading_words(reading: &Reading, with_time: bool) -> String {
+    let what = match reading.reader {
+        ReaderThread::NvmlLibrary => "NVML".to_string(),
+        ReaderThread::Gpu(index) => format!("GPU {index}"),
+        ReaderThread::Procfs => "/proc".to_string(),
+    };
+    if with_time {
+        format!(
+            "{what} (in {} for {:.1}s)",
+            reading.call,
+            reading.since.elapsed().as_secs_f64()
+        )
+    } else {
+        format!("{what} (in {})", reading.call)
+    }
+}
+
+/// Whether some GPU asked about could not be seen this time: NVML down, or the GPU not
+/// answering.
+fn unseen(report: &Report, config: &CheckConfig) -> anyhow::Result<bool> {
+    Ok(!report.nvml.is_up()
+        || select(report, config)?
+            .iter()
+            .any(|gpu| gpu.outcome.stuck().is_some()))
+}
+
 fn selected_orphaned_bytes(report: &Report, config: &CheckConfig) -> anyhow::Result<u64> {
     Ok(select(report, config)?
         .iter()
@@ -102,8 +195,12 @@ fn finish(report: &Report, config: &CheckConfig) -> anyhow::Result<ExitCode> {
         let mut json = serde_json::to_string_pretty(&check_document(report, &gpus))?;
         json.push('\n');
         std::io::stdout().write_all(json.as_bytes())?;
-    } else if let NvmlStatus::Down { error } = &report.nvml {
-        bail!("NVML is not available: {error}");
+    } else if let NvmlStatus::Down { error, reason, .. } = &report.nvml {
+        if *reason != NvmlFailure::NotAnswering {
+            bail!("NVML is not available: {error}");
+        }
+        print!("{}", check_text(report, &gpus));
+        println!("\nexit status {code}: {}", exit_codes::meaning(code));
     } else {
         print!("{}", check_text(report, &gpus));
         println!("\nexit status {code}: {}", exit_codes::meaning(code));
@@ -169,24 +266,37 @@ impl Progress {
         }
     }
 
-    fn show(&mut self, waiting: Waiting) {
+    fn show_waiting(&mut self, waiting: Waiting) {
+        self.show(&format_bytes(waiting.still_orphaned), &waiting.line());
+    }
+
+    /// Show `line`: on a terminal as a spinner line, else as a plain line when `figure`
+    /// (what the line is about) changes, and every few seconds otherwise.
+    fn show(&mut self, figure: &str, line: &str) {
         let mut stderr = std::io::stderr().lock();
         if self.terminal {
             let spinner = SPINNER[self.ticks % SPINNER.len()];
             self.ticks += 1;
-            let _ = write!(stderr, "\r\x1b[2K{spinner} {}", waiting.line());
+            let _ = write!(stderr, "\r\x1b[2K{spinner} {line}");
             let _ = stderr.flush();
             return;
         }
-        // Plain lines: print when the figure shown changes, else every few seconds.
-        let figure = format_bytes(waiting.still_orphaned);
         let due = match &self.last_plain {
             None => true,
-            Some((last, at)) => *last != figure || at.elapsed() >= PLAIN_PROGRESS_EVERY,
+            Some((last, at)) => last != figure || at.elapsed() >= PLAIN_PROGRESS_EVERY,
         };
         if due {
-            let _ = writeln!(stderr, "{}", waiting.line());
-            self.last_plain = Some((figure, Instant::now()));
+            let _ = writeln!(stderr, "{line}");
+            self.last_plain = Some((figure.to_string(), Instant::now()));
+        }
+    }
+
+    /// Take a spinner line away; plain lines stay.
+    fn clear(&mut self) {
+        if self.terminal {
+            let mut stderr = std::io::stderr().lock();
+            let _ = write!(stderr, "\r\x1b[2K");
+            let _ = stderr.flush();
         }
     }
 

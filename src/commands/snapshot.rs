@@ -1,17 +1,24 @@
 //! `vram-exporter snapshot`: the raw observation as JSON, for a bug report.
 
+use super::written_status;
 use crate::exporter::{Exporter, HolderScanPolicy};
 use crate::observe::Snapshot;
 use anyhow::Context;
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Observe (with the holder scan) and write the snapshot to `output` or standard output.
-pub fn run(exporter: &Exporter, output: Option<&Path>) -> anyhow::Result<ExitCode> {
-    let observation = exporter
-        .try_observe_and_classify(HolderScanPolicy::Always)?
-        .observation;
+/// Observe (with the holder scan) within `timeout` and write the snapshot to `output` or
+/// standard output; it is written whatever NVML does (what it did is part of the bug
+/// report), and the exit status says what it carries.
+pub fn run(
+    exporter: &Exporter,
+    output: Option<&Path>,
+    timeout: Duration,
+) -> anyhow::Result<ExitCode> {
+    let collected =
+        exporter.try_observe_and_classify(HolderScanPolicy::Always, Instant::now() + timeout)?;
+    let observation = collected.observation;
     let snapshot = Snapshot {
         format: Snapshot::FORMAT,
         exporter_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -33,5 +40,5 @@ pub fn run(exporter: &Exporter, output: Option<&Path>) -> anyhow::Result<ExitCod
                 .context("cannot write snapshot to standard output")?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(written_status(&collected.report, "the snapshot says so"))
 }

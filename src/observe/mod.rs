@@ -3,13 +3,22 @@
 //!
 //! - [`nvml`]: the GPUs, their memory and the processes NVML charges for it, MIG, and
 //!   what the driver says each GPU needs;
-//! - [`procfs`]: the processes NVML names and those that hold NVIDIA device files;
-//! - [`kubernetes`]: the kubelet's pod-resources API and pod log directories.
+//! - [`procfs`]: the processes NVML names and those that hold NVIDIA device files, with
+//!   the container, pod and Slurm job step each runs in, and which Slurm steps still run;
+//! - [`kubernetes`]: the kubelet's pod-resources API and pod log directories;
+//! - [`containers`]: the container engines' names for the containers processes run in.
 //!
 //! `snapshot` holds what one look saw ([`Observation`]) and the file that carries it
 //! elsewhere ([`Snapshot`]). This module is the one place that combines the sources
 //! ([`LiveHost`]), or replays a snapshot instead ([`Source`]).
+//!
+//! Every call that may block (NVML's, and `/proc` reads: a process in uninterruptible
+//! sleep holding its memory map lock blocks reads of its maps) runs on a reader thread
+//! of its own (`worker`), which a look waits for only until its [`Deadlines`]: a source
+//! that does not answer by then is reported as such, with what it is stuck in, and the
+//! others are served as on a healthy host.
 
+pub mod containers;
 mod error_line;
 pub mod kubernetes;
 mod lifespan;
@@ -17,28 +26,94 @@ pub mod nvml;
 mod pod_uid;
 pub mod procfs;
 mod snapshot;
+mod worker;
 
 pub use kubernetes::KubernetesReading;
 pub use lifespan::Lifespan;
 pub use nvml::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigCapabilities, MigDeviceReading,
-    MigReading, NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
-    XidReading,
+    MigReading, NvmlFailure, NvmlLists, NvmlProcess, NvmlReading, ProcessList, RecoveryAction,
+    RemappedRows, RetiredPages, StuckCall, XidReading,
 };
 pub use procfs::{
-    CgroupAttribution, HolderScan, Identity, NamespaceInit, NodeSet, PidNamespace, ProcessFacts,
-    ProcessLookup, ProcfsView, References,
+    CgroupAttribution, HolderScan, Identity, NamespaceInit, NarrowAccess, NodeSet, PidNamespace,
+    ProcessFacts, ProcessLookup, ProcfsView, References, RunningStep, Runtime, SlurmReading,
+    SlurmStep,
 };
-pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot};
+pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot, StuckRead};
 
+use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
-use self::nvml::NvmlSource;
-use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
+use self::nvml::{NvmlSource, NvmlThread};
+use self::procfs::{Memory, OwnersRead, Placement, ProcRoot, Slurmstepds};
+use self::worker::{InCall, NoAnswer, Worker};
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// When each part of one look must be done, for a caller that waits from `started`
+/// until `until` (a scrape's wait, `check --timeout`).
+///
+/// NVML gets the first half: every GPU is read side by side, so one that hangs costs the
+/// look this much and no more, and a later look does not wait for it at all. The `/proc`
+/// reads of NVML's owners get the next fifth; the holder scan stops at 85 % (or at its
+/// own budget, when that is sooner) and is waited for until 90 %; the last tenth is left
+/// to judge and encode. Healthy NVML and `/proc` answer in milliseconds, so these shares
+/// matter only when something hangs, and then every part still has its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// When the look stops waiting for NVML.
+    pub nvml: Instant,
+    /// When it stops waiting for the `/proc` reads of NVML's owners.
+    pub owners: Instant,
+    /// When the holder scan stops on its own.
+    pub scan_stops: Instant,
+    /// When the look stops waiting for the holder scan (a blocked read outlasts its stop).
+    pub scan_waited: Instant,
+}
+
+impl Deadlines {
+    /// The deadlines of a look that starts at `started` and must be done by `until`.
+    pub fn between(started: Instant, until: Instant) -> Deadlines {
+        let span = until.saturating_duration_since(started);
+        let at = |share: f64| started + span.mul_f64(share);
+        Deadlines {
+            nvml: at(0.5),
+            owners: at(0.7),
+            scan_stops: at(0.85),
+            scan_waited: at(0.9),
+        }
+    }
+}
+
+/// A reader thread that is in a call now: which, the call, and since when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    /// What it reads.
+    pub reader: ReaderThread,
+    /// The call it is in (an NVML function, or a `/proc` look).
+    pub call: &'static str,
+    /// When the call started.
+    pub since: Instant,
+}
+
+/// A reader thread of the live host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReaderThread {
+    /// NVML's library-level calls (init, device count).
+    NvmlLibrary,
+    /// One GPU, by NVML index.
+    Gpu(u32),
+    /// `/proc`: NVML's owners and the holder scan.
+    Procfs,
+}
+
+/// What the `/proc` reader thread is told it is doing, before its first read.
+const READING_OWNERS: &str = "reading NVML's owners in /proc";
+const SCANNING: &str = "scanning /proc for holders";
+const LOOKING_FOR_SLURMSTEPDS: &str = "looking for the slurmstepds of jobs in /proc";
 
 /// Where observations come from.
 #[derive(Debug)]
@@ -54,6 +129,13 @@ pub enum Source {
 pub struct LiveHost {
     nvml: NvmlSource,
     proc_root: ProcRoot,
+    /// The one thread that reads `/proc`, keeping what earlier looks found of each
+    /// process (served while its start time is the same).
+    procfs: Worker<Memory>,
+    /// Whether the `/proc` reader was stuck at the last look, so it is logged once.
+    procfs_stuck: Mutex<bool>,
+    /// A server logs what does not answer; a one-shot command says it in its output.
+    lifespan: Lifespan,
     scan_budget: Duration,
     /// The exporter's place in the procfs, found once.
     placement: Placement,
@@ -63,10 +145,12 @@ pub struct LiveHost {
     /// The process first seen under each PID that NVML lists: a PID names a process only
     /// with its start time, so a later process under the same number is someone else.
     first_seen: Mutex<HashMap<u32, Identity>>,
-    /// What earlier looks found of each process, served while its start time is the same.
-    memory: Mutex<Memory>,
     /// The kubelet's sources, when they are watched.
     kubernetes: Option<KubernetesWatch>,
+    /// The container engines, when they are watched.
+    containers: Option<ContainerWatch>,
+    /// The slurmstepds found by earlier looks.
+    slurmstepds: Arc<Mutex<Slurmstepds>>,
     /// The driver's table of MIG capability minors.
     mig_minors: PathBuf,
 }
@@ -86,10 +170,14 @@ impl LiveHost {
             boot_time_unix_seconds: proc_root.boot_time(),
             mig_minors: proc_root.root.join(nvml::MIG_MINORS),
             proc_root,
+            procfs: Worker::start("procfs-reader", Memory::new()),
+            procfs_stuck: Mutex::new(false),
+            lifespan,
             scan_budget,
             first_seen: Mutex::new(HashMap::new()),
-            memory: Mutex::new(Memory::new()),
             kubernetes: None,
+            containers: None,
+            slurmstepds: Arc::new(Mutex::new(Slurmstepds::default())),
         }
     }
 
@@ -97,6 +185,12 @@ impl LiveHost {
     /// and, for a server, on a thread of their own every refresh interval.
     pub fn with_kubernetes(mut self, config: KubernetesConfig, lifespan: Lifespan) -> Self {
         self.kubernetes = Some(KubernetesWatch::start(config, lifespan));
+        self
+    }
+
+    /// Also names containers through their engines' sockets, on a thread of their own.
+    pub fn with_containers(mut self, config: ContainersConfig, lifespan: Lifespan) -> Self {
+        self.containers = Some(ContainerWatch::start(config, lifespan));
         self
     }
 
@@ -109,20 +203,87 @@ impl LiveHost {
         self
     }
 
-    fn observe(&self) -> Observation {
+    /// Reads one GPU after another instead of side by side (a hidden flag, for the
+    /// benchmark that measures what reading them side by side saves).
+    pub fn with_one_gpu_at_a_time(mut self, serial: bool) -> Self {
+        if serial {
+            self.nvml = self.nvml.one_gpu_at_a_time();
+        }
+        self
+    }
+
+    /// Loads NVML now, on its thread, without waiting: a server logs a missing NVML at
+    /// start rather than at the first scrape.
+    pub fn start_loading_nvml(&self) {
+        self.nvml.start_loading();
+    }
+
+    /// Every reader thread that is in a call now.
+    pub fn waiting(&self) -> Vec<Waiting> {
+        let nvml = self.nvml.in_calls().into_iter().map(|(thread, in_call)| {
+            let reader = match thread {
+                NvmlThread::Library => ReaderThread::NvmlLibrary,
+                NvmlThread::Gpu(index) => ReaderThread::Gpu(index),
+            };
+            (reader, in_call)
+        });
+        let procfs = self
+            .procfs
+            .in_call()
+            .map(|in_call| (ReaderThread::Procfs, in_call));
+        nvml.chain(procfs)
+            .map(|(reader, in_call)| Waiting {
+                reader,
+                call: in_call.call,
+                since: in_call.since,
+            })
+            .collect()
+    }
+
+    fn observe(&self, deadlines: &Deadlines) -> Observation {
         let started = Instant::now();
-        let mut nvml = self.nvml.read();
+        let mut nvml = self.nvml.read(deadlines.nvml);
         let nvml_read = started.elapsed();
-        nvml::attach_capabilities(&mut nvml, &self.mig_minors);
-        let looked = procfs::look_at_owners(
-            &self.proc_root,
-            self.placement,
-            &mut lock(&self.memory),
-            &nvml.listed_pids(),
-            Instant::now() + self.scan_budget,
-        );
-        let mut owners: BTreeMap<u32, OwnerLookup> = looked
-            .lookups
+        let listed = nvml.listed_pids();
+        // The owners' look stops its pass over /proc (which containers have ended) at
+        // the scan's budget, as it always has, or sooner when the look must be done.
+        let until = scan_deadline(Instant::now(), self.scan_budget, Some(deadlines.owners));
+        let (root, placement) = (self.proc_root.clone(), self.placement);
+        // The driver's table of MIG capability minors is read on the /proc reader too; a
+        // reader that does not answer leaves the capabilities unknown.
+        let (mut with_capabilities, mig_minors) = (nvml.clone(), self.mig_minors.clone());
+        let job = move |memory: &mut Memory| {
+            nvml::attach_capabilities(&mut with_capabilities, &mig_minors);
+            let owners = procfs::look_at_owners(&root, placement, memory, &listed, until);
+            (with_capabilities, owners)
+        };
+        let looked = self.procfs.run(READING_OWNERS, deadlines.owners, job);
+        let mut procfs_stuck = None;
+        let (lookups, mut procfs_errors, procfs_view) = match looked {
+            Ok((with_capabilities, looked)) => {
+                nvml = with_capabilities;
+                (looked.lookups, looked.errors, looked.view)
+            }
+            Err(no_answer) => {
+                let (error, stuck) = self.procfs_failure(no_answer);
+                procfs_stuck = stuck;
+                // Not read is not gone: each owner is "unknown", and no memory beside it
+                // is called orphaned.
+                let lookups = nvml
+                    .listed_pids()
+                    .into_keys()
+                    .map(|pid| {
+                        let error = error.clone();
+                        (pid, ProcessLookup::Unreadable { error })
+                    })
+                    .collect();
+                (lookups, 0, self.placement.view())
+            }
+        };
+        if procfs_stuck.is_none() {
+            self.procfs_answers();
+        }
+        let mut owners: BTreeMap<u32, OwnerLookup> = lookups
             .into_iter()
             .map(|(pid, now)| {
                 (
@@ -135,7 +296,6 @@ impl LiveHost {
             })
             .collect();
         self.remember_identities(&nvml, &mut owners);
-        let mut procfs_errors = looked.errors;
         let pid_namespace = self.proc_root.own_pid_namespace();
         if pid_namespace == PidNamespace::Unreadable {
             procfs_errors += 1;
@@ -143,7 +303,12 @@ impl LiveHost {
         let kubernetes = self
             .kubernetes
             .as_ref()
-            .map(|watch| self.kubernetes_reading(watch, &owners));
+            .map(|watch| self.kubernetes_reading(watch, &owners, deadlines.owners));
+        let slurm = self.slurm_reading(cgroups_of(&owners), deadlines.owners);
+        let containers = self
+            .containers
+            .as_ref()
+            .map(|watch| watch.reading(wanted_containers(cgroups_of(&owners))));
         // Where a slow scrape's time went, for whoever profiles one.
         tracing::debug!(
             nvml_seconds = nvml_read.as_secs_f64(),
@@ -154,27 +319,119 @@ impl LiveHost {
         Observation {
             nvml,
             host_pid_namespace: pid_namespace.is_host(),
-            procfs_view: looked.view,
+            procfs_view,
             boot_time_unix_seconds: self.boot_time_unix_seconds,
             clock_ticks_per_second: clock_ticks_per_second(),
             owners,
             holder_scan: None,
             procfs_errors,
+            procfs_stuck,
             kubernetes,
+            slurm,
+            containers,
         }
     }
 
-    /// The holder scan, served from and adding to what earlier looks found.
-    fn scan(&self, until: Option<Instant>, owners_read: OwnersRead) -> HolderScan {
-        let mut memory = lock(&self.memory);
-        let deadline = scan_deadline(Instant::now(), self.scan_budget, until);
-        procfs::look_for_holders(
-            &self.proc_root,
-            self.placement,
-            &mut memory,
-            owners_read,
-            deadline,
-        )
+    /// The holder scan, served from and adding to what earlier looks found, stopping at
+    /// its budget or `deadlines.scan_stops`; with what the `/proc` reader is stuck in when
+    /// it did not finish by `deadlines.scan_waited`.
+    fn scan(
+        &self,
+        deadlines: &Deadlines,
+        owners_read: OwnersRead,
+    ) -> (HolderScan, Option<StuckRead>) {
+        let started = Instant::now();
+        let stops = scan_deadline(started, self.scan_budget, Some(deadlines.scan_stops));
+        let (root, placement) = (self.proc_root.clone(), self.placement);
+        let job = move |memory: &mut Memory| {
+            procfs::look_for_holders(&root, placement, memory, owners_read, stops)
+        };
+        match self.procfs.run(SCANNING, deadlines.scan_waited, job) {
+            Ok(scan) => {
+                self.procfs_answers();
+                (scan, None)
+            }
+            Err(no_answer) => {
+                let (_, stuck) = self.procfs_failure(no_answer);
+                // Holders may be missing: the scan says it is incomplete, so no verdict
+                // rests on what it did not see.
+                let scan = HolderScan {
+                    holders: Vec::new(),
+                    permission_errors: 0,
+                    cut_short: true,
+                    duration_seconds: started.elapsed().as_secs_f64(),
+                };
+                (scan, stuck)
+            }
+        }
+    }
+
+    /// Why a `/proc` look gave no answer, in one line, and what its reader is stuck in;
+    /// logged once per episode.
+    fn procfs_failure(&self, no_answer: NoAnswer) -> (String, Option<StuckRead>) {
+        match no_answer {
+            NoAnswer::Stuck(InCall { call, since }) => {
+                let stuck_seconds = since.elapsed().as_secs_f64();
+                if !std::mem::replace(&mut *lock(&self.procfs_stuck), true)
+                    && self.lifespan == Lifespan::Serving
+                {
+                    tracing::error!(
+                        stuck_in = call,
+                        stuck_seconds,
+                        "a /proc read does not return (a process in uninterruptible sleep?); owners it did not read are unknown and the holder scan is incomplete until it does"
+                    );
+                }
+                let error =
+                    format!("the /proc reader has been stuck for {stuck_seconds:.1} s, {call}");
+                let stuck = StuckRead {
+                    call: call.to_string(),
+                    stuck_seconds,
+                };
+                (error, Some(stuck))
+            }
+            NoAnswer::Failed(why) => (why, None),
+        }
+    }
+
+    fn procfs_answers(&self) {
+        let was_stuck = std::mem::replace(&mut *lock(&self.procfs_stuck), false);
+        if was_stuck && self.lifespan == Lifespan::Serving {
+            tracing::info!("/proc reads return again");
+        }
+    }
+
+    /// Whether the Slurm job steps of the processes in `cgroups` run now; `None` when none
+    /// runs in a job. The look walks `/proc` when a step is new, so it runs on the `/proc`
+    /// reader thread, waited for until `until`: a reader that does not answer makes the
+    /// look incomplete, and no job is then cancelled on it.
+    fn slurm_reading<'a>(
+        &self,
+        cgroups: impl Iterator<Item = &'a CgroupAttribution>,
+        until: Instant,
+    ) -> Option<SlurmReading> {
+        let wanted: Vec<(u64, Option<String>)> = cgroups
+            .filter_map(|cgroup| cgroup.slurm.as_ref())
+            .map(|step| (step.job_id, step.step.clone()))
+            .collect();
+        if wanted.is_empty() {
+            return None;
+        }
+        let deadline = scan_deadline(Instant::now(), self.scan_budget, Some(until));
+        let (root, slurmstepds) = (self.proc_root.clone(), Arc::clone(&self.slurmstepds));
+        let job = move |_: &mut Memory| lock(&slurmstepds).look(&root, &wanted, deadline);
+        Some(match self.procfs.run(LOOKING_FOR_SLURMSTEPDS, until, job) {
+            Ok(reading) => {
+                self.procfs_answers();
+                reading
+            }
+            Err(no_answer) => {
+                self.procfs_failure(no_answer);
+                SlurmReading {
+                    running_steps: Vec::new(),
+                    complete: false,
+                }
+            }
+        })
     }
 
     /// Fill in each owner's first-seen identity, remembering new ones and forgetting the
@@ -183,9 +440,12 @@ impl LiveHost {
     fn remember_identities(&self, nvml: &NvmlReading, owners: &mut BTreeMap<u32, OwnerLookup>) {
         let mut first_seen = lock(&self.first_seen);
         let unanswered = match nvml {
-            NvmlReading::Up { gpus, .. } => gpus
-                .iter()
-                .any(|gpu| matches!(gpu.state, GpuState::Failed { .. })),
+            NvmlReading::Up { gpus, .. } => gpus.iter().any(|gpu| {
+                matches!(
+                    gpu.state,
+                    GpuState::Failed { .. } | GpuState::NotAnswering { .. }
+                )
+            }),
             NvmlReading::Down { .. } => true,
         };
         if !unanswered {
@@ -210,6 +470,7 @@ impl LiveHost {
         &self,
         watch: &KubernetesWatch,
         owners: &BTreeMap<u32, OwnerLookup>,
+        until: Instant,
     ) -> KubernetesReading {
         let uids = owners.values().filter_map(|owner| match &owner.now {
             ProcessLookup::Present(facts) => facts.cgroup.pod_uid.as_deref(),
@@ -222,10 +483,36 @@ impl LiveHost {
             .map(str::to_string)
             .collect();
         if !mig.is_empty() {
-            reading.mig_parents = self.nvml.mig_parents(&mig);
+            reading.mig_parents = self.nvml.mig_parents(&mig, until);
         }
         reading
     }
+}
+
+/// The cgroups of the owners that are there.
+fn cgroups_of(owners: &BTreeMap<u32, OwnerLookup>) -> impl Iterator<Item = &CgroupAttribution> {
+    owners.values().filter_map(|owner| match &owner.now {
+        ProcessLookup::Present(facts) => Some(&facts.cgroup),
+        _ => None,
+    })
+}
+
+/// The containers to name, each with the engines that may know it: the one its cgroup's
+/// runtime prefix names, or either for a bare id outside any pod. Kubernetes' containers
+/// (a pod, containerd, CRI-O) are the kubelet's to name.
+fn wanted_containers<'a>(cgroups: impl Iterator<Item = &'a CgroupAttribution>) -> Vec<Wanted> {
+    cgroups
+        .filter_map(|cgroup| {
+            let id = cgroup.container_id.as_ref()?;
+            let engines = match cgroup.runtime {
+                Some(Runtime::Docker) => vec![Engine::Docker],
+                Some(Runtime::Podman) => vec![Engine::Podman],
+                None if cgroup.pod_uid.is_none() => vec![Engine::Docker, Engine::Podman],
+                Some(Runtime::Containerd | Runtime::CriO) | None => return None,
+            };
+            Some((id.clone(), engines))
+        })
+        .collect()
 }
 
 /// The owners this observation read, for the holder scan that follows it.
@@ -273,19 +560,34 @@ impl Source {
         }
     }
 
-    /// One observation, without the holder scan.
-    pub fn observe(&self) -> Result<Observation, ObserveError> {
+    /// A live source that also names containers through their engines (see
+    /// [`LiveHost::with_containers`]); a replay keeps what its snapshot recorded.
+    pub fn with_containers(self, config: &ContainersConfig, lifespan: Lifespan) -> Source {
         match self {
-            Source::Live(host) => Ok(host.observe()),
+            Source::Live(host) => {
+                Source::Live(Box::new(host.with_containers(config.clone(), lifespan)))
+            }
+            replay @ Source::Replay(_) => replay,
+        }
+    }
+
+    /// One observation, without the holder scan, waiting for each source until its
+    /// deadline.
+    pub fn observe(&self, deadlines: &Deadlines) -> Result<Observation, ObserveError> {
+        match self {
+            Source::Live(host) => Ok(host.observe(deadlines)),
             Source::Replay(path) => read_snapshot(path),
         }
     }
 
     /// Adds the holder scan to `observation` (a replay keeps the scan it recorded); the
-    /// scan stops at its budget or at `until`, whichever comes first.
-    pub fn scan_holders(&self, observation: &mut Observation, until: Option<Instant>) {
+    /// scan stops at its budget or at its deadline, whichever comes first.
+    pub fn scan_holders(&self, observation: &mut Observation, deadlines: &Deadlines) {
         if let Source::Live(host) = self {
-            let scan = host.scan(until, owners_read(observation));
+            let (scan, stuck) = host.scan(deadlines, owners_read(observation));
+            if stuck.is_some() {
+                observation.procfs_stuck = stuck;
+            }
             if let (Some(watch), Some(reading)) = (&host.kubernetes, &mut observation.kubernetes) {
                 let uids = scan
                     .holders
@@ -293,7 +595,39 @@ impl Source {
                     .filter_map(|holder| holder.cgroup.pod_uid.as_deref());
                 watch.add_names(reading, uids);
             }
+            if let (Some(watch), Some(reading)) = (&host.containers, &mut observation.containers) {
+                let cgroups = scan.holders.iter().map(|holder| &holder.cgroup);
+                watch.add_names(reading, wanted_containers(cgroups));
+            }
+            // Holders in Slurm jobs, with the owners: whether their steps run, as of now.
+            if scan
+                .holders
+                .iter()
+                .any(|holder| holder.cgroup.slurm.is_some())
+            {
+                let holders = scan.holders.iter().map(|holder| &holder.cgroup);
+                observation.slurm = host.slurm_reading(
+                    cgroups_of(&observation.owners).chain(holders),
+                    deadlines.scan_waited,
+                );
+            }
             observation.holder_scan = Some(scan);
+        }
+    }
+
+    /// Loads NVML now without waiting (see [`LiveHost::start_loading_nvml`]); nothing for
+    /// a replay.
+    pub fn start_loading_nvml(&self) {
+        if let Source::Live(host) = self {
+            host.start_loading_nvml();
+        }
+    }
+
+    /// The reader threads in a call now; none for a replay.
+    pub fn waiting(&self) -> Vec<Waiting> {
+        match self {
+            Source::Live(host) => host.waiting(),
+            Source::Replay(_) => Vec::new(),
         }
     }
 
@@ -318,6 +652,20 @@ impl Source {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_look_gives_nvml_half_its_time_and_leaves_a_tenth_to_judge_and_encode() {
+        let started = Instant::now();
+        let deadlines = Deadlines::between(started, started + Duration::from_secs(10));
+        assert_eq!(deadlines.nvml, started + Duration::from_secs(5));
+        assert_eq!(deadlines.owners, started + Duration::from_secs(7));
+        assert_eq!(deadlines.scan_stops, started + Duration::from_millis(8500));
+        assert_eq!(deadlines.scan_waited, started + Duration::from_secs(9));
+        // A caller already out of time gives every part none.
+        let late = Deadlines::between(started, started);
+        assert_eq!(late.nvml, started);
+        assert_eq!(late.scan_waited, started);
+    }
 
     #[test]
     fn a_scan_stops_at_its_budget_or_the_scrapes_deadline_whichever_is_first() {

@@ -2,9 +2,10 @@
 //! reads, and the [`Snapshot`] file that carries one to another machine, where it replays
 //! to the same verdict.
 
+use super::containers::ContainersReading;
 use super::kubernetes::KubernetesReading;
 use super::nvml::NvmlReading;
-use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView};
+use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView, SlurmReading};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,12 +35,40 @@ pub struct Observation {
     pub holder_scan: Option<HolderScan>,
     /// `/proc` entries that existed but could not be read while observing.
     pub procfs_errors: u64,
+    /// A `/proc` read that had not returned by its deadline (a process in uninterruptible
+    /// sleep holding its memory map lock blocks reads of its maps): what the reader was
+    /// doing, and for how long. The owners it kept from being read are unknown; a holder
+    /// scan it kept from running, or cut short, is incomplete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub procfs_stuck: Option<StuckRead>,
 
     // Kubernetes (the kubelet's pod-resources API and pod log directories).
     /// What the kubelet said: the containers each GPU is assigned to, and the names of
     /// the pods owners and holders run in. `None` in snapshots of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesReading>,
+
+    // Slurm.
+    /// Which Slurm job steps still run, looked for when an owner or holder runs in a
+    /// Slurm job's cgroup; `None` when none does (or in snapshots of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmReading>,
+
+    // Container engines.
+    /// The engines' health and the names of the containers owners and holders run in;
+    /// `None` when no engine is watched (or in snapshots of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<ContainersReading>,
+}
+
+/// The `/proc` reader thread, not returned at a look's deadline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StuckRead {
+    /// What it is doing: reading NVML's owners, or scanning for holders (this look's, or
+    /// an earlier one's that has not returned).
+    pub call: String,
+    /// Seconds it had been at it when the observation was made.
+    pub stuck_seconds: f64,
 }
 
 /// `USER_HZ`: 100 on every architecture Linux runs GPUs on.

@@ -9,8 +9,9 @@
 
 use super::text::{instance_verdict, verdict, Verdict};
 use crate::classify::{
-    AssignedPod, CheckStatus, Finding, GpuError, GpuOutcome, GpuVerdict, InstanceVerdict,
-    MemoryReading, Note, Owner, OwnerState, ProcfsView, Remedy, Report, ScanSummary, Suspect,
+    AssignedPod, CheckStatus, Finding, GpuError, GpuVerdict, InstanceVerdict, MemoryReading, Note,
+    NvmlFailure, Owner, OwnerState, ProcfsView, Remedy, Report, ScanSummary, StuckCall, StuckRead,
+    Suspect,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -25,6 +26,15 @@ pub struct CheckDocument<'a> {
     pub nvml_up: bool,
     /// Why it did not.
     pub nvml_error: Option<&'a str>,
+    /// The kind of failure, when NVML did not answer (as `vram_nvml_error` labels it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvml_failure: Option<NvmlFailure>,
+    /// The call NVML is stuck in, when it does not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvml_stuck: Option<&'a StuckCall>,
+    /// The `/proc` reader, when it had not returned at the look's deadline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub procfs_stuck: Option<&'a StuckRead>,
     /// Driver version.
     pub driver_version: Option<&'a str>,
     /// Whether we run in the host PID namespace (`null`: could not tell).
@@ -57,8 +67,11 @@ pub struct GpuDocument<'a> {
     /// The containers the kubelet assigned it to.
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     pub assigned_to: &'a [AssignedPod],
-    /// The failure, when the GPU did not answer.
+    /// The failure, when the GPU did not answer (`timeout` for one that is stuck).
     pub error: Option<GpuError>,
+    /// The call it is stuck in and for how long, when it does not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_answering: Option<NotAnswering<'a>>,
     /// Memory figures, when it did (clamped to the total; see `memory_inconsistent`).
     pub memory: Option<MemoryReading>,
     /// NVML's memory figures contradicted each other and were clamped (only when true).
@@ -110,6 +123,15 @@ pub struct InstanceDocument<'a> {
     pub verdict: Verdict,
 }
 
+/// A GPU that does not answer: the call it is stuck in.
+#[derive(Debug, Serialize)]
+pub struct NotAnswering<'a> {
+    /// The NVML function.
+    pub call: &'a str,
+    /// Seconds it had been stuck when the look was made.
+    pub stuck_seconds: f64,
+}
+
 /// Count and bytes of owners in one state.
 #[derive(Debug, Serialize)]
 pub struct StateDocument {
@@ -125,6 +147,9 @@ pub fn check_document<'a>(report: &'a Report, gpus: &[&'a GpuVerdict]) -> CheckD
         status: report.check_status(gpus),
         nvml_up: report.nvml.is_up(),
         nvml_error: report.nvml.error(),
+        nvml_failure: report.nvml.failure(),
+        nvml_stuck: report.nvml.stuck(),
+        procfs_stuck: report.procfs_stuck.as_ref(),
         driver_version: report.nvml.driver_version(),
         host_pid_namespace: report.host_pid_namespace,
         procfs_view: report.procfs_view,
@@ -138,10 +163,7 @@ pub fn check_document<'a>(report: &'a Report, gpus: &[&'a GpuVerdict]) -> CheckD
 }
 
 fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
-    let (error, account) = match &gpu.outcome {
-        GpuOutcome::Measured(account) => (None, Some(account)),
-        GpuOutcome::Failed { error, .. } => (Some(*error), None),
-    };
+    let (error, account) = (gpu.outcome.error_kind(), gpu.outcome.account());
     GpuDocument {
         index: gpu.index,
         uuid: &gpu.uuid,
@@ -151,6 +173,13 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
         status: gpu.status(),
         assigned_to: &gpu.assigned_to,
         error,
+        not_answering: gpu
+            .outcome
+            .stuck()
+            .map(|(call, stuck_seconds)| NotAnswering {
+                call,
+                stuck_seconds,
+            }),
         memory: account.map(|account| account.memory),
         memory_inconsistent: account.is_some_and(|account| account.memory_inconsistent),
         finding: account.map(|account| account.finding),

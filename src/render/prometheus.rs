@@ -4,14 +4,15 @@
 //! the classifier.
 
 use crate::classify::{
-    GoneReason, GpuAccount, GpuError, GpuOutcome, GpuVerdict, InstanceVerdict, KubeletSource,
-    KubernetesView, MemoryReading, OrphanReason, OwnerState, PodName, Process, ProcfsView,
-    RecoveryAction, Report, Role, StateTally,
+    Engine, EngineError, EngineHealth, GoneReason, GpuAccount, GpuError, GpuVerdict,
+    InstanceVerdict, KubeletSource, KubernetesView, MemoryReading, NvmlFailure, OrphanReason,
+    OwnerState, PodName, Process, ProcfsView, RecoveryAction, Report, Role, StateTally,
 };
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
+use std::collections::BTreeMap;
 use std::fmt;
 use strum::{IntoEnumIterator, VariantArray};
 
@@ -117,24 +118,38 @@ struct MigInfoLabels {
     name: String,
 }
 
-/// Where a process runs: `container_id` and `pod_uid`, then `namespace` and `pod`; each
-/// empty when the process runs in none or its pod's name is unknown.
+/// Where a process runs: `container_id` and `pod_uid`, then `namespace` and `pod`, then
+/// its container's name and image, then its Slurm job's id, step and user; each empty
+/// when the process runs in none or its pod's or container's name is unknown. Only per-process series carry them: on a per-GPU series they
+/// would multiply its series by the workloads that come and go.
 #[derive(Debug, Clone, EncodeLabelSet)]
 struct PlaceLabels {
     container_id: Option<String>,
     pod_uid: Option<String>,
     namespace: Option<String>,
     pod: Option<String>,
+    container_name: Option<String>,
+    container_image: Option<String>,
+    slurm_job_id: Option<u64>,
+    slurm_step: Option<String>,
+    slurm_user: Option<String>,
 }
 
 impl PlaceLabels {
     fn of(process: Option<&Process>) -> PlaceLabels {
         let pod: Option<&PodName> = process.and_then(|process| process.pod.as_ref());
+        let job = process.and_then(|process| process.slurm_job.as_ref());
+        let container = process.and_then(|process| process.container.as_ref());
         PlaceLabels {
             container_id: process.and_then(|process| process.cgroup.container_id.clone()),
             pod_uid: process.and_then(|process| process.cgroup.pod_uid.clone()),
             namespace: pod.map(|pod| pod.namespace.clone()),
             pod: pod.map(|pod| pod.name.clone()),
+            container_name: container.map(|container| container.name.clone()),
+            container_image: container.and_then(|container| container.image.clone()),
+            slurm_job_id: job.map(|job| job.job_id),
+            slurm_step: job.and_then(|job| job.step.clone()),
+            slurm_user: job.and_then(|job| job.user.clone()),
         }
     }
 }
@@ -200,6 +215,12 @@ struct ErrorLabel {
     error: &'static str,
 }
 
+/// The NVML call something is stuck in.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct CallLabel {
+    call: String,
+}
+
 /// A recovery action.
 #[derive(Debug, Clone, EncodeLabelSet)]
 struct ActionLabel {
@@ -222,6 +243,12 @@ struct XidLabel {
 #[derive(Debug, Clone, EncodeLabelSet)]
 struct SourceLabel {
     source: &'static str,
+}
+
+/// A container engine.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct EngineLabel {
+    engine: &'static str,
 }
 
 /// Name, help and reading of one memory gauge.
@@ -347,6 +374,9 @@ pub fn encode_report(
     if let Some(kubernetes) = &report.kubernetes {
         encode_kubernetes(encoder, kubernetes)?;
     }
+    if let Some(engines) = &report.container_engines {
+        encode_container_engines(encoder, engines)?;
+    }
     let measured_instances: Vec<_> = report
         .gpus
         .iter()
@@ -389,8 +419,34 @@ fn exporter_health(
     gauge(
         encoder,
         "vram_nvml_up",
-        "1 when NVML loaded and answered this scrape, 0 when it could not be loaded or initialised.",
+        "1 when NVML loaded and answered this scrape, 0 when it is missing, failed or does not answer (vram_nvml_error says which).",
         single(flag(report.nvml.is_up())),
+    )?;
+    gauge(
+        encoder,
+        "vram_nvml_error",
+        "1 for the reason NVML gave no reading (missing, init_failed, not_answering, failed), else 0; all 0 while it answers.",
+        NvmlFailure::iter().map(|kind| {
+            (
+                ErrorLabel {
+                    error: kind.as_str(),
+                },
+                flag(report.nvml.failure() == Some(kind)),
+            )
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_nvml_stuck_seconds",
+        "Seconds NVML's library-level call (init, device count) has been running, while NVML does not answer; absent otherwise.",
+        report.nvml.stuck().map(|stuck| {
+            (
+                CallLabel {
+                    call: stuck.call.clone(),
+                },
+                stuck.stuck_seconds,
+            )
+        }),
     )?;
     gauge(
         encoder,
@@ -409,6 +465,17 @@ fn exporter_health(
         "vram_procfs_errors",
         "Entries under /proc that existed but could not be read during this scrape.",
         single(report.procfs_errors),
+    )?;
+    gauge(
+        encoder,
+        "vram_procfs_stuck_seconds",
+        "Seconds a /proc read has been blocked (a process in uninterruptible sleep blocks reads of its memory map), 0 when none is: owners it kept from being read are unknown, and the holder scan is incomplete.",
+        single(
+            report
+                .procfs_stuck
+                .as_ref()
+                .map_or(0.0, |stuck| stuck.stuck_seconds),
+        ),
     )
 }
 
@@ -430,23 +497,38 @@ fn gpu_identity(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Re
     gauge(
         encoder,
         "vram_gpu_up",
-        "1 when every NVML call for this GPU answered, 0 when one failed and its other series are missing.",
+        "1 when every NVML call for this GPU answered, 0 when one failed or has not returned (vram_gpu_error says which) and its other series are missing.",
         per_gpu(gpus, |gpu| Some(flag(gpu.account().is_some()))),
     )?;
     gauge(
         encoder,
         "vram_gpu_error",
-        "1 for the kind of NVML failure this GPU shows (gpu_lost, reset_required, not_supported, unknown), else 0.",
+        "1 for the kind of NVML failure this GPU shows (gpu_lost, reset_required, not_supported, no_permission, unknown, timeout: a call that has not returned), else 0.",
         one_hot(
             gpus,
             GpuError::iter(),
             |kind| ErrorLabel {
                 error: kind.as_str(),
             },
-            |gpu, kind| {
-                Some(matches!(&gpu.outcome, GpuOutcome::Failed { error, .. } if error == kind))
-            },
+            |gpu, kind| Some(gpu.outcome.error_kind() == Some(*kind)),
         ),
+    )?;
+    gauge(
+        encoder,
+        "vram_gpu_stuck_seconds",
+        "Seconds the NVML call this GPU is stuck in has been running; only for a GPU that does not answer, which is asked nothing more until the call returns.",
+        gpus.iter().filter_map(|gpu| {
+            let (call, seconds) = gpu.outcome.stuck()?;
+            Some((
+                (
+                    GpuLabels::of(gpu),
+                    CallLabel {
+                        call: call.to_string(),
+                    },
+                ),
+                seconds,
+            ))
+        }),
     )
 }
 
@@ -651,7 +733,7 @@ fn orphans(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Res
     gauge(
         encoder,
         "vram_holder_processes",
-        "Processes holding this GPU's device file while it has orphaned memory, by role: culprit (holds a context here: its end frees the memory), bystander (no context here: an NVML client or another GPU's job, never blamed), undetermined (mappings unreadable). 0 while nothing is orphaned.",
+        "Processes holding this GPU's device file while it has orphaned memory, by role: culprit (holds a context here: its end frees the memory), bystander (no context here: an NVML client or another GPU's job; or the MPS control daemon or server; never blamed), undetermined (mappings unreadable). 0 while nothing is orphaned.",
         holders_by_role(gpu_accounts(measured)),
     )?;
     gauge(
@@ -687,7 +769,7 @@ fn holder_scan(
     gauge(
         encoder,
         "vram_holder_scan_complete",
-        "0 when this scrape's scan for device-file holders was cut short or denied, so holders may be missing; 1 otherwise, also when no scan was needed.",
+        "0 when this scrape's scan for device-file holders was cut short (by its time budget or a blocked /proc read) or denied, so holders may be missing; 1 otherwise, also when no scan was needed.",
         single(flag(report.holders_all_seen())),
     )?;
     gauge(
@@ -791,6 +873,51 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         "vram_kubelet_unmatched_devices",
         "GPU and MIG devices the kubelet assigns to containers that match no GPU NVML lists (a GPU NVML lost, or an id it cannot place).",
         single(kubernetes.unmatched_devices),
+    )
+}
+
+/// The container engines' health, named as the kubelet sources' is.
+fn encode_container_engines(
+    encoder: &mut DescriptorEncoder,
+    engines: &BTreeMap<Engine, EngineHealth>,
+) -> fmt::Result {
+    let label = |engine: &Engine| EngineLabel {
+        engine: engine.as_str(),
+    };
+    gauge(
+        encoder,
+        "vram_container_engine_up",
+        "1 when the last call to this container engine's socket (docker, podman) succeeded, 0 when it failed or the socket is absent.",
+        engines
+            .iter()
+            .map(|(engine, health)| (label(engine), flag(health.up()))),
+    )?;
+    gauge(
+        encoder,
+        "vram_container_engine_error",
+        "1 for the kind of failure of this container engine's last call (absent: no socket at its path; unavailable, timeout, http_error, malformed), else 0.",
+        engines.iter().flat_map(|(engine, health)| {
+            EngineError::ALL.iter().map(move |&kind| {
+                let labels = (
+                    label(engine),
+                    ErrorLabel {
+                        error: kind.as_str(),
+                    },
+                );
+                (labels, flag(health.error == Some(kind)))
+            })
+        }),
+    )?;
+    gauge(
+        encoder,
+        "vram_container_engine_last_success_timestamp_seconds",
+        "When a call to this container engine last succeeded, in seconds since the Unix epoch; 0 when none has. Containers it named stay named.",
+        engines.iter().map(|(engine, health)| {
+            (
+                label(engine),
+                health.last_success_unix_seconds.unwrap_or(0.0),
+            )
+        }),
     )
 }
 

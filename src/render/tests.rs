@@ -159,6 +159,185 @@ fn text_names_the_culprit_of_a_fork_orphan_and_suggests_killing_it() {
     assert_eq!(words.notes, Vec::<String>::new());
 }
 
+/// The Slurm fork orphan of the fixtures, with slurmstepds running the steps `running`.
+fn slurm_orphan(running: &[(u64, &str)]) -> Host {
+    slurm_fork_orphan().slurm_running(running)
+}
+
+#[test]
+fn text_suggests_scancel_for_a_culprit_whose_step_runs() {
+    let report = slurm_orphan(&[(4242, "0")]).report();
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words.sentence.contains(", user alice, parent 503, Slurm job 4242 step 0 of user alice, running, holds a context on GPU 0")
+            && words.sentence.ends_with(" - cancelling Slurm job 4242 should free it."),
+        "{}",
+        words.sentence
+    );
+    assert_eq!(
+        words.suggestion.as_deref(),
+        Some("scancel 4242   # job 4242 of user alice still runs the step that holds it: 524 is python3, started 2026-12-03 00:25:00 UTC; then: vram-exporter check --gpu 0 --wait 30s")
+    );
+    assert_eq!(words.notes, Vec::<String>::new());
+    let table = gpu_table(&report.gpus[0]);
+    let header = table.lines().find(|line| line.contains("PARENT")).unwrap();
+    assert!(header.ends_with("PARENT  JOB"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|line| line.trim_start().starts_with("524 ") && line.ends_with("  4242.0")),
+        "{table}"
+    );
+}
+
+#[test]
+fn text_suggests_kill_and_says_why_when_the_job_has_ended() {
+    let report = slurm_orphan(&[]).report();
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words
+            .sentence
+            .contains("Slurm job 4242 step 0 of user alice, a job that has ended, holds")
+            && words.sentence.ends_with(" - killing 524 should free it."),
+        "{}",
+        words.sentence
+    );
+    assert!(words
+        .suggestion
+        .as_deref()
+        .unwrap()
+        .starts_with("kill 524   # "));
+    assert_eq!(
+        words.notes,
+        ["PID 524 is of Slurm job 4242 (step 0), which has ended: the process survived its job, so Slurm no longer tracks it and scancel cannot end it; kill it (a process that leaves its parent escapes proctrack/linuxproc and proctrack/pgid; under proctrack/cgroup only one stuck in the driver survives)."]
+    );
+    let table = gpu_table(&report.gpus[0]);
+    assert!(table.contains("  4242.0 (ended)"), "{table}");
+    // The step ended, the job runs on.
+    let words = verdict(&slurm_orphan(&[(4242, "batch")]).report().gpus[0]);
+    assert!(words
+        .suggestion
+        .as_deref()
+        .unwrap()
+        .starts_with("kill 524 "));
+    assert!(
+        words.notes[0]
+            .contains("cancelling the job would stop its work without ending this process"),
+        "{:?}",
+        words.notes
+    );
+}
+
+#[test]
+fn json_and_metrics_carry_the_slurm_job_on_per_process_series_only() {
+    let report = slurm_orphan(&[(4242, "0")]).report();
+    let document = json_of(&report);
+    let culprit = &document["gpus"][0]["culprits"][0];
+    assert_eq!(
+        culprit["slurm_job"],
+        json!({"job_id": 4242, "step": "0", "user": "alice", "state": "running"})
+    );
+    assert_eq!(
+        culprit["slurm"],
+        json!({"job_id": 4242, "step": "0", "uid": 1000})
+    );
+    assert_eq!(document["gpus"][0]["remedy"]["action"], "cancel_jobs");
+    assert_eq!(document["gpus"][0]["remedy"]["jobs"][0]["job_id"], 4242);
+    let samples = samples(&metrics_of(&report));
+    assert_eq!(
+        value(
+            &samples,
+            "vram_holder_info",
+            &[
+                ("pid", "524"),
+                ("slurm_job_id", "4242"),
+                ("slurm_step", "0"),
+                ("slurm_user", "alice")
+            ]
+        ),
+        1.0
+    );
+    let per_process = ["vram_holder_info", "vram_process_used_bytes"];
+    for (family, labels, _) in &samples {
+        if per_process.contains(&family.as_str()) {
+            continue;
+        }
+        assert!(
+            labels.iter().all(|(key, _)| !key.starts_with("slurm_")),
+            "{family} {labels:?}"
+        );
+    }
+}
+
+#[test]
+fn a_container_its_engine_named_is_shown_by_name_and_image() {
+    let report = stuck_in_an_ended_container().containers_named().report();
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words.sentence.contains(&format!(
+            ", container trainer ({}, image localhost/model:1, podman pod lab), ",
+            &CONTAINER[..12]
+        )),
+        "{}",
+        words.sentence
+    );
+    let table = gpu_table(&report.gpus[0]);
+    assert!(table.contains("  trainer (ended)"), "{table}");
+    let document = json_of(&report);
+    assert_eq!(
+        document["gpus"][0]["culprits"][0]["container"],
+        json!({"engine": "podman", "name": "trainer", "image": "localhost/model:1", "pod": "lab"})
+    );
+    let samples = samples(&metrics_of(&report));
+    assert_eq!(
+        value(
+            &samples,
+            "vram_holder_info",
+            &[
+                ("pid", "524"),
+                ("container_name", "trainer"),
+                ("container_image", "localhost/model:1")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "vram_container_engine_up",
+            &[("engine", "podman")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "vram_container_engine_error",
+            &[("engine", "docker"), ("error", "absent")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "vram_container_engine_last_success_timestamp_seconds",
+            &[("engine", "podman")]
+        ),
+        1_764_800_000.5
+    );
+    for (family, labels, _) in &samples {
+        if ["vram_holder_info", "vram_process_used_bytes"].contains(&family.as_str()) {
+            continue;
+        }
+        assert!(
+            labels
+                .iter()
+                .all(|(key, _)| !key.starts_with("container_") || key == "container_id"),
+            "{family} {labels:?}"
+        );
+    }
+}
+
 #[test]
 fn text_says_how_gone_owners_went_as_the_classifier_decided() {
     let mut exiting = cuda(432, &[]).state('Z');
@@ -308,6 +487,96 @@ fn text_says_why_nvml_is_down_and_nothing_else() {
     );
 }
 
+#[test]
+fn a_gpu_that_does_not_answer_says_which_call_in_text_json_and_prometheus() {
+    let report = Host::idle().gpu(1).not_answering(1, 25.4).report();
+    let sentence =
+        "GPU 1 does not answer NVML (stuck 25 s in nvmlDeviceGetMemoryInfo_v2): cannot tell.";
+    assert_eq!(verdict(&report.gpus[1]).sentence, sentence);
+    assert!(gpu_table(&report.gpus[1])
+        .ends_with("\n  (no readings: stuck 25 s in nvmlDeviceGetMemoryInfo_v2)\n"));
+    let json = json_of(&report);
+    assert_eq!(json["status"], "not_answering");
+    assert_eq!(json["gpus"][1]["status"], "not_answering");
+    assert_eq!(json["gpus"][1]["error"], "timeout");
+    assert_eq!(
+        json["gpus"][1]["not_answering"],
+        json!({ "call": "nvmlDeviceGetMemoryInfo_v2", "stuck_seconds": 25.4 })
+    );
+    assert_eq!(json["gpus"][1]["verdict"]["sentence"], sentence);
+    // A GPU that answers has no such key.
+    assert!(json["gpus"][0].get("not_answering").is_none());
+    let text = metrics_of(&report);
+    let written = samples(&text);
+    let gpu1 = [("gpu", "1")];
+    assert_eq!(value(&written, "vram_gpu_up", &gpu1), 0.0);
+    assert_eq!(
+        value(
+            &written,
+            "vram_gpu_error",
+            &[("gpu", "1"), ("error", "timeout")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &written,
+            "vram_gpu_error",
+            &[("gpu", "0"), ("error", "timeout")]
+        ),
+        0.0
+    );
+    assert!(text.lines().any(|line| line
+        == "vram_gpu_stuck_seconds{gpu=\"1\",uuid=\"GPU-1\",call=\"nvmlDeviceGetMemoryInfo_v2\"} 25.4"));
+    assert!(find(&written, "vram_gpu_stuck_seconds", &[("gpu", "0")]).is_empty());
+    assert!(find(&written, "vram_used_bytes", &gpu1).is_empty());
+    assert_eq!(value(&written, "vram_gpu_up", &[("gpu", "0")]), 1.0);
+    assert_eq!(value(&written, "vram_nvml_up", &[]), 1.0);
+    assert_eq!(value(&written, "vram_procfs_stuck_seconds", &[]), 0.0);
+}
+
+#[test]
+fn nvml_that_does_not_answer_is_said_with_its_call() {
+    let mut observation = Host::idle().observation();
+    observation.nvml = nvml_not_answering(12.0);
+    let report = classify(&observation, &Settings::default());
+    assert!(text_of(&report)
+        .starts_with("NVML does not answer (stuck 12 s in nvmlInit_v2): cannot tell.\n"));
+    let written = samples(&metrics_of(&report));
+    assert_eq!(value(&written, "vram_nvml_up", &[]), 0.0);
+    for (reason, expected) in [
+        ("missing", 0.0),
+        ("init_failed", 0.0),
+        ("not_answering", 1.0),
+        ("failed", 0.0),
+    ] {
+        assert_eq!(
+            value(&written, "vram_nvml_error", &[("error", reason)]),
+            expected,
+            "{reason}"
+        );
+    }
+    assert_eq!(
+        value(
+            &written,
+            "vram_nvml_stuck_seconds",
+            &[("call", "nvmlInit_v2")]
+        ),
+        12.0
+    );
+    let json = json_of(&report);
+    assert_eq!(json["status"], "not_answering");
+    assert_eq!(json["nvml_failure"], "not_answering");
+    assert_eq!(json["nvml_stuck"]["call"], "nvmlInit_v2");
+    // NVML that answers writes every reason 0 and no stuck call.
+    let healthy = samples(&metrics_of(&Host::idle().report()));
+    assert_eq!(
+        value(&healthy, "vram_nvml_error", &[("error", "missing")]),
+        0.0
+    );
+    assert!(find(&healthy, "vram_nvml_stuck_seconds", &[]).is_empty());
+}
+
 // JSON.
 
 #[test]
@@ -434,8 +703,8 @@ fn prometheus_writes_each_label_set_in_its_order() {
         "vram_owner_processes{gpu=\"0\",uuid=\"GPU-0\",state=\"gone\"} 1",
         "vram_gone_owner_processes{gpu=\"0\",uuid=\"GPU-0\",reason=\"exited\"} 1",
         "vram_holder_processes{gpu=\"0\",uuid=\"GPU-0\",role=\"bystander\"} 1",
-        &format!("vram_holder_info{{gpu=\"0\",uuid=\"GPU-0\",pid=\"524\",start_time=\"{}\",comm=\"python3\",state=\"running\",container_id=\"{CONTAINER}\",pod_uid=\"{POD}\",namespace=\"\",pod=\"\"}} 1", BOOT + 1_500),
-        "vram_process_used_bytes{gpu=\"0\",uuid=\"GPU-0\",pid=\"503\",comm=\"\",state=\"gone\",container_id=\"\",pod_uid=\"\",namespace=\"\",pod=\"\"} 9229565952",
+        &format!("vram_holder_info{{gpu=\"0\",uuid=\"GPU-0\",pid=\"524\",start_time=\"{}\",comm=\"python3\",state=\"running\",container_id=\"{CONTAINER}\",pod_uid=\"{POD}\",namespace=\"\",pod=\"\",container_name=\"\",container_image=\"\",slurm_job_id=\"\",slurm_step=\"\",slurm_user=\"\"}} 1", BOOT + 1_500),
+        "vram_process_used_bytes{gpu=\"0\",uuid=\"GPU-0\",pid=\"503\",comm=\"\",state=\"gone\",container_id=\"\",pod_uid=\"\",namespace=\"\",pod=\"\",container_name=\"\",container_image=\"\",slurm_job_id=\"\",slurm_step=\"\",slurm_user=\"\"} 9229565952",
         "vram_exited_container_processes{gpu=\"0\",uuid=\"GPU-0\"} 1",
         "vram_gpu_recovery_action{gpu=\"0\",uuid=\"GPU-0\",action=\"gpu_reset\"} 1",
         "vram_gpu_recovery_action{gpu=\"0\",uuid=\"GPU-0\",action=\"unknown\"} 0",
@@ -772,4 +1041,120 @@ fn one_report_says_the_same_in_text_json_and_prometheus() {
             );
         }
     }
+}
+
+// MPS.
+
+#[test]
+fn under_mps_the_text_kills_the_child_alone_and_sets_the_daemon_and_server_apart() {
+    let report = mps_fork_orphan().report();
+    let words = verdict(&report.gpus[0]);
+    assert_eq!(
+        words.sentence,
+        "GPU 0: 4.6 GiB (4,706 MiB) held for exited PID 479; still held by PID 500 (python3, sleeping, started 2026-12-03 00:00:34 UTC, user root, parent 1, holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, in the process group and session of exited PID 479) - killing 500 should free it."
+    );
+    assert_eq!(
+        words.suggestion.as_deref(),
+        Some("kill 500   # 500 is python3, started 2026-12-03 00:00:34 UTC; then: vram-exporter check --gpu 0 --wait 30s")
+    );
+    let [note] = words.notes.as_slice() else {
+        panic!("{:#?}", words.notes)
+    };
+    assert!(
+        note.starts_with(
+            "Not blamed, the MPS control daemon and server, which serve every MPS client of GPU 0: PID 447 (nvidia-cuda-mps, sleeping, "
+        ),
+        "{note}"
+    );
+    assert_eq!(pids_named(note), [447, 466]);
+    for reason in [
+        "the MPS control daemon: parent of MPS server PID 466, listed by NVML on no GPU, leading its own session; killing it frees no client's memory and ends MPS for every client",
+        "maps GPU 0's device file write-only: the driver is initialised but it holds no context",
+        "the MPS server: on GPU 0's compute list and not its MPS list, which names the clients, child of MPS control daemon PID 447; it holds every client's context, and ending it ends MPS for every client",
+    ] {
+        assert!(note.contains(reason), "{reason}: {note}");
+    }
+    let table = gpu_table(&report.gpus[0]);
+    let section = table
+        .split("  the MPS control daemon and server (not blamed):\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{table}"));
+    let rows: Vec<&str> = section
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(rows, ["447", "466"]);
+    assert!(!table.contains("without a context here"), "{table}");
+}
+
+#[test]
+fn under_mps_a_dead_clients_memory_the_server_alone_holds_asks_for_an_mps_restart() {
+    let report = mps_dead_client_without_heir().report();
+    let words = verdict(&report.gpus[0]);
+    assert_eq!(
+        words.sentence,
+        "GPU 0: 4.6 GiB (4,706 MiB) held for exited PID 479; no client process holds it, but the MPS server (PID 466) does: only restarting MPS frees it, which ends every client of MPS (on GPU 0: PID 449)."
+    );
+    assert_eq!(
+        words.suggestion.as_deref(),
+        Some("echo quit | nvidia-cuda-mps-control   # as the user of MPS control daemon PID 447, with its CUDA_MPS_PIPE_DIRECTORY; ends MPS server PID 466 and every client of MPS (on GPU 0: PID 449); then start the daemon again (nvidia-cuda-mps-control -d) and: vram-exporter check --gpu 0 --wait 30s")
+    );
+    let gpu = &json_of(&report)["gpus"][0];
+    assert_eq!(
+        gpu["remedy"],
+        json!({ "action": "restart_mps", "servers": [466], "daemons": [447], "clients": [449] })
+    );
+    assert_eq!(
+        gpu["notes"],
+        json!([{ "note": "mps_not_blamed", "pids": [447, 466] }])
+    );
+}
+
+#[test]
+fn under_mps_json_and_prometheus_say_what_the_text_says() {
+    let report = mps_fork_orphan().report();
+    let gpu = &json_of(&report)["gpus"][0];
+    assert_eq!(json_pids(&gpu["culprits"]), [500]);
+    assert_eq!(json_pids(&gpu["bystanders"]), [447, 466]);
+    assert_eq!(json_pids(&gpu["remedy"]["targets"]), [500]);
+    let daemon = &gpu["bystanders"][0];
+    assert_eq!(
+        daemon["evidence"],
+        json!([
+            { "kind": "mps_control_daemon", "server": 466 },
+            { "kind": "maps_gpu_without_context", "access": "write_only" },
+            { "kind": "mps_command_name" },
+        ])
+    );
+    assert_eq!(
+        daemon["mappings"]["gpus_without_read_write"],
+        json!({ "0": "write_only" })
+    );
+    assert_eq!(
+        daemon["mappings"]["control_without_read_write"],
+        "read_only"
+    );
+    assert_eq!(
+        gpu["bystanders"][1]["evidence"],
+        json!([{ "kind": "mps_server", "daemon": 447 }, { "kind": "mps_command_name" }])
+    );
+    let samples = samples(&metrics_of(&report));
+    let gpu_labels = [("gpu", "0"), ("uuid", "GPU-0")];
+    for (role, count) in [("culprit", 1.0), ("bystander", 2.0), ("undetermined", 0.0)] {
+        assert_eq!(
+            value(
+                &samples,
+                "vram_holder_processes",
+                &[gpu_labels[0], gpu_labels[1], ("role", role)]
+            ),
+            count,
+            "{role}"
+        );
+    }
+    let named: Vec<String> = find(&samples, "vram_holder_info", &gpu_labels)
+        .iter()
+        .map(|(_, labels, _)| labels[2].1.clone())
+        .collect();
+    assert_eq!(named, ["500"]);
 }

@@ -4,9 +4,10 @@
 //! puts it into words.
 
 use crate::classify::{
-    short_container_id, Blindness, ChargedTo, Departure, Evidence, GpuAccount, GpuOutcome,
-    GpuVerdict, InstanceVerdict, LookAgain, Note, NvmlStatus, Owner, Process, RecoveryAction,
-    Remedy, Report, Sentence, StateQualifier, Suspect, UnattributedTrust, WhyUnknown,
+    short_container_id, Blindness, ChargedTo, ContainerName, Departure, Evidence, GpuAccount,
+    GpuOutcome, GpuVerdict, InstanceVerdict, JobState, KillTarget, LookAgain, NarrowAccess, Note,
+    NvmlFailure, NvmlStatus, Owner, Process, RecoveryAction, Remedy, Report, Sentence, SlurmJob,
+    StateQualifier, Suspect, UnattributedTrust, WhyUnknown,
 };
 use crate::dates::utc_words;
 use crate::units::format_bytes;
@@ -95,6 +96,7 @@ fn process_words(process: &Process, extra: &[String]) -> String {
     }
     words.push_str(&container_words(
         process.cgroup.container_id.as_deref(),
+        process.container.as_ref(),
         pod_words(process).as_deref(),
     ));
     if process.container_ended() {
@@ -104,10 +106,31 @@ fn process_words(process: &Process, extra: &[String]) -> String {
             ", whose PID namespace has ended"
         });
     }
+    if let Some(job) = &process.slurm_job {
+        let _ = write!(words, ", {}", job_words(job));
+        match job.state {
+            JobState::Running => words.push_str(", running"),
+            JobState::StepEnded => words.push_str(", a step that has ended while its job runs"),
+            JobState::Ended => words.push_str(", a job that has ended"),
+            JobState::Unknown => {}
+        }
+    }
     for part in extra {
         let _ = write!(words, ", {part}");
     }
     words.push(')');
+    words
+}
+
+/// `Slurm job 4242 step 0 of user alice`.
+fn job_words(job: &SlurmJob) -> String {
+    let mut words = format!("Slurm job {}", job.job_id);
+    if let Some(step) = &job.step {
+        let _ = write!(words, " step {step}");
+    }
+    if let Some(user) = &job.user {
+        let _ = write!(words, " of user {user}");
+    }
     words
 }
 
@@ -119,12 +142,33 @@ fn pod_words(process: &Process) -> Option<String> {
     }
 }
 
-/// `, container 3f2a9c0b1d2e, pod ml/sglang-0` for a process in a container; empty for a
-/// process on the host.
-fn container_words(container_id: Option<&str>, pod: Option<&str>) -> String {
+/// `, container 3f2a9c0b1d2e, pod ml/sglang-0` for a process in a container, or
+/// `, container trainer (3f2a9c0b1d2e, image pytorch/pytorch:2.4, compose project lab)`
+/// where its engine named it; empty for a process on the host.
+fn container_words(
+    container_id: Option<&str>,
+    named: Option<&ContainerName>,
+    pod: Option<&str>,
+) -> String {
     let mut words = String::new();
-    if let Some(id) = container_id {
-        let _ = write!(words, ", container {}", short_container_id(id));
+    match (container_id, named) {
+        (Some(id), Some(named)) => {
+            let mut about = vec![short_container_id(id).to_string()];
+            if let Some(image) = &named.image {
+                about.push(format!("image {image}"));
+            }
+            if let Some(project) = &named.compose_project {
+                about.push(format!("compose project {project}"));
+            }
+            if let Some(pod) = &named.pod {
+                about.push(format!("podman pod {pod}"));
+            }
+            let _ = write!(words, ", container {} ({})", named.name, about.join(", "));
+        }
+        (Some(id), None) => {
+            let _ = write!(words, ", container {}", short_container_id(id));
+        }
+        (None, _) => {}
     }
     if let Some(pod) = pod {
         let _ = write!(words, ", pod {pod}");
@@ -142,6 +186,21 @@ fn evidence_words(suspect: &Suspect, gpu: u32) -> Vec<String> {
         .filter_map(|evidence| {
             Some(match evidence {
                 Evidence::MapsGpu => format!("holds a context on GPU {gpu}: maps its device file"),
+                Evidence::MapsGpuWithoutContext { access } => format!(
+                    "maps GPU {gpu}'s device file {}: the driver is initialised but it holds no context",
+                    match access {
+                        NarrowAccess::WriteOnly => "write-only",
+                        NarrowAccess::ReadOnly => "read-only",
+                        NarrowAccess::NoAccess => "without access",
+                    }
+                ),
+                Evidence::MpsControlDaemon { server } => format!(
+                    "the MPS control daemon: parent of MPS server PID {server}, listed by NVML on no GPU, leading its own session; killing it frees no client's memory and ends MPS for every client"
+                ),
+                Evidence::MpsServer { daemon } => format!(
+                    "the MPS server: on GPU {gpu}'s compute list and not its MPS list, which names the clients, child of MPS control daemon PID {daemon}; it holds every client's context, and ending it ends MPS for every client"
+                ),
+                Evidence::MpsCommandName => "named as MPS's processes are".into(),
                 Evidence::Inherited => "inherited: NVML lists it on no GPU".into(),
                 Evidence::ChildOf { pid } => format!("child of exited PID {pid}"),
                 Evidence::ProcessGroupOf { pid } if also_session(*pid) => {
@@ -209,6 +268,9 @@ fn blindness_words(reason: Blindness) -> String {
         Blindness::ScanCutShort => {
             "the scan for holders ran out of time before it saw every process".into()
         }
+        Blindness::ScanBlocked { seconds } => format!(
+            "a /proc read has been blocked for {seconds} s, so the scan for holders did not see every process (a process in uninterruptible sleep, state D, blocks reads of its memory map)"
+        ),
         Blindness::ScanDenied { processes } => format!(
             "the descriptors of {processes} process{} could not be read (run as root, or with CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE)",
             plural(processes, "es")
@@ -219,7 +281,8 @@ fn blindness_words(reason: Blindness) -> String {
 
 /// The first few suspects in words with their evidence, then how many more there are:
 /// `PID 524 (...), PID 525 (...) and 3 more`.
-fn suspects_words(suspects: &[Suspect], gpu: u32) -> String {
+fn suspects_words<'a>(suspects: impl IntoIterator<Item = &'a Suspect>, gpu: u32) -> String {
+    let suspects: Vec<&Suspect> = suspects.into_iter().collect();
     let named: Vec<String> = suspects
         .iter()
         .take(MAX_PIDS_NAMED)
@@ -259,6 +322,21 @@ pub fn instance_verdict(gpu: &GpuVerdict, instance: &InstanceVerdict) -> Verdict
 fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
     let account = match outcome {
         GpuOutcome::Measured(account) => account,
+        GpuOutcome::NotAnswering {
+            call,
+            stuck_seconds,
+        } => {
+            return Verdict {
+                sentence: format!(
+                    "{label} does not answer NVML (stuck {} in {call}): cannot tell.",
+                    seconds_words(*stuck_seconds)
+                ),
+                notes: vec![
+                    "NVML calls that block like this come with a GPU that fell off the bus (Xid 79) or a wedged driver: look for Xid errors in the kernel log (dmesg). This GPU is asked nothing more until the call returns; the other GPUs are judged as usual.".into(),
+                ],
+                suggestion: None,
+            };
+        }
         GpuOutcome::Failed { error, message } => {
             return Verdict {
                 sentence: format!(
@@ -383,32 +461,79 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
                     "them".to_string()
                 }
             );
-            let pids: Vec<String> = targets
-                .iter()
-                .map(|target| target.pid.to_string())
-                .collect();
-            let who: Vec<String> = targets
-                .iter()
-                .take(MAX_PIDS_NAMED)
-                .map(|target| {
-                    let process = account
-                        .culprits
-                        .iter()
-                        .find(|culprit| culprit.process.pid == target.pid)
-                        .map(|culprit| identity_words(&culprit.process))
-                        .unwrap_or_else(|| target.comm.clone());
-                    format!("{} is {process}", target.pid)
-                })
-                .collect();
             Some(format!(
                 "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
-                pids.join(" "),
-                who.join("; ")
+                target_pids(targets),
+                who_they_are(targets, account).join("; ")
+            ))
+        }
+        Remedy::CancelJobs { jobs, targets } => {
+            let cancel = list(jobs.iter().map(|job| format!("Slurm job {}", job.job_id)));
+            let _ = write!(
+                sentence,
+                "; still held by {} - cancelling {cancel}{} should free it.",
+                suspects_words(&account.culprits, index),
+                match targets.as_slice() {
+                    [] => String::new(),
+                    [target] => format!(" and killing {}", target.pid),
+                    _ => " and killing the others".to_string(),
+                }
+            );
+            let ids: Vec<String> = jobs.iter().map(|job| job.job_id.to_string()).collect();
+            let mut command = format!("scancel {}", ids.join(" "));
+            if !targets.is_empty() {
+                let _ = write!(command, "; kill {}", target_pids(targets));
+            }
+            let mut why: Vec<String> = jobs
+                .iter()
+                .map(|job| {
+                    let user = job
+                        .user
+                        .as_ref()
+                        .map(|user| format!(" of user {user}"))
+                        .unwrap_or_default();
+                    format!(
+                        "job {}{user} still runs the step{} that hold{} it: {}",
+                        job.job_id,
+                        if job.culprits.len() == 1 { "" } else { "s" },
+                        if job.culprits.len() == 1 { "s" } else { "" },
+                        who_they_are(&job.culprits, account).join(", ")
+                    )
+                })
+                .collect();
+            why.extend(who_they_are(targets, account));
+            Some(format!(
+                "{command}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
+                why.join("; ")
             ))
         }
         Remedy::Wait => {
             sentence.push_str("; its owner is exiting and the driver is freeing the memory (0.13-0.18 s after a SIGKILL on an H200): wait.");
             Some(format!("vram-exporter check --gpu {index} --wait 5s"))
+        }
+        Remedy::RestartMps {
+            servers,
+            daemons,
+            clients,
+        } => {
+            let ends = if clients.is_empty() {
+                "every client of MPS".to_string()
+            } else {
+                format!(
+                    "every client of MPS (on GPU {index}: PID {})",
+                    pid_list(clients)
+                )
+            };
+            let _ = write!(
+                sentence,
+                "; no client process holds it, but the MPS server (PID {}) does: only restarting MPS frees it, which ends {ends}.",
+                pid_list(servers)
+            );
+            Some(format!(
+                "echo quit | nvidia-cuda-mps-control   # as the user of MPS control daemon PID {}, with its CUDA_MPS_PIPE_DIRECTORY; ends MPS server PID {} and {ends}; then start the daemon again (nvidia-cuda-mps-control -d) and: vram-exporter check --gpu {index} --wait 30s",
+                pid_list(daemons),
+                pid_list(servers)
+            ))
         }
         Remedy::StopOwners { pids } => {
             let _ = write!(
@@ -462,6 +587,32 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
         }
         Remedy::None => None,
     }
+}
+
+/// `795 796`: the PIDs to kill.
+fn target_pids(targets: &[KillTarget]) -> String {
+    let pids: Vec<String> = targets
+        .iter()
+        .map(|target| target.pid.to_string())
+        .collect();
+    pids.join(" ")
+}
+
+/// `795 is python3, started ...` for the first few targets, from the culprits' records.
+fn who_they_are(targets: &[KillTarget], account: &GpuAccount) -> Vec<String> {
+    targets
+        .iter()
+        .take(MAX_PIDS_NAMED)
+        .map(|target| {
+            let process = account
+                .culprits
+                .iter()
+                .find(|culprit| culprit.process.pid == target.pid)
+                .map(|culprit| identity_words(&culprit.process))
+                .unwrap_or_else(|| target.comm.clone());
+            format!("{} is {process}", target.pid)
+        })
+        .collect()
 }
 
 /// What a recovery action asks of the operator.
@@ -535,7 +686,7 @@ fn note_words(note: &Note, account: &GpuAccount, gpu: u32) -> String {
         ),
         Note::OwnerContainerEnded { pid, comm, cgroup } => format!(
             "PID {pid} ({comm}{}) still owns its memory although its container has ended: it survived the SIGKILL that ends a container's processes, so it is stuck (usually in the driver); if it stays, only a reboot or GPU reset frees the memory.",
-            container_words(cgroup.container_id.as_deref(), cgroup.pod_uid.as_deref())
+            container_words(cgroup.container_id.as_deref(), None, cgroup.pod_uid.as_deref())
         ),
         Note::MoreOwnerNotes { count } => format!(
             "{count} more such notes about owners left out; vram-exporter check --json lists every owner."
@@ -549,6 +700,21 @@ fn note_words(note: &Note, account: &GpuAccount, gpu: u32) -> String {
             if pids.len() == 1 { "it" } else { "they" },
             if pids.len() == 1 { "it is" } else { "they are" }
         ),
+        Note::CulpritsLeftBySlurm { culprits } => {
+            let sentences: Vec<String> = culprits
+                .iter()
+                .take(MAX_PIDS_NAMED)
+                .map(|left| left_by_slurm_words(left.pid, &left.job))
+                .collect();
+            sentences.join(" ")
+        }
+        Note::OwnerLeftBySlurm { pid, comm, job } => format!(
+            "PID {pid} ({comm}) still owns its memory although {}: Slurm left it behind and will not end it; killing it frees the memory.",
+            match job.state {
+                JobState::StepEnded => format!("step {} of Slurm job {} has ended", job.step.as_deref().unwrap_or("?"), job.job_id),
+                _ => format!("Slurm job {} has ended", job.job_id),
+            }
+        ),
         Note::CulpritInUninterruptibleSleep => "A holder in uninterruptible sleep dies only when it leaves the driver call it waits in; if it never does, only a reboot or GPU reset frees the memory.".into(),
         Note::CulpritStopped => "A stopped holder still dies on SIGKILL; SIGTERM waits until it is continued.".into(),
         Note::UndeterminedHolders { pids } => format!(
@@ -558,11 +724,81 @@ fn note_words(note: &Note, account: &GpuAccount, gpu: u32) -> String {
             if pids.len() == 1 { "its" } else { "their" },
             if pids.len() == 1 { "it holds" } else { "they hold" }
         ),
-        // The bystanders the note names are the account's, in its order.
-        Note::BystandersNotBlamed { .. } => format!(
+        // The bystanders each note names are the account's, in its order.
+        Note::BystandersNotBlamed { pids } => format!(
             "Not blamed, holding the device file without a context on GPU {gpu}: {}.",
-            suspects_words(&account.bystanders, gpu)
+            suspects_words(named(&account.bystanders, pids), gpu)
         ),
+        Note::MpsNotBlamed { pids } => format!(
+            "Not blamed, the MPS control daemon and server, which serve every MPS client of GPU {gpu}: {}.",
+            suspects_words(named(&account.bystanders, pids), gpu)
+        ),
+    }
+}
+
+/// The suspects with these PIDs, in their own order.
+fn named<'a>(suspects: &'a [Suspect], pids: &'a [u32]) -> impl Iterator<Item = &'a Suspect> {
+    suspects
+        .iter()
+        .filter(|suspect| pids.contains(&suspect.process.pid))
+}
+
+/// How long something has been stuck, as a person reads it: `0.6 s`, `25 s`.
+pub fn seconds_words(seconds: f64) -> String {
+    if seconds < 10.0 {
+        format!("{seconds:.1} s")
+    } else {
+        format!("{seconds:.0} s")
+    }
+}
+
+/// What did not answer in time, one line each: NVML itself, each GPU, the `/proc`
+/// reader. Empty when everything answered (or failed outright).
+pub fn not_answering_lines(report: &Report) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(stuck) = report.nvml.stuck() {
+        lines.push(format!(
+            "NVML does not answer (stuck {} in {})",
+            seconds_words(stuck.stuck_seconds),
+            stuck.call
+        ));
+    }
+    for gpu in &report.gpus {
+        if let Some((call, seconds)) = gpu.outcome.stuck() {
+            lines.push(format!(
+                "GPU {} does not answer NVML (stuck {} in {call})",
+                gpu.index,
+                seconds_words(seconds)
+            ));
+        }
+    }
+    if let Some(stuck) = &report.procfs_stuck {
+        lines.push(format!(
+            "a /proc read does not return (the reader has been stuck for {}, {})",
+            seconds_words(stuck.stuck_seconds),
+            stuck.call
+        ));
+    }
+    lines
+}
+
+/// Why Slurm will not end a culprit of `job`, and what to do instead.
+fn left_by_slurm_words(pid: u32, job: &SlurmJob) -> String {
+    let step = job.step.as_deref().unwrap_or("?");
+    match job.state {
+        JobState::Ended => format!(
+            "PID {pid} is of Slurm job {} (step {step}), which has ended: the process survived its job, so Slurm no longer tracks it and scancel cannot end it; kill it (a process that leaves its parent escapes proctrack/linuxproc and proctrack/pgid; under proctrack/cgroup only one stuck in the driver survives).",
+            job.job_id
+        ),
+        JobState::StepEnded => format!(
+            "PID {pid} is of step {step} of Slurm job {}, which has ended while the job runs on: the process survived its step, and cancelling the job would stop its work without ending this process; kill it.",
+            job.job_id
+        ),
+        JobState::Unknown => format!(
+            "PID {pid} is of Slurm job {} (step {step}); whether Slurm still runs that step cannot be told (the look for its slurmstepd did not finish): if it does, scancel {} ends it too.",
+            job.job_id, job.job_id
+        ),
+        JobState::Running => String::new(),
     }
 }
 
@@ -585,9 +821,23 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
             .collect();
         let _ = writeln!(out, "  assigned to {}", pods.join(", "));
     }
-    let GpuOutcome::Measured(account) = &gpu.outcome else {
-        let _ = writeln!(out, "  (no readings)");
-        return out;
+    let account = match &gpu.outcome {
+        GpuOutcome::Measured(account) => account,
+        GpuOutcome::NotAnswering {
+            call,
+            stuck_seconds,
+        } => {
+            let _ = writeln!(
+                out,
+                "  (no readings: stuck {} in {call})",
+                seconds_words(*stuck_seconds)
+            );
+            return out;
+        }
+        GpuOutcome::Failed { .. } => {
+            let _ = writeln!(out, "  (no readings)");
+            return out;
+        }
     };
     let memory = account.memory;
     let _ = writeln!(
@@ -626,22 +876,29 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
     for (title, suspects) in [
         (
             "holding it with a context (the culprits):",
-            &account.culprits,
+            account.culprits.iter().collect::<Vec<_>>(),
         ),
         (
             "holding the device file without a context here (not blamed):",
-            &account.bystanders,
+            account.bystanders_apart(false).collect(),
+        ),
+        (
+            "the MPS control daemon and server (not blamed):",
+            account.bystanders_apart(true).collect(),
         ),
         (
             "holding the device file, mappings unreadable:",
-            &account.undetermined,
+            account.undetermined.iter().collect(),
         ),
     ] {
         if suspects.is_empty() {
             continue;
         }
         let _ = writeln!(out, "  {title}");
-        let rows: Vec<Row> = suspects.iter().map(suspect_row).collect();
+        let rows: Vec<Row> = suspects
+            .iter()
+            .map(|suspect| suspect_row(suspect))
+            .collect();
         table(
             &mut out,
             ["PID", "COMMAND", "STATE", "PARENT"],
@@ -652,10 +909,12 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
     out
 }
 
-/// One row of a process table: PID, command, state, a figure, and the container.
+/// One row of a process table: PID, command, state, a figure, the container, and the
+/// Slurm job step.
 struct Row {
     cells: [String; 4],
     container: Option<String>,
+    job: Option<String>,
 }
 
 fn owner_row(owner: &Owner) -> Row {
@@ -678,6 +937,7 @@ fn owner_row(owner: &Owner) -> Row {
             ),
         ],
         container: owner.process().map(container_cell),
+        job: owner.process().and_then(job_cell),
     }
 }
 
@@ -691,25 +951,38 @@ fn suspect_row(suspect: &Suspect) -> Row {
             process.ppid.to_string(),
         ],
         container: Some(container_cell(process)),
+        job: job_cell(process),
     }
 }
 
-/// Header and rows, with a CONTAINER column when any row has a container.
+/// Header and rows, with a CONTAINER column when any row has a container and a JOB column
+/// when any runs in a Slurm job.
 fn table(out: &mut String, header: [&str; 4], rows: &[Row], what: &str) {
     let containers = rows
         .iter()
         .any(|row| row.container.as_deref().is_some_and(|cell| cell != "-"));
-    let line = |cells: [&str; 4], container: Option<&str>| {
+    let jobs = rows.iter().any(|row| row.job.is_some());
+    let width = rows
+        .iter()
+        .filter_map(|row| row.container.as_deref())
+        .map(str::len)
+        .chain(["CONTAINER".len()])
+        .max()
+        .unwrap_or_default();
+    let line = |cells: [&str; 4], container: Option<&str>, job: Option<&str>| {
         let mut line = format!(
             "  {:>8}  {:<16}  {:<28}  {:>12}",
             cells[0], cells[1], cells[2], cells[3]
         );
         if let (true, Some(container)) = (containers, container) {
-            let _ = write!(line, "  {container}");
+            let _ = write!(line, "  {container:<width$}");
         }
-        line
+        if jobs {
+            let _ = write!(line, "  {}", job.unwrap_or("-"));
+        }
+        line.trim_end().to_string()
     };
-    let _ = writeln!(out, "{}", line(header, Some("CONTAINER")));
+    let _ = writeln!(out, "{}", line(header, Some("CONTAINER"), Some("JOB")));
     for row in rows.iter().take(MAX_ROWS) {
         let cells = [
             row.cells[0].as_str(),
@@ -720,7 +993,11 @@ fn table(out: &mut String, header: [&str; 4], rows: &[Row], what: &str) {
         let _ = writeln!(
             out,
             "{}",
-            line(cells, Some(row.container.as_deref().unwrap_or("-")))
+            line(
+                cells,
+                Some(row.container.as_deref().unwrap_or("-")),
+                row.job.as_deref()
+            )
         );
     }
     if rows.len() > MAX_ROWS {
@@ -732,13 +1009,31 @@ fn table(out: &mut String, header: [&str; 4], rows: &[Row], what: &str) {
     }
 }
 
-/// A process's container, `(ended)` when it outlived it; `-` on the host.
+/// A process's container by name where its engine named it, else its short id;
+/// `(ended)` when it outlived it; `-` on the host.
 fn container_cell(process: &Process) -> String {
-    match process.cgroup.container_id.as_deref() {
-        Some(id) if process.container_ended() => format!("{} (ended)", short_container_id(id)),
-        Some(id) => short_container_id(id).to_string(),
-        None => "-".to_string(),
+    let Some(id) = process.cgroup.container_id.as_deref() else {
+        return "-".to_string();
+    };
+    let shown = process
+        .container
+        .as_ref()
+        .map_or_else(|| short_container_id(id), |named| named.name.as_str());
+    if process.container_ended() {
+        format!("{shown} (ended)")
+    } else {
+        shown.to_string()
     }
+}
+
+/// A process's Slurm job step as Slurm writes it, `4242.0`, `(ended)` when Slurm no
+/// longer runs it.
+fn job_cell(process: &Process) -> Option<String> {
+    let job = process.slurm_job.as_ref()?;
+    Some(match job.state {
+        JobState::Running | JobState::Unknown => job.step_id(),
+        JobState::StepEnded | JobState::Ended => format!("{} (ended)", job.step_id()),
+    })
 }
 
 fn or_dash(text: &str) -> &str {
@@ -752,9 +1047,26 @@ fn or_dash(text: &str) -> &str {
 /// Every table, every verdict and the host's notes, for `check`.
 pub fn check_text(report: &Report, gpus: &[&GpuVerdict]) -> String {
     let mut out = String::new();
-    if let NvmlStatus::Down { error } = &report.nvml {
-        let _ = writeln!(out, "NVML is not available: {error}");
-        return out;
+    match &report.nvml {
+        NvmlStatus::Down {
+            reason: NvmlFailure::NotAnswering,
+            stuck: Some(stuck),
+            ..
+        } => {
+            let _ = writeln!(
+                out,
+                "NVML does not answer (stuck {} in {}): cannot tell.",
+                seconds_words(stuck.stuck_seconds),
+                stuck.call
+            );
+            let _ = writeln!(out, "  note: NVML's own calls block: a wedged driver, or a GPU that fell off the bus (Xid 79); look for Xid errors in the kernel log (dmesg). It is asked nothing more until the call returns.");
+            return out;
+        }
+        NvmlStatus::Down { error, .. } => {
+            let _ = writeln!(out, "NVML is not available: {error}");
+            return out;
+        }
+        NvmlStatus::Up { .. } => {}
     }
     if report.blind() {
         let _ = writeln!(out, "warning: not in the host PID namespace: NVML hides other namespaces' processes, so memory without a visible owner is not called orphaned.\n");

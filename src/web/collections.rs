@@ -10,9 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// How much of a scrape's wait a holder scan may take at most.
-const SCAN_SHARE_OF_WAIT: f64 = 0.9;
-
 /// The exporter, and the collection in flight for each format.
 pub(super) struct Collections {
     exporter: Arc<Exporter>,
@@ -49,9 +46,11 @@ impl Collections {
 
     /// The metrics body, from a collection already in flight when there is one: scrapes
     /// that arrive together share it instead of queueing NVML calls behind each other.
-    /// A scrape waits at most `timeout`; a collection that takes longer (a hung NVML call)
-    /// stays the one in flight, so later scrapes wait for it too instead of starting more
-    /// collections that would hang on the same call.
+    /// A scrape waits at most `timeout`, and the collection it starts is done by then: it
+    /// waits for NVML and `/proc` only until their share of it, and reports what has not
+    /// answered (`crate::observe::Deadlines`). One that overruns all the same (a starved
+    /// host) stays the one in flight, so later scrapes wait for it too instead of starting
+    /// more collections behind it.
     pub(super) async fn metrics(self: &Arc<Self>, format: Format, timeout: Duration) -> Collected {
         let in_flight = {
             let mut in_flight = lock(&self.in_flight);
@@ -82,7 +81,7 @@ impl Collections {
                     tracing::warn!(
                         seconds = running.as_secs_f64(),
                         timeout_seconds = timeout.as_secs_f64(),
-                        "a collection is taking longer than scrapes wait (a hung NVML call?); scrapes get 503 and join it until it ends (logged once per collection)"
+                        "a collection is taking longer than scrapes wait, although it gives up on NVML and /proc in time (is the exporter starved of CPU?); scrapes get 503 and join it until it ends (logged once per collection)"
                     );
                 }
                 Collected::Overran(running)
@@ -102,12 +101,14 @@ impl Collections {
         let collections = Arc::clone(self);
         let overran = Arc::clone(&running.overran);
         let started = running.started;
-        // Scrapes that join later may wait longer; the holder scan still has to end before
-        // the scrape that started the collection gives up on it, with a tenth of the wait
-        // left to judge and encode what it found.
-        let registry = self
-            .exporter
-            .registry_until(started + timeout.mul_f64(SCAN_SHARE_OF_WAIT));
+        // Scrapes that join later may wait longer; the collection is done by the time the
+        // scrape that started it gives up: each source is waited for only until its share
+        // of the wait (`crate::observe::Deadlines`).
+        tracing::debug!(
+            wait_seconds = timeout.as_secs_f64(),
+            "collecting for a scrape"
+        );
+        let registry = self.exporter.registry_until(started + timeout);
         tokio::task::spawn_blocking(move || {
             let done = InFlightGuard {
                 collections: &collections,

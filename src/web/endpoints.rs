@@ -129,7 +129,7 @@ impl Endpoints {
                 Collected::Overran(running) => owned_text(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!(
-                        "The collection has been running for {:.1}s, longer than this scrape waits ({:.1}s): an NVML call or the /proc scan hangs. It goes on; later scrapes wait for it rather than start another. See the exporter's log.\n",
+                        "The collection has been running for {:.1}s, longer than this scrape waits ({:.1}s), although it gives up on NVML and /proc in time: the exporter may be starved of CPU. It goes on; later scrapes wait for it rather than start another. See the exporter's log.\n",
                         running.as_secs_f64(),
                         timeout.as_secs_f64(),
                     ),

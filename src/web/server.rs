@@ -28,7 +28,8 @@ use tokio::net::{TcpListener, TcpStream};
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections may take to finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// How long a collection stuck in a hung NVML call may hold up the exit after that.
+/// How long a collection may hold up the exit after that (it ends by its scrape's deadline;
+/// a reader thread stuck in a hung NVML call or `/proc` read is never waited for).
 const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 /// Largest request line and headers accepted (431 beyond); a scrape sends well under 1 KiB.
 const MAX_REQUEST_HEAD: usize = 16 * 1024;
@@ -87,7 +88,8 @@ pub fn run(config: ServeConfig, exporter: Arc<Exporter>, web: WebConfig) -> Resu
         serve(listener, address, config, exporter, web).await;
         Ok(())
     });
-    // A collection stuck in a hung NVML call must not keep the process alive.
+    // A collection still running must not keep the process alive, nor may a reader thread
+    // stuck in a hung NVML call (those end with the process).
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
     served
 }

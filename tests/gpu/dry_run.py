@@ -7,8 +7,11 @@
 It runs every scenario of run.py unchanged, with stand-ins for what needs the GPU: the
 fake NVML (docs/fake-nvml.md) for the driver's answers, files standing in for
 /dev/nvidia0, /dev/nvidiactl and /dev/nvidia-uvm, owners that open and map those files
-instead of allocating with PyTorch, an NVML client that opens them without mapping, and
-a pause as long as nvidia-smi takes. A small driver model keeps the fake NVML's answers true to the
+instead of allocating with PyTorch, an NVML client that opens them without mapping, an
+MPS control program that daemonises, maps the GPU's file write-only and nvidiactl's
+read-only as the real daemon does, starts a server (an owner of its own, listed on the
+compute list alone) and quits when told, MPS clients (owners run with MPS's pipe
+directory, listed on the compute and MPS lists), and a pause as long as nvidia-smi takes. A small driver model keeps the fake NVML's answers true to the
 processes: an owner registers a context (its PID, PID namespace and bytes) in a file it
 holds locked; like the real driver, which frees a context when the last reference to its
 device file closes, the model frees it when no process holds that file any more. Each
@@ -49,6 +52,12 @@ import ctypes, fcntl, json, mmap, os, sys, time, uuid
 mode = sys.argv[1]
 dry = os.environ['VRAM_DRY_RUN_DIR']
 dev = os.path.join(dry, 'dev')
+# The MPS server stand-in is an owner of its own; an owner run with MPS's pipe directory
+# is an MPS client, listed on the MPS list too.
+server = os.environ.get('VRAM_DRY_MPS_SERVER') == '1'
+if server:
+    ctypes.CDLL(None).prctl(15, b'nvidia-cuda-mps', 0, 0, 0)
+mps = 'CUDA_MPS_PIPE_DIRECTORY' in os.environ and not server
 kept = [os.open(os.path.join(dev, 'nvidia-uvm'), os.O_RDWR)]
 for name in ('nvidia0', 'nvidiactl'):
     fd = os.open(os.path.join(dev, name), os.O_RDWR)
@@ -57,7 +66,7 @@ context = os.path.join(dry, 'contexts', uuid.uuid4().hex)
 fd = os.open(context + '.tmp', os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
 fcntl.flock(fd, fcntl.LOCK_SH)
 os.write(fd, json.dumps(dict(pid=os.getpid(), ns=os.readlink('/proc/self/ns/pid'),
-                             bytes=int(sys.argv[2]))).encode())
+                             bytes=int(sys.argv[2]), mps=mps)).encode())
 os.rename(context + '.tmp', context + '.json')
 kept.append(fd)
 deadline = time.monotonic() + 10
@@ -65,6 +74,46 @@ while not os.path.exists(context + '.seen'):
     assert time.monotonic() < deadline, 'the driver model did not see the context'
     time.sleep(0.005)
 """ + suite.OWNER_LIFE
+
+# Stands in for nvidia-cuda-mps-control: with -d it daemonises (its own session, parent
+# init) and returns; the daemon holds the GPU's file and nvidiactl, maps the first
+# write-only (twice) and the second read-only, as the real one does, starts its server
+# (the owner stand-in as a program of its own, as the real server is) and waits on
+# <pipe>/control. Without -d it hands what it reads (quit) to the daemon, which then
+# ends its server and itself.
+MPS_CONTROL = r"""
+import ctypes, mmap, os, subprocess, sys
+pipe = os.environ['CUDA_MPS_PIPE_DIRECTORY']
+fifo = os.path.join(pipe, 'control')
+if sys.argv[1:] != ['-d']:
+    command = sys.stdin.read()
+    with open(fifo, 'w') as f:
+        f.write(command)
+    sys.exit(0)
+os.mkfifo(fifo)
+if os.fork():
+    os._exit(0)
+os.setsid()
+quiet = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(quiet, fd)
+ctypes.CDLL(None).prctl(15, b'nvidia-cuda-mps', 0, 0, 0)
+dry = os.environ['VRAM_DRY_RUN_DIR']
+kept = []
+for name, prot in (('nvidia0', mmap.PROT_WRITE), ('nvidia0', mmap.PROT_WRITE),
+                   ('nvidiactl', mmap.PROT_READ)):
+    fd = os.open(os.path.join(dry, 'dev', name), os.O_RDWR)
+    kept += [fd, mmap.mmap(fd, 4096, mmap.MAP_SHARED, prot)]
+server = subprocess.Popen([sys.executable, os.path.join(dry, 'owner.py'), 'hold', '69206016', '0',
+                           'sleep'], env=dict(os.environ, VRAM_DRY_MPS_SERVER='1'),
+                          stdin=quiet, stdout=quiet, stderr=quiet)
+while True:
+    with open(fifo) as f:
+        if 'quit' in f.read():
+            break
+server.kill()
+server.wait()
+"""
 
 AGENT = r"""
 import os, time
@@ -90,6 +139,9 @@ class DryGpu(suite.Gpu):
             with open(os.path.join(self.dev, node), "wb") as f:
                 f.write(bytes(4096))
         self.device_prefix = os.path.join(self.dev, "nvidia")
+        for name, program in (("owner.py", OWNER), ("mps-control.py", MPS_CONTROL)):
+            with open(os.path.join(self.dir, name), "w") as f:
+                f.write(program)
         self.library = os.path.join(self.dir, "libnvidia-ml.so.1")
         os.symlink(os.path.abspath(library), self.library)
         self.host_ns = os.readlink("/proc/self/ns/pid")
@@ -121,7 +173,11 @@ class DryGpu(suite.Gpu):
     def query(self):
         with self.lock:
             processes, used = self.listing(self.host_ns)
-        return dict(used=used, charges={str(p["pid"]): p["used_bytes"] for p in processes})
+        return dict(used=used, charges={str(p["pid"]): p["used_bytes"] for p in processes},
+                    mps_charges={str(p["pid"]): p["used_bytes"] for p in processes if p["mps"]})
+
+    def mps_control(self):
+        return [sys.executable, os.path.join(self.dir, "mps-control.py")]
 
     def nvidia_smi_pair(self):
         # As long as the pair takes as processes on an H200 (26.5 + 28.3 ms measured), so
@@ -140,9 +196,11 @@ class DryGpu(suite.Gpu):
         processes = []
         for context in self.contexts.values():
             if namespace == self.host_ns:
-                processes.append(dict(pid=context["host_pid"], used_bytes=context["bytes"]))
+                processes.append(dict(pid=context["host_pid"], used_bytes=context["bytes"],
+                                      mps=context["mps"]))
             elif namespace is not None and context["ns"] == namespace:
-                processes.append(dict(pid=context["pid"], used_bytes=context["bytes"]))
+                processes.append(dict(pid=context["pid"], used_bytes=context["bytes"],
+                                      mps=context["mps"]))
         used = sum(c["bytes"] + CONTEXT_OVERHEAD for c in self.contexts.values())
         return processes, used
 
@@ -150,11 +208,14 @@ class DryGpu(suite.Gpu):
         with self.lock:
             for view, namespace in self.views.items():
                 processes, used = self.listing(namespace)
+                listed = [dict(pid=p["pid"], used_bytes=p["used_bytes"]) for p in processes]
                 body = json.dumps(dict(driver_version="580.159.04", gpus=[dict(
                     uuid="GPU-d2a00000-0000-0000-0000-000000000000", name="NVIDIA H200 (dry run)",
                     pci_bus_id="00000000:19:00.0", minor=0,
                     memory=dict(total=TOTAL, reserved=RESERVED, used=used),
-                    compute_processes=processes,
+                    # An MPS client is on both lists, as on the H200 (driver 580).
+                    compute_processes=listed,
+                    mps_processes=[entry for entry, p in zip(listed, processes) if p["mps"]],
                     # A healthy H200 as driver 580 reports it, MIG off.
                     recovery_action=0,
                     remapped_rows=dict(correctable=0, uncorrectable=0, pending=False, failure=False),
@@ -190,7 +251,7 @@ class DryGpu(suite.Gpu):
             fd = os.open(path, os.O_RDONLY)
             with self.lock:
                 self.contexts[name] = dict(host_pid=found[0], ns=facts["ns"], pid=facts["pid"],
-                                           bytes=facts["bytes"], fd=fd)
+                                           bytes=facts["bytes"], mps=facts["mps"], fd=fd)
             open(os.path.join(folder, name + ".seen"), "w").close()
 
     def free_contexts(self):

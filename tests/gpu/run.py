@@ -21,6 +21,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -111,11 +112,18 @@ assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) == 0
 mem = Mem2()
 mem.version = ctypes.sizeof(Mem2) | (2 << 24)
 assert lib.nvmlDeviceGetMemoryInfo_v2(dev, ctypes.byref(mem)) == 0
-count = ctypes.c_uint(128)
-procs = (Proc * 128)()
-assert lib.nvmlDeviceGetComputeRunningProcesses_v3(dev, ctypes.byref(count), procs) == 0
-print(json.dumps(dict(used=mem.used, charges={str(p.pid): p.used for p in procs[: count.value]})))
+def listed(call):
+    count = ctypes.c_uint(128)
+    procs = (Proc * 128)()
+    assert getattr(lib, call)(dev, ctypes.byref(count), procs) == 0
+    return {str(p.pid): p.used for p in procs[: count.value]}
+print(json.dumps(dict(used=mem.used, charges=listed("nvmlDeviceGetComputeRunningProcesses_v3"),
+                      mps_charges=listed("nvmlDeviceGetMPSComputeRunningProcesses_v3"))))
 """
+
+# The MPS control daemon's program, where the H200 had it.
+MPS_CONTROL = "nvidia-cuda-mps-control"
+MPS_CONTROL_FALLBACK = "/usr/local/nvidia/bin/nvidia-cuda-mps-control"
 
 
 class Gpu:
@@ -139,6 +147,24 @@ class Gpu:
         out = subprocess.run([sys.executable, "-c", NVML_QUERY], capture_output=True,
                              text=True, check=True, timeout=60).stdout
         return json.loads(out)
+
+    def mps_control(self):
+        """The command line of MPS's control program, `nvidia-cuda-mps-control`."""
+        return [shutil.which(MPS_CONTROL) or MPS_CONTROL_FALLBACK]
+
+    def mps_start(self, env):
+        """Start the MPS control daemon (`nvidia-cuda-mps-control -d`) with the pipe and
+        log directories `env` names, and return its PID once it runs."""
+        subprocess.run(self.mps_control() + ["-d"], env=env, check=True, timeout=30)
+        pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+        found = []
+        wait_for("the MPS control daemon", lambda: found.extend(mps_daemons(pipe)) or found)
+        return found[0]
+
+    def mps_quit(self, env):
+        """End MPS as an operator does: `echo quit | nvidia-cuda-mps-control` (the daemon
+        waits for its clients to finish first)."""
+        subprocess.run(self.mps_control(), input="quit\n", env=env, text=True, timeout=30)
 
     def nvidia_smi_pair(self):
         """What an nvidia-smi-based exporter runs per scrape."""
@@ -221,6 +247,18 @@ def culprit_words(pid, comm, state, evidence):
     user root, parent 1, <evidence>)`; a container or more evidence may follow."""
     return (rf"PID {pid} \({re.escape(comm)}, {state}, {STARTED}(?:, user [^,()]+)?, parent \d+"
             rf"[^()]*?, {evidence}[^()]*\)")
+
+
+def names_only_the_child(text, dead, child):
+    """Whether `check`'s verdict on GPU 0 names the dead owner's forked child, and it alone,
+    as the holder of the dead owner's memory. The child's parent is whoever adopted it
+    (init, or a subreaper): not asserted."""
+    return re.search(
+        rf"GPU 0: .* held for exited PID {dead}; still held by "
+        + culprit_words(child, comm_of(child), "sleeping",
+                        "holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, "
+                        rf"in the process group and session of exited PID {dead}")
+        + rf" - killing {child} should free it\.", text) is not None
 
 
 def kill_line(text):
@@ -388,6 +426,29 @@ def describe(pid, prefix):
         facts["shared_maps"] = maps(facts["maps_from"])
     facts["shared_maps_total"] = sum(v for v in facts["shared_maps"].values() if isinstance(v, int))
     return facts
+
+
+def environ_of(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def mps_daemons(pipe):
+    """The MPS control daemons whose pipe directory is `pipe`: processes named
+    nvidia-cuda-mps that lead their own session, with CUDA_MPS_PIPE_DIRECTORY=pipe."""
+    wanted = f"CUDA_MPS_PIPE_DIRECTORY={pipe}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if (entry.isdigit() and comm_of(entry) == "nvidia-cuda-mps"
+                    and int(stat_fields(entry)[3]) == int(entry) and wanted in environ_of(entry)):
+                found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return sorted(found)
 
 
 def device_holders(prefix):
@@ -618,16 +679,18 @@ class Suite:
                                  f"{result.stderr[-500:]!r}")
 
     # Processes.
-    def owner(self, mode, nbytes, children=1, child_kind="sleep", prefix=(), own_session=True):
+    def owner(self, mode, nbytes, children=1, child_kind="sleep", prefix=(), own_session=True,
+              env=None):
         """Start a GPU owner; by default it leads its own session, as a job from a shell or
-        a service does. Returns once it holds its memory (READY) or has forked (CHILD)."""
+        a service does; `env` adds to its environment (MPS's directories make it an MPS
+        client). Returns once it holds its memory (READY) or has forked (CHILD)."""
         stderr = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(
             list(prefix) + [sys.executable, "-c", self.gpu.owner_program, mode, str(nbytes),
                             str(children), child_kind],
             stdin=subprocess.PIPE if mode == "hold-then-fork" else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=own_session,
-            env=self.gpu.env())
+            env=dict(self.gpu.env(), **(env or {})))
         self.spawned.add(proc, group=own_session)
         owner = Owner(proc, stderr)
         if mode == "fork":
@@ -723,6 +786,12 @@ def health(suite):
     suite.expect("memory not OS-managed (x86 H200)", [0.0], one("vram_gpu_memory_os_managed"))
     suite.expect("no Xid since the exporter started", [], one("vram_xid_errors_total"))
     suite.expect("no permission error", [0.0], one("vram_gpu_error", error="no_permission"))
+    # Every NVML call runs on a reader thread (one for the library, one per GPU, beside
+    # the event thread): on a healthy GPU each answers within the scrape.
+    suite.expect("answers in time (no timeout)", [0.0], one("vram_gpu_error", error="timeout"))
+    suite.expect("no NVML call stuck", [], one("vram_gpu_stuck_seconds"))
+    suite.expect("NVML answers (every vram_nvml_error 0)", [0.0] * 4,
+                 [v for n, l, v in s if n == "vram_nvml_error"])
 
 
 @scenario(2, "lifecycle", "live owner", "live", "stopped", "killed", "latency", "3", "4")
@@ -799,15 +868,8 @@ def fork_orphan(suite):
         holders=device_holders(suite.gpu.device_prefix))
 
     check = suite.check(record="fork orphan")
-    comm = comm_of(child)
-    # The parent is whoever adopted the child (init, or a subreaper): not asserted.
-    sentence = re.search(
-        rf"GPU 0: .* held for exited PID {dead}; still held by "
-        + culprit_words(child, comm, "sleeping",
-                        "holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, "
-                        rf"in the process group and session of exited PID {dead}")
-        + rf" - killing {child} should free it\.", check.stdout)
-    suite.expect("check's verdict names only the child", True, sentence is not None)
+    suite.expect("check's verdict names only the child", True,
+                 names_only_the_child(check.stdout, dead, child))
     suite.expect("check exit status", 1, check.returncode)
     suite.expect("check's last line", "exit status 1: orphaned memory found", exit_line(check.stdout))
     suite.expect("suggested kill line", [child], kill_line(check.stdout))
@@ -1135,6 +1197,172 @@ def run_exporter_in_pid_namespace_with_host_proc(suite, host_proc):
     exporter.stop()
 
 
+@scenario(16, "mps", "MPS", "mps-live", "mps-killed", "mps-fork", "17", "18")
+def mps(suite):
+    """A GPU shared through MPS (the real control daemon, with pipe and log directories of
+    its own): 16 a live client, 17 a client killed, 18 a client that forks a child (which
+    never touches CUDA) and exits. The control daemon and its server hold the GPU's device
+    file; neither may be blamed or put into a kill line; the child alone is the culprit,
+    and killing it frees the memory. MPS is ended with `quit` however the scenario ends."""
+    work = tempfile.mkdtemp(prefix="vram-mps-")
+    directories = dict(CUDA_MPS_PIPE_DIRECTORY=os.path.join(work, "pipe"),
+                       CUDA_MPS_LOG_DIRECTORY=os.path.join(work, "log"))
+    for folder in directories.values():
+        os.makedirs(folder)
+    env = dict(suite.gpu.env(), **directories)
+    daemon = None
+    try:
+        daemon = suite.gpu.mps_start(env)
+        run_mps(suite, daemon, directories)
+    finally:
+        # `quit` waits for the clients to finish: end them first.
+        suite.spawned.kill_all()
+        suite.gpu.mps_quit(env)
+        if daemon is not None:
+            try:
+                # Init reaps the daemon; a zombie has ended too.
+                wait_for("MPS to end", lambda: proc_state(daemon) in (None, "Z") and not [
+                    pid for pid in mps_daemons(directories["CUDA_MPS_PIPE_DIRECTORY"])
+                    if proc_state(pid) != "Z"], limit=30)
+            except AssertionError as error:
+                suite.expect("MPS ended by quit", "ended", str(error), ok=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def mps_lists(suite):
+    """NVML's compute and MPS lists of GPU 0: {pid: (compute bytes, MPS bytes)}."""
+    reading = suite.gpu.query()
+    both = {}
+    for key, at in (("charges", 0), ("mps_charges", 1)):
+        for pid, used in reading.get(key, {}).items():
+            both.setdefault(int(pid), [None, None])[at] = used
+    return {pid: tuple(used) for pid, used in both.items()}
+
+
+def run_mps(suite, daemon, directories):
+    exporter = suite.exporter
+    facts = suite.facts.setdefault("mps", {})
+    facts["daemon"] = dict(pid=daemon, start_ticks=start_ticks(daemon), comm=comm_of(daemon))
+
+    suite.scenario = "16 MPS live client"
+    live = suite.owner("hold", 3 * GiB, env=directories)
+    # The daemon starts its server when the first client connects: its child.
+    wait_for("the MPS server", lambda: children_of(daemon), limit=60)
+    [server] = children_of(daemon)
+    wait_for("the client and the server listed",
+             lambda: {live.pid, server} <= set(mps_lists(suite)), limit=30)
+    lists = mps_lists(suite)
+    facts["live"] = dict(client=live.pid, server=server, lists={str(k): v for k, v in lists.items()})
+    suite.expect("NVML: client on the compute and MPS lists", True,
+                 all(used is not None for used in lists[live.pid]))
+    suite.expect("NVML: server on the compute list only", True,
+                 lists[server][0] is not None and lists[server][1] is None)
+    suite.expect("NVML: daemon on no list", False, daemon in lists)
+    suite.expect("server's parent is the daemon", daemon, int(stat_fields(server)[1]))
+    for label, pid in (("MPS control daemon", daemon), ("MPS server", server), ("live MPS client", live.pid)):
+        suite.describe(label, pid)
+    s = exporter.scrape(record="MPS, a live client")
+    suite.expect("running owners (client and server)", 2, owners(s, "running"))
+    suite.expect("orphaned bytes", 0, orphaned(s))
+    suite.expect("holders (all roles)", 0,
+                 sum(holders(s, role) for role in ("culprit", "bystander", "undetermined")))
+    rc, doc = suite.check_json(record="MPS, a live client")
+    suite.expect("check exit status", 0, rc)
+    suite.expect("check --json owners, running", sorted([(live.pid, "running"), (server, "running")]),
+                 sorted((o["pid"], o["state"]) for o in gpu0(doc)["owners"]))
+
+    suite.scenario = "17 MPS client killed"
+    killed = suite.owner("hold", 2 * GiB, env=directories)
+    wait_for("the client listed", lambda: killed.pid in mps_lists(suite))
+    killed_at = time.monotonic()
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.proc.wait()
+    wait_for("the killed client's memory freed", lambda: killed.pid not in mps_lists(suite))
+    freed = time.monotonic() - killed_at
+    facts["killed_client_freed_seconds"] = round(freed, 3)
+    suite.expect("freed by the server after SIGKILL (s < 2)", True, freed < 2)
+    s = exporter.scrape(record="MPS, a client killed")
+    suite.expect("gone owners", 0, owners(s, "gone"))
+    suite.expect("orphaned bytes", 0, orphaned(s))
+    suite.expect("holders (all roles)", 0,
+                 sum(holders(s, role) for role in ("culprit", "bystander", "undetermined")))
+    rc, doc = suite.check_json(record="MPS, a client killed")
+    suite.expect("check exit status", 0, rc)
+
+    suite.scenario = "18 MPS fork orphan"
+    client = suite.owner("hold-then-fork", 4 * GiB, env=directories)
+    dead = client.pid
+    wait_for("the forking client listed", lambda: dead in mps_lists(suite))
+    s = exporter.scrape()
+    suite.expect("served exporter saw the client live", 3, owners(s, "running"))
+    [child] = client.fork_now()
+    suite.spawned.add_pid(child)
+    wait_for("the dead client listed", lambda: dead in mps_lists(suite) and proc_state(dead) is None)
+    lists = mps_lists(suite)
+    charge = lists[dead][0]
+    facts["fork"] = dict(dead_client=dead, child=child, server=server, daemon=daemon,
+                         lists={str(k): v for k, v in lists.items()},
+                         holders=device_holders(suite.gpu.device_prefix))
+    suite.expect("NVML: dead client on the compute and MPS lists", True,
+                 all(used is not None for used in lists[dead]))
+    for label, pid in (("MPS control daemon", daemon), ("MPS server", server),
+                       ("dead client's child", child)):
+        suite.describe(label, pid)
+
+    text = suite.check(record="MPS fork orphan")
+    suite.expect("check's verdict names the child only", True,
+                 names_only_the_child(text.stdout, dead, child))
+    suite.expect("check exit status", 1, text.returncode)
+    suite.expect("suggested kill line: the child only", [child], kill_line(text.stdout))
+    note = re.search(r"^  note: Not blamed, the MPS control daemon and server, which serve every MPS "
+                     r"client of GPU 0: (.*)$", text.stdout, re.M)
+    note = note.group(1) if note else ""
+    suite.expect("daemon listed as not blamed, with why", True, re.search(
+        rf"PID {daemon} \(nvidia-cuda-mps, [^()]*the MPS control daemon: parent of MPS server PID "
+        rf"{server}, listed by NVML on no GPU, leading its own session; killing it frees no "
+        r"client's memory and ends MPS for every client, maps GPU 0's device file write-only: the "
+        r"driver is initialised but it holds no context", note) is not None)
+    suite.expect("server listed as not blamed, with why", True, re.search(
+        rf"PID {server} \(nvidia-cuda-mps, [^()]*the MPS server: on GPU 0's compute list and not its "
+        rf"MPS list, which names the clients, child of MPS control daemon PID {daemon}", note)
+        is not None)
+    rc, doc = suite.check_json(record="MPS fork orphan")
+    gpu = gpu0(doc)
+    suite.expect("check --json culprits", [child], pids(gpu["culprits"]))
+    suite.expect("check --json remedy", ("kill", [child]),
+                 (gpu["remedy"]["action"], kill_targets(gpu)))
+    daemon_doc = find(gpu["bystanders"], daemon) or {}
+    server_doc = find(gpu["bystanders"], server) or {}
+    suite.expect("check --json daemon: evidence", ["mps_control_daemon", "maps_gpu_without_context",
+                                                   "mps_command_name"],
+                 kinds(daemon_doc) if daemon_doc else None)
+    suite.expect("check --json daemon maps GPU 0 write-only", {"0": "write_only"},
+                 (daemon_doc.get("mappings") or {}).get("gpus_without_read_write"))
+    suite.expect("check --json server: evidence", ["mps_server", "mps_command_name"],
+                 kinds(server_doc) if server_doc else None)
+    s = exporter.scrape(record="MPS fork orphan (exporter started before)")
+    suite.expect("orphaned owner_gone = dead client's charge", charge,
+                 value(s, "vram_orphaned_bytes", gpu=0, reason="owner_gone"))
+    suite.expect("holder named (vram_holder_info)", [child], holder_pids(s))
+    suite.expect("bystanders >= 2 (daemon, server)", True, holders(s, "bystander") >= 2)
+    late = Exporter.start(suite, suite.spawned, "started after the dead client", "exporter-mps.log")
+    s = late.scrape(record="MPS fork orphan (exporter started after the dead client)")
+    suite.expect("exporter started after: holder named", [child], holder_pids(s))
+    suite.expect("exporter started after: culprits", 1, holders(s, "culprit"))
+    late.stop()
+
+    killed_at = time.monotonic()
+    os.kill(child, signal.SIGKILL)
+    wait_for("the orphan freed", lambda: dead not in mps_lists(suite))
+    freed = time.monotonic() - killed_at
+    facts["child_kill_frees_seconds"] = round(freed, 3)
+    suite.expect("killing the child frees it (s < 2)", True, freed < 2)
+    rc, doc = suite.check_json(record="MPS fork orphan, child killed")
+    suite.expect("check exit after killing the child", 0, rc)
+    suite.expect("daemon and server still run", True,
+                 proc_state(daemon) is not None and proc_state(server) is not None)
+
+
 @scenario(9, "many", "many owners")
 def many_owners(suite):
     """Scrape latency with many live CUDA owners, each with its real descriptor table."""
@@ -1184,7 +1412,7 @@ def timed_scrapes(exporter, scrapes):
 
 def latency(suite, exporter, scrapes=1000, runs=20):
     """Scrape latency and CPU time of the exporter with one live owner, next to what an
-    nvidia-smi-based exporter runs per scrape (issue 11's H200 row)."""
+    nvidia-smi-based exporter runs per scrape (the H200 row of docs/benchmarks.md's targets)."""
     times, cpu_ms = timed_scrapes(exporter, scrapes)
     smi = []
     for _ in range(runs):
@@ -1249,7 +1477,7 @@ def main(argv=None, gpu=None):
     chosen = selected(args.only)
     binary = os.path.abspath(args.binary)
     os.makedirs(args.out, exist_ok=True)
-    for log in ("exporter-host.log", "exporter-pidns.log"):
+    for log in ("exporter-host.log", "exporter-pidns.log", "exporter-mps.log"):
         if os.path.exists(os.path.join(args.out, log)):
             os.unlink(os.path.join(args.out, log))
     suite = Suite(binary, args.out, gpu or Gpu())

@@ -166,7 +166,7 @@ fn heading_anchor(heading: &str) -> String {
 
 /// The anchors GitHub gives the headings of a Markdown text: lines of code blocks are
 /// not headings, and a repeated anchor gets `-1`, `-2`, ...
-fn markdown_anchors(text: &str) -> Vec<String> {
+pub(crate) fn markdown_anchors(text: &str) -> Vec<String> {
     let mut anchors = Vec::new();
     let mut bases: Vec<String> = Vec::new();
     let mut in_code = false;

@@ -3,8 +3,8 @@
 //! panic, no figure beyond the GPU, no process called gone or unknown because it exited
 //! while we looked, and a mistake said in one line that names it, once.
 //!
-//! What the exporter does with each, and why, is in the README ("When NVML answers
-//! garbage").
+//! What the exporter does with each, and why, is in docs/how-it-decides.md ("When NVML
+//! answers garbage").
 
 use crate::helpers::*;
 use serde_json::json;

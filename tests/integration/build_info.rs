@@ -167,7 +167,7 @@ fn the_binary_reports_the_revision_of_the_checkout_it_was_built_from() {
 
     let explicit = std::env::var("VRAM_EXPORTER_REVISION").ok();
     if repository().join(".git").exists() && explicit.is_none() {
-        // From a git clone, never "unknown": the issue this answers.
+        // From a git clone, never "unknown": what a person building from a clone expects.
         let head = git(&repository(), &["rev-parse", "HEAD"]);
         assert!(
             *reported == head[..12] || *reported == format!("{}-dirty", &head[..12]),

@@ -776,11 +776,33 @@ fn wait_returns_1_when_the_time_runs_out_with_the_holder_alive() {
 
 #[test]
 fn wait_returns_at_once_when_nothing_is_orphaned() {
+    // "At once" is after the first look: one collection, no sleep between looks. A wait
+    // interval of 10 s makes any sleep of one interval overshoot the bound below, and the
+    // fake NVML's call log counts the looks (one memory call per look at the one GPU).
+    // Measured here: 0.03 to 0.18 s, with the load average at 12 on 2 cores; 5 s leaves
+    // room for a slower machine and is still half of one interval.
     let rig = Rig::new();
+    let calls = rig.dir.path().join("calls.log");
     let started = std::time::Instant::now();
-    let outcome = rig.run(&["check", "--wait", "30s"]);
+    let outcome = Outcome::from(
+        rig.command()
+            .env("FAKE_NVML_CALL_LOG", &calls)
+            .args(["check", "--wait", "30s", "--wait.interval", "10s"])
+            .output()
+            .unwrap(),
+    );
+    let elapsed = started.elapsed();
     assert_eq!(outcome.status, Some(0), "{outcome:?}");
-    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "a wait with nothing orphaned took {elapsed:?}"
+    );
+    let looks = std::fs::read_to_string(&calls)
+        .unwrap()
+        .lines()
+        .filter(|call| *call == "nvmlDeviceGetMemoryInfo_v2")
+        .count();
+    assert_eq!(looks, 1, "one look at the GPU, then the answer");
     assert_eq!(outcome.stderr, "", "no progress lines");
     assert_eq!(
         verdict_line(&outcome.stdout, 0),

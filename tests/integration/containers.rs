@@ -251,6 +251,15 @@ fn live_owner_in_a_docker_container_is_labelled_on_its_per_process_series() {
     drop(cgroup);
 }
 
+/// What util-linux 2.38's `unshare --fork` (Debian 12's) says on standard error when the
+/// child it forked, here PID 1 of the namespace, dies of SIGKILL, as `EndingNamespace::end`
+/// makes it: to die of the same signal, unshare resets the signal's handler to the
+/// default first, which the kernel refuses for SIGKILL (`rt_sigaction` fails with EINVAL),
+/// and the message names the next step. unshare then exits 1 instead. Later util-linux
+/// skips the reset for SIGKILL and says nothing.
+const UNSHARE_ON_A_CHILD_KILLED_BY_SIGKILL: &str =
+    "unshare: sigprocmask unblock failed: Invalid argument";
+
 /// A PID namespace made by `unshare --pid --fork`, whose PID 1 (a model CUDA process
 /// named `holder` with a context on GPUs 0 and 1) and its child both hold the context;
 /// the child is frozen in a cgroup v1 freezer, which is
@@ -274,6 +283,7 @@ impl EndingNamespace {
             .args(["--pid", "--fork", "python3", "-c", model_program()])
             .arg(model.spec_forking_and_staying(1))
             .stdin(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("unshare --pid --fork");
         let mut init = 0;
@@ -337,6 +347,21 @@ impl Drop for EndingNamespace {
         wait_until("the thawed holder is gone", Duration::from_secs(10), || {
             proc_state(holder).is_none()
         });
+        // Every process that could write to unshare's standard error is gone: read it all.
+        let mut said = String::new();
+        if let Some(mut stderr) = self.unshare.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut said);
+        }
+        let unexpected: Vec<&str> = said
+            .lines()
+            .filter(|line| *line != UNSHARE_ON_A_CHILD_KILLED_BY_SIGKILL)
+            .collect();
+        if !std::thread::panicking() {
+            assert!(
+                unexpected.is_empty(),
+                "unshare or the namespace's processes said:\n{said}"
+            );
+        }
     }
 }
 

@@ -20,6 +20,7 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_gpu_info",
     "vram_gpu_up",
     "vram_gpu_error",
+    "vram_gpu_stuck_seconds",
     "vram_total_bytes",
     "vram_used_bytes",
     "vram_reserved_bytes",
@@ -39,9 +40,12 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_holder_scan_complete",
     "vram_host_pid_namespace",
     "vram_nvml_up",
+    "vram_nvml_error",
+    "vram_nvml_stuck_seconds",
     "vram_scrape_duration_seconds",
     "vram_build_info",
     "vram_procfs_errors",
+    "vram_procfs_stuck_seconds",
     "vram_process_used_bytes",
     // Kubernetes: the kubelet's view.
     "vram_gpu_pod_info",
@@ -49,6 +53,10 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_kubelet_error",
     "vram_kubelet_last_success_timestamp_seconds",
     "vram_kubelet_unmatched_devices",
+    // Container engines: their health.
+    "vram_container_engine_up",
+    "vram_container_engine_error",
+    "vram_container_engine_last_success_timestamp_seconds",
     // MIG devices and what the driver says a GPU needs.
     "vram_gpu_mig_mode",
     "vram_gpu_mig_mode_pending",
@@ -721,8 +729,10 @@ fn strings<'a>(value: &'a Value, at: String, out: &mut Vec<(String, &'a str)>) {
     }
 }
 
-/// What Grafana's importer does with the inputs the user chose: every `${NAME}` of a
-/// declared input is replaced in every string, and `__inputs` is dropped.
+/// A model, written here, of what Grafana's importer does with the inputs the user chose:
+/// every `${NAME}` of a declared input is replaced in every string, and `__inputs` is
+/// dropped. It is not Grafana's code: the test below checks the dashboard's side of the
+/// import (every placeholder is a declared input, and the variable starts on it).
 fn import(dashboard: &Value, inputs: &BTreeMap<&str, &str>) -> Value {
     match dashboard {
         Value::String(text) => {
@@ -822,7 +832,7 @@ fn dashboard_declares_its_data_source_input_and_what_it_requires() {
 }
 
 #[test]
-fn importing_points_the_datasource_variable_at_the_chosen_data_source() {
+fn filling_in_the_ds_prometheus_input_leaves_no_placeholder_and_starts_the_variable_on_it() {
     let dashboard = load_dashboard();
     let imported = import(
         &dashboard,

@@ -457,10 +457,56 @@ fn http_endpoints_follow_exporter_conventions() {
 
 #[test]
 fn sigterm_shuts_down_cleanly() {
+    // The reference (HTTP endpoints) promises that SIGTERM lets requests in flight finish. A scrape whose
+    // collection is inside a slow NVML call (the fake's memory call sleeps 2 s) when
+    // SIGTERM arrives must still get its whole body, and the exporter then exits 0.
+    const MEMORY_CALL: &str = "nvmlDeviceGetMemoryInfo_v2";
     let rig = Rig::new();
-    let exporter = rig.start(&[]);
-    exporter.scrape();
-    let status = exporter.terminate();
+    let mut gpu = Gpu::idle(0);
+    gpu.0["delays_ms"][MEMORY_CALL] = serde_json::json!(2000);
+    rig.write_scenario(&Gpus::new().gpu(gpu).into_json());
+    let calls = rig.dir.path().join("calls.log");
+    let mut command = rig.command();
+    command
+        .env("FAKE_NVML_CALL_LOG", &calls)
+        .args(["--web.listen-address", "127.0.0.1:0"]);
+    let exporter = start(command);
+    let memory_calls = || {
+        std::fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .lines()
+            .filter(|call| *call == MEMORY_CALL)
+            .count()
+    };
+    let before = memory_calls();
+
+    let address = exporter.address;
+    let scrape = std::thread::spawn(move || http(address, "GET", "/metrics", &[]));
+    // The fake logs a call as it starts it: from here the collection is in flight.
+    wait_until(
+        "the scrape's collection is inside NVML's memory call",
+        Duration::from_secs(10),
+        || memory_calls() > before,
+    );
+    signal(exporter.child.id(), libc::SIGTERM);
+
+    let response = scrape.join().expect("the scrape in flight is answered");
+    assert_eq!(response.status, 200, "{}", response.body);
+    let metrics = Metrics::parse(&response.body);
+    assert_eq!(metrics.value("vram_gpu_up", &GPU0), 1.0);
+    assert_eq!(
+        metrics.value("vram_total_bytes", &GPU0),
+        TOTAL as f64,
+        "{}",
+        response.body
+    );
+    // The body is whole: the last family is there too.
+    assert!(
+        metrics.has("vram_scrape_duration_seconds"),
+        "{}",
+        response.body
+    );
+    let status = exporter.wait_for_exit();
     assert!(status.success(), "{status:?}");
 }
 

@@ -1,6 +1,8 @@
-//! docs/fake-nvml.md tells a contributor to run the exporter against the fake NVML in two
-//! commands; this runs their equivalent (the library cargo built for the tests, a free
-//! port) from the repository root, with the shipped scenario exactly as documented.
+//! The README and docs/fake-nvml.md tell a contributor to run the exporter against the
+//! fake NVML in two commands, and `check` in a third; this runs them from the repository
+//! root as printed: `cargo build -p fake-nvml`, then the exporter with the documented
+//! scenario and the documented library path `target/debug/libfake_nvml.so`, on a free
+//! port, scraped.
 
 use crate::helpers::*;
 use std::path::PathBuf;
@@ -17,31 +19,86 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The exporter as the second command starts it, from the repository root.
+/// The first `sh` block of the Markdown file `path` (relative to the repository root)
+/// that builds the fake NVML, as lines.
+fn sh_block_building_the_fake(path: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join(path)).unwrap();
+    text.split("```sh\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .find(|block| block.contains(BUILD))
+        .unwrap_or_else(|| panic!("{path} has no sh block with `{BUILD}`"))
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The second command, split as the shell splits it: the environment variable it sets
+/// and the arguments after `cargo run --`.
+fn documented_run() -> ((String, String), Vec<String>) {
+    let (assignment, rest) = RUN.split_once(' ').unwrap();
+    let (key, value) = assignment.split_once('=').unwrap();
+    let args = rest
+        .strip_prefix("cargo run -- ")
+        .expect("the second command is `cargo run -- ...`")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    ((key.to_string(), value.to_string()), args)
+}
+
+/// The exporter as the second command starts it, from the repository root. It is the
+/// binary these tests built rather than `cargo run`: `cargo run` builds the package
+/// without its dev-dependencies, whose features differ, so it would relink
+/// `target/debug/vram-exporter` under the feet of the tests running it meanwhile.
+/// Everything else is as printed, the library path included.
 fn documented_command() -> Command {
+    let ((key, value), args) = documented_run();
     let mut command = Command::new(exporter_binary());
-    command
-        .current_dir(repo())
-        .env("FAKE_NVML_SCENARIO", SCENARIO)
-        .arg("--nvml.library")
-        .arg(fake_nvml_library());
+    command.current_dir(repo()).env(key, value).args(args);
     command
 }
 
 #[test]
 fn the_doc_gives_the_two_commands() {
-    let doc = std::fs::read_to_string(repo().join("docs/fake-nvml.md")).unwrap();
-    let block = doc
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("a sh block in docs/fake-nvml.md");
-    assert_eq!(block.lines().collect::<Vec<_>>(), [BUILD, RUN]);
+    assert_eq!(
+        sh_block_building_the_fake("docs/fake-nvml.md"),
+        [BUILD, RUN]
+    );
+    assert_eq!(
+        sh_block_building_the_fake("README.md"),
+        [BUILD, RUN],
+        "the README's quick start shows the same two commands"
+    );
+    assert_eq!(documented_run().0 .1, SCENARIO);
     assert!(repo().join(SCENARIO).is_file());
 }
 
 #[test]
 fn the_documented_commands_serve_a_healthy_gpu_and_an_orphan() {
+    // The first command, as printed, from the repository root, into the default target
+    // folder the second command's library path names. It may rewrite the library the
+    // other tests load: they load a copy, taken here before the build at the latest.
+    fake_nvml_library();
+    let build = Command::new("sh")
+        .arg("-c")
+        .arg(BUILD)
+        .current_dir(repo())
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("run the documented build");
+    assert!(
+        build.status.success(),
+        "`{BUILD}` failed:\n{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let library = repo().join("target/debug/libfake_nvml.so");
+    assert!(
+        library.is_file(),
+        "`{BUILD}` did not leave {} where the doc says",
+        library.display()
+    );
+
     let mut command = documented_command();
     command.args(["--web.listen-address", "127.0.0.1:0"]);
     let exporter = start(command);
@@ -69,7 +126,7 @@ fn the_documented_commands_serve_a_healthy_gpu_and_an_orphan() {
         1.0
     );
 
-    // `check` with the same two variables explains it: something is orphaned.
+    // `check` with the same variable and library explains it: something is orphaned.
     let output = documented_command().arg("check").output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");

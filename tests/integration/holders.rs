@@ -27,32 +27,12 @@ fn check_json(rig: &Rig, status: i32) -> Value {
     outcome.json()
 }
 
-fn pids_of(list: &Value) -> Vec<u64> {
-    list.as_array()
-        .unwrap_or_else(|| panic!("not a list: {list}"))
-        .iter()
-        .map(|process| process["pid"].as_u64().unwrap())
-        .collect()
-}
-
 fn holder_info_pids(metrics: &Metrics, gpu: &str) -> Vec<String> {
     metrics
         .find("vram_holder_info", &[("gpu", gpu)])
         .iter()
         .map(|(_, labels, _)| labels["pid"].clone())
         .collect()
-}
-
-/// The `kill` line `check` suggests for `gpu`, if any.
-fn kill_line(stdout: &str, gpu: u32) -> Option<String> {
-    let verdict = verdict_line(stdout, gpu);
-    let after = stdout.split_once(verdict).unwrap().1;
-    after
-        .lines()
-        .skip(1)
-        .take_while(|line| line.starts_with("  "))
-        .find_map(|line| line.trim().strip_prefix("suggested: kill "))
-        .map(|rest| rest.split("   #").next().unwrap().to_string())
 }
 
 #[test]
@@ -740,8 +720,8 @@ fn an_exporter_in_its_own_pid_namespace_reading_the_hosts_proc() {
     );
 }
 
-// Two GPUs of one host (issue 15's scenarios, on the fake NVML; the real two-GPU run
-// waits for a two-GPU machine).
+// Two GPUs of one host: a job and an orphan spread over both, on the fake NVML (the real
+// two-GPU run waits for a two-GPU machine).
 
 #[test]
 fn a_fork_orphan_of_a_job_on_both_gpus_has_the_same_one_culprit_on_both() {

@@ -44,7 +44,7 @@ fn said(output: &Output) -> String {
 }
 
 /// podman with Debian's runc and cgroupfs, as on a host with a hybrid cgroup layout.
-fn podman() -> Command {
+pub(crate) fn podman() -> Command {
     let podman = require_tool("podman", "podman");
     assert!(
         Path::new(RUNC).is_file(),
@@ -56,7 +56,7 @@ fn podman() -> Command {
 }
 
 /// `--ulimit` flags no higher than this host's hard limits (podman's defaults are).
-fn ulimits() -> Vec<String> {
+pub(crate) fn ulimits() -> Vec<String> {
     let hard = |resource| {
         let mut limit = libc::rlimit {
             rlim_cur: 0,

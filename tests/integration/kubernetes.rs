@@ -44,7 +44,7 @@ fn four_gpus(rig: &Rig) {
     );
 }
 
-/// The node of the issue: a pod with two GPUs, a pod with two containers (one with a
+/// A node with every shape the kubelet can report: a pod with two GPUs, a pod with two containers (one with a
 /// GPU, one with a MIG device), a pod without devices, and a GPU NVML does not list.
 fn node() -> Vec<Pod> {
     let (gpu0, gpu1, gpu2) = (Gpu::uuid(0), Gpu::uuid(1), Gpu::uuid(2));

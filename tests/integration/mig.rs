@@ -13,7 +13,8 @@ const INSTANCES: [(u32, u32, u32, u32); 3] = [(1, 0, 12, 13), (2, 0, 21, 22), (3
 const INSTANCE_USED: u64 = 4_305_453_056;
 const INSTANCE_CHARGED: u64 = 4_296_212_480;
 
-/// The three-instance MIG GPU of issue 13, with real processes:
+/// A MIG GPU with three instances, one of each kind a verdict tells apart, with real
+/// processes:
 /// - GPU instance 1: a live owner holding the GPU's node and the instance's capabilities;
 /// - GPU instance 2: the fork orphan: NVML charges a dead owner, whose forked child
 ///   holds the files;

@@ -7,7 +7,6 @@
 use crate::helpers::*;
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::Command;
 
 fn repository() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -16,9 +15,7 @@ fn repository() -> PathBuf {
 /// The quick start section of the README: its prose and its one `console` block.
 struct QuickStart {
     prose: String,
-    command: String,
-    output: Vec<String>,
-    status: i32,
+    block: ConsoleBlock,
 }
 
 fn quick_start() -> QuickStart {
@@ -31,44 +28,15 @@ fn quick_start() -> QuickStart {
     let (before, rest) = section
         .split_once("```console\n")
         .expect("the Quick start has no ```console block");
-    let (block, after) = rest
+    let after = rest
         .split_once("\n```")
-        .expect("an unclosed ```console block");
-    let mut lines = block.lines();
-    let command = lines
-        .next()
-        .and_then(|line| line.strip_prefix("$ "))
-        .expect("the block starts with the command, after '$ '")
-        .to_string();
-    let mut output = Vec::new();
-    let mut status = None;
-    while let Some(line) = lines.next() {
-        if line == "$ echo $?" {
-            let shown = lines.next().expect("a status after '$ echo $?'");
-            status = Some(shown.parse().expect("the status is a number"));
-            assert_eq!(lines.next(), None, "the block ends with the status");
-            break;
-        }
-        output.push(line.to_string());
-    }
+        .expect("an unclosed ```console block")
+        .1;
+    let mut blocks = console_blocks(section, "README.md's quick start");
+    assert_eq!(blocks.len(), 1, "the quick start has one console block");
     QuickStart {
         prose: format!("{before}\n{after}"),
-        command,
-        output,
-        status: status.expect("the block shows the exit status with '$ echo $?'"),
-    }
-}
-
-/// Whether `actual` is `expected` where each `...` line stands for any number of lines.
-fn matches_with_elisions(expected: &[String], actual: &[&str]) -> bool {
-    match expected.split_first() {
-        None => actual.is_empty(),
-        Some((first, rest)) if first == "..." => {
-            (0..=actual.len()).any(|skip| matches_with_elisions(rest, &actual[skip..]))
-        }
-        Some((first, rest)) => actual
-            .split_first()
-            .is_some_and(|(line, more)| line == first && matches_with_elisions(rest, more)),
+        block: blocks.remove(0),
     }
 }
 
@@ -104,38 +72,22 @@ fn memory_readings(value: &Value, out: &mut Vec<(u64, u64)>) {
 fn quick_start_prints_what_the_readme_shows_and_exits_as_it_says() {
     let quick = quick_start();
     let args = quick
+        .block
         .command
         .strip_prefix("cargo run --release -- ")
         .unwrap_or_else(|| {
             panic!(
                 "the quick start runs `cargo run --release -- ...`: {}",
-                quick.command
+                quick.block.command
             )
         });
-    // The built binary with the same arguments, in the repository as the README assumes,
-    // its standard error merged into standard output as a terminal shows them.
-    let output = Command::new("sh")
-        .arg("-c")
-        .arg("exec \"$0\" \"$@\" 2>&1")
-        .arg(exporter_binary())
-        .args(args.split_whitespace())
-        .current_dir(repository())
-        .output()
-        .expect("run the quick start");
-    let printed = String::from_utf8(output.stdout).unwrap();
-    let lines: Vec<&str> = printed.lines().collect();
-    assert!(
-        matches_with_elisions(&quick.output, &lines),
-        "README.md's quick start shows:\n{}\nbut `{}` prints:\n{printed}",
-        quick.output.join("\n"),
-        quick.command
+    // The built binary with the same arguments, in the repository as the README assumes.
+    let (printed, status) = run_as_in_a_terminal(
+        &exporter_binary(),
+        &args.split_whitespace().collect::<Vec<_>>(),
+        &repository(),
     );
-    assert_eq!(
-        output.status.code(),
-        Some(quick.status),
-        "README.md's quick start says the exit status is {}",
-        quick.status
-    );
+    assert_block_matches(&quick.block, &printed, status, "README.md's quick start");
 
     // The prose's GiB are figures the program prints.
     for figure in figures(&quick.prose, "GiB") {

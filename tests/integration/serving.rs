@@ -240,55 +240,72 @@ fn prometheus_scrape_timeout_decides_how_long_a_scrape_waits() {
     let mut gpu = Gpu::idle(0);
     gpu.0["delays_ms"]["nvmlDeviceGetMemoryInfo_v2"] = json!(120_000);
     rig.write_scenario(&Gpus::new().gpu(gpu).into_json());
-    let exporter = rig.start(&["--web.collection-timeout", "1s"]);
-    // What the scrape waited for, from the 503's reason: `(WAIT s)`.
-    let waited = |header: Option<&str>| -> String {
+    let exporter = rig.start(&["--web.collection-timeout", "1s", "--log.level", "debug"]);
+    // What the scrape waited for, from the collection it started: each one logs its wait
+    // (`wait_seconds=W`) and is done by then, answering 200 without the GPU that hangs.
+    let mut collections = 0;
+    let mut waited = |header: Option<&str>| -> f64 {
         let headers: Vec<String> = header
             .map(|value| format!("X-Prometheus-Scrape-Timeout-Seconds: {value}"))
             .into_iter()
             .collect();
         let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
         let response = exporter.request("GET", "/metrics", &headers);
-        assert_eq!(response.status, 503, "{header:?}: {}", response.body);
-        let (_, after) = response
-            .body
-            .split_once("longer than this scrape waits (")
-            .unwrap_or_else(|| panic!("{header:?}: {}", response.body));
-        after.split_once(')').unwrap().0.to_string()
+        assert_eq!(response.status, 200, "{header:?}: {}", response.body);
+        let metrics = Metrics::parse(&response.body);
+        assert_eq!(metrics.value("vram_gpu_up", &[("gpu", "0")]), 0.0);
+        collections += 1;
+        let started = |log: &str| {
+            log.lines()
+                .filter(|line| line.contains("collecting for a scrape"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        wait_until("the collection's log line", Duration::from_secs(10), || {
+            started(&exporter.log()).len() == collections
+        });
+        let line = started(&exporter.log()).pop().unwrap();
+        let (_, value) = line
+            .split_once("wait_seconds=")
+            .unwrap_or_else(|| panic!("{line}"));
+        value.split_whitespace().next().unwrap().parse().unwrap()
     };
     // Half a second before Prometheus gives up.
-    assert_eq!(waited(Some("1")), "0.5s");
-    // Under a second: halfway, so the 503 still arrives in time.
-    assert_eq!(waited(Some("0.4")), "0.2s");
+    assert_eq!(waited(Some("1")), 0.5);
+    // Under a second: halfway, so the answer still arrives in time.
+    assert_eq!(waited(Some("0.4")), 0.2);
     // Later than --web.collection-timeout, absent, or not a positive number of seconds:
     // --web.collection-timeout.
-    assert_eq!(waited(Some("60")), "1.0s");
-    assert_eq!(waited(None), "1.0s");
+    assert_eq!(waited(Some("60")), 1.0);
+    assert_eq!(waited(None), 1.0);
     for malformed in ["0", "-2", "soon", "NaN"] {
-        assert_eq!(waited(Some(malformed)), "1.0s", "{malformed}");
+        assert_eq!(waited(Some(malformed)), 1.0, "{malformed}");
     }
 }
 
 #[test]
 fn a_holder_scan_stops_in_time_for_the_scrape_that_waits_for_it() {
     let rig = Rig::new();
-    // Memory held by a PID that runs nothing: every collection scans for holders, after
-    // NVML has taken five seconds to answer.
-    let mut gpu = Gpu::idle(0)
-        .used(USED)
-        .process(nonexistent_pid(), Some(GIB));
-    gpu.0["delays_ms"]["nvmlDeviceGetMemoryInfo_v2"] = json!(5_000);
-    rig.write_scenario(&Gpus::new().gpu(gpu).into_json());
-    let exporter = rig.start(&["--holders.scan-timeout", "30s"]);
+    // Memory held by a PID that runs nothing: every collection scans for holders, and
+    // the scan blocks on a process whose maps cannot be read (a FIFO standing in for a
+    // process in uninterruptible sleep; see `Rig::procfs_whose_maps_block`).
+    rig.charge_gpu0(nonexistent_pid(), Some(GIB));
+    let blocking = rig.procfs_whose_maps_block(4242, &rig.device(0));
+    let exporter = rig.start(&[
+        "--holders.scan-timeout",
+        "30s",
+        "--path.procfs",
+        blocking.procfs.to_str().unwrap(),
+    ]);
     let scrape = |timeout_seconds: &str| {
         let header = format!("X-Prometheus-Scrape-Timeout-Seconds: {timeout_seconds}");
         let response = exporter.request("GET", "/metrics", &[&header]);
         assert_eq!(response.status, 200, "{timeout_seconds}: {}", response.body);
         Metrics::parse(&response.body)
     };
-    // Prometheus waits 6 s, so the scrape 5.5 s and the scan until 4.95 s: past by the
-    // time NVML answers. The scan stops at once and says so; the orphan is still served.
-    let hurried = scrape("6");
+    // Prometheus waits 2 s, so the scrape 1.5 s and the scan until 1.35 s, far within
+    // its own 30 s: it is given up on then and says so; the orphan is still served.
+    let hurried = scrape("2");
     assert_eq!(hurried.value("vram_holder_scan_complete", &[]), 0.0);
     assert_eq!(
         hurried.value(
@@ -297,7 +314,15 @@ fn a_holder_scan_stops_in_time_for_the_scrape_that_waits_for_it() {
         ),
         GIB as f64
     );
-    // Waiting the default ten seconds leaves the scan time to finish.
-    let patient = scrape("60");
-    assert_eq!(patient.value("vram_holder_scan_complete", &[]), 1.0);
+    // Once the read returns (maps without a context: an NVML client), a scrape waiting
+    // the default ten seconds has a scan that finishes.
+    blocking.unblock("");
+    wait_until("a scan finishes", Duration::from_secs(20), || {
+        let patient = scrape("60");
+        patient.value("vram_holder_scan_complete", &[]) == 1.0
+            && patient.value(
+                "vram_orphaned_bytes",
+                &[("gpu", "0"), ("reason", "owner_gone")],
+            ) == GIB as f64
+    });
 }

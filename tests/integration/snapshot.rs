@@ -1,14 +1,18 @@
-//! Snapshots: what `snapshot` writes replays to the verdict the live host gets, and the
-//! examples under `examples/` replay to the verdicts their README quotes.
+//! Snapshots: what `snapshot` writes replays to the verdict the live host gets, the
+//! examples under `examples/` replay to the verdicts they were made for, and
+//! `examples/README.md` quotes what `check` prints for each of them.
 
 use crate::helpers::*;
 use serde_json::Value;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-fn example(name: &str) -> PathBuf {
+fn repository() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(name)
+}
+
+fn example(name: &str) -> PathBuf {
+    repository().join("examples").join(name)
 }
 
 fn replay(rig: &Rig, file: &std::path::Path, extra: &[&str]) -> Outcome {
@@ -72,6 +76,55 @@ fn fork_orphan_example_replays_to_killing_the_child() {
     assert!(outcome.stdout.contains(
         "\n  suggested: kill 524   # 524 is python3, start time 48213 ticks after boot; then: vram-exporter check --gpu 0 --wait 30s\n"
     ));
+}
+
+/// The shipped snapshots, relative to the repository root.
+fn shipped_snapshots() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repository().join("examples"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".json"))
+        .map(|name| format!("examples/{name}"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn examples_readme_shows_what_check_prints_for_every_shipped_snapshot() {
+    // Each `console` block of examples/README.md is run as a person would run it from the
+    // repository root, with the binary these tests built as `vram-exporter`; what it
+    // prints (standard output and error, as a terminal shows them) and its exit status
+    // must be what the block shows. Every shipped snapshot is shown at least once.
+    let readme = std::fs::read_to_string(example("README.md")).unwrap();
+    let blocks = console_blocks(&readme, "examples/README.md");
+    let mut replayed = BTreeSet::new();
+    for block in &blocks {
+        let args: Vec<&str> = block
+            .command
+            .strip_prefix("vram-exporter ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "examples/README.md runs `vram-exporter ...`: {}",
+                    block.command
+                )
+            })
+            .split_whitespace()
+            .collect();
+        let snapshot = args
+            .iter()
+            .skip_while(|arg| **arg != "--replay")
+            .nth(1)
+            .unwrap_or_else(|| panic!("`{}` replays no snapshot", block.command));
+        replayed.insert(snapshot.to_string());
+        let (printed, status) = run_as_in_a_terminal(&exporter_binary(), &args, &repository());
+        assert_block_matches(block, &printed, status, "examples/README.md");
+    }
+    let shipped: BTreeSet<String> = shipped_snapshots().into_iter().collect();
+    assert_eq!(
+        replayed, shipped,
+        "examples/README.md shows `check` on every shipped snapshot, and on no other"
+    );
 }
 
 #[test]

@@ -197,3 +197,31 @@ fn textfile_into_a_missing_folder_fails_with_one_line() {
     );
     assert!(!output.parent().unwrap().exists());
 }
+
+#[test]
+fn the_help_example_is_the_file_the_systemd_unit_writes() {
+    // One path for the textfile directory, Debian's node_exporter default: the one the
+    // unit writes and the one `textfile --help` gives as its example.
+    let unit = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("deploy/systemd/vram-exporter-textfile.service"),
+    )
+    .unwrap();
+    let written = unit
+        .lines()
+        .find_map(|line| line.strip_prefix("ExecStart="))
+        .and_then(|command| {
+            command
+                .split_whitespace()
+                .skip_while(|arg| *arg != "-o")
+                .nth(1)
+        })
+        .expect("the unit's ExecStart writes with -o FILE");
+    let help = Rig::new().run(&["textfile", "--help"]);
+    assert_eq!(help.status, Some(0), "{help:?}");
+    assert!(
+        help.stdout.contains(&format!("e.g. {written}")),
+        "`textfile --help` does not give {written} as its example:\n{}",
+        help.stdout
+    );
+}

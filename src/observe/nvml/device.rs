@@ -1,12 +1,16 @@
 //! Reading one GPU through NVML: its identity, memory and process lists, its MIG devices
 //! (each through its own handle), and what the driver says it needs. A call this driver
 //! or GPU does not support leaves its part unknown, never fails the GPU.
+//!
+//! This runs on the GPU's own reader thread; each blocking call is named first
+//! ([`calling`]), so a GPU stuck in one is reported with it.
 
 use super::reading::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigDeviceReading, MigReading,
-    NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
+    NvmlLists, NvmlProcess, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
 };
-use super::xid::XidCounter;
+use crate::observe::worker::calling;
+use crate::sync::lock;
 use nvml_wrapper::enum_wrappers::device::RetirementCause;
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::{nvml_try, NvmlError};
@@ -18,8 +22,8 @@ use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, nvmlReturn_t,
 };
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::c_uint;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Identity of a GPU as last seen, so a GPU that is lost keeps its labels.
@@ -29,6 +33,23 @@ pub(super) struct Identity {
     name: String,
     pci_bus_id: String,
     minor: Option<u32>,
+}
+
+impl Identity {
+    /// GPU `index` with this identity in `state`, and nothing else known of it (a GPU
+    /// that did not answer).
+    pub(super) fn reading(&self, index: u32, state: GpuState) -> GpuReading {
+        GpuReading {
+            index,
+            uuid: self.uuid.clone(),
+            name: self.name.clone(),
+            pci_bus_id: self.pci_bus_id.clone(),
+            minor: self.minor,
+            state,
+            mig: None,
+            health: GpuHealth::default(),
+        }
+    }
 }
 
 /// What a GPU cannot answer, and its MIG mode, which changes only at a reset: kept so
@@ -50,33 +71,20 @@ pub(super) struct Answers {
 /// much later at most.
 const MIG_MODE_FOR: Duration = Duration::from_secs(30);
 
-/// Every GPU NVML lists, in index order; `Err` when NVML itself stops answering.
-pub(super) fn read_all(
+/// GPU `index`, its identity kept in `known`: updated as soon as it is read, before the
+/// calls that may hang, so a GPU stuck in one keeps its labels.
+pub(super) fn read_gpu(
     nvml: &Nvml,
-    identities: &mut HashMap<u32, Identity>,
-    answers: &mut HashMap<u32, Answers>,
-    xid: Option<&XidCounter>,
-) -> Result<NvmlReading, NvmlError> {
-    let count = nvml.device_count()?;
-    let driver_version = nvml.sys_driver_version().unwrap_or_default();
-    let gpus = (0..count)
-        .map(|index| {
-            let cached = identities.entry(index).or_default();
-            let mut gpu = read_gpu(nvml, index, cached, answers.entry(index).or_default());
-            gpu.health.xid = xid.map(|xid| xid.reading(&gpu.uuid));
-            gpu
-        })
-        .collect();
-    Ok(NvmlReading::Up {
-        driver_version,
-        gpus,
-    })
-}
-
-fn read_gpu(nvml: &Nvml, index: u32, cached: &mut Identity, answers: &mut Answers) -> GpuReading {
+    index: u32,
+    known: &Mutex<Identity>,
+    answers: &mut Answers,
+) -> GpuReading {
+    let mut cached = lock(known).clone();
+    calling("nvmlDeviceGetHandleByIndex_v2");
     let (state, mig, health) = match nvml.device_by_index(index) {
         Ok(device) => {
-            refresh_identity(&device, cached);
+            refresh_identity(&device, &mut cached);
+            lock(known).clone_from(&cached);
             let mut state = read_state(&device);
             let mig = read_mig(&device, answers);
             if let Some(mig) = &mig {
@@ -100,9 +108,11 @@ fn read_gpu(nvml: &Nvml, index: u32, cached: &mut Identity, answers: &mut Answer
 
 /// Keep what answers; a lost GPU keeps the identity it had when it last answered.
 fn refresh_identity(device: &Device, cached: &mut Identity) {
+    calling("nvmlDeviceGetUUID");
     if let Ok(uuid) = device.uuid() {
         cached.uuid = uuid;
     }
+    calling("nvmlDeviceGetName");
     match device.name() {
         Ok(name) => cached.name = name,
         // A name that is not UTF-8 is still a name: keep it, with U+FFFD for what is not.
@@ -113,9 +123,11 @@ fn refresh_identity(device: &Device, cached: &mut Identity) {
         }
         Err(_) => {}
     }
+    calling("nvmlDeviceGetPciInfo_v3");
     if let Ok(pci) = device.pci_info() {
         cached.pci_bus_id = pci.bus_id;
     }
+    calling("nvmlDeviceGetMinorNumber");
     if let Ok(minor) = device.minor_number() {
         cached.minor = Some(minor);
     }
@@ -153,6 +165,7 @@ fn lossy_name(device: &Device) -> Option<String> {
 /// Memory and processes of a GPU or a MIG device. A refused process list does not fail
 /// the device: its memory is still known, and the refusal is kept in the list.
 fn read_state(device: &Device) -> GpuState {
+    calling("nvmlDeviceGetMemoryInfo_v2");
     let info = match device.memory_info() {
         Ok(info) => info,
         Err(error) => return failed(error),
@@ -171,17 +184,20 @@ fn read_state(device: &Device) -> GpuState {
 
 /// The union of the three process lists, or what answered of them when one was refused.
 fn read_processes(device: &Device) -> Result<ProcessList, NvmlError> {
-    // Each list with whether it is the MPS clients'.
+    // Each list with which it is.
     let lists = [
-        (process_list(device, ListKind::Compute), false),
-        (process_list(device, ListKind::Graphics), false),
-        (process_list(device, ListKind::Mps), true),
+        (process_list(device, ListKind::Compute), NvmlLists::COMPUTE),
+        (
+            process_list(device, ListKind::Graphics),
+            NvmlLists::GRAPHICS,
+        ),
+        (process_list(device, ListKind::Mps), NvmlLists::MPS),
     ];
     let mut answered = Vec::new();
     let mut denied = None;
-    for (list, mps) in lists {
+    for (list, which) in lists {
         match list {
-            Ok(list) => answered.push((list, mps)),
+            Ok(list) => answered.push((list, which)),
             Err(NvmlError::NoPermission) => {
                 denied.get_or_insert_with(|| NvmlError::NoPermission.to_string());
             }
@@ -229,6 +245,7 @@ fn read_mig(device: &Device, answers: &mut Answers) -> Option<MigReading> {
     let (current, pending) = match answers.mig_mode {
         Some((read_at, mode)) if now.duration_since(read_at) < MIG_MODE_FOR => mode?,
         _ => {
+            calling("nvmlDeviceGetMigMode");
             let mode = match device.mig_mode() {
                 Ok(mode) => Some((mode.current, mode.pending)),
                 Err(error) => {
@@ -249,6 +266,7 @@ fn read_mig(device: &Device, answers: &mut Answers) -> Option<MigReading> {
     if !mig.enabled {
         return Some(mig);
     }
+    calling("nvmlDeviceGetMaxMigDeviceCount");
     let slots = match device.mig_device_count() {
         Ok(slots) => slots,
         Err(error) => {
@@ -257,6 +275,7 @@ fn read_mig(device: &Device, answers: &mut Answers) -> Option<MigReading> {
         }
     };
     for index in 0..slots {
+        calling("nvmlDeviceGetMigDeviceHandleByIndex");
         match device.mig_device_by_index(index) {
             Ok(instance) => mig.devices.push(read_mig_device(index, &instance)),
             // Indices without a MIG device, below the GPU's maximum.
@@ -280,14 +299,17 @@ fn read_mig(device: &Device, answers: &mut Answers) -> Option<MigReading> {
 const MIG_ENABLED: u32 = 1;
 
 fn read_mig_device(index: u32, device: &Device) -> MigDeviceReading {
+    calling("nvmlDeviceGetName");
     let name = match device.name() {
         Ok(name) => name,
         Err(NvmlError::Utf8Error(_)) => lossy_name(device).unwrap_or_default(),
         Err(_) => String::new(),
     };
+    calling("nvmlDeviceGetUUID");
+    let uuid = device.uuid().unwrap_or_default();
     MigDeviceReading {
         index,
-        uuid: device.uuid().unwrap_or_default(),
+        uuid,
         profile: mig_profile(&name).to_string(),
         name,
         gpu_instance_id: instance_id(device, InstanceKind::Gpu),
@@ -315,8 +337,14 @@ enum InstanceKind {
 fn instance_id(device: &Device, kind: InstanceKind) -> Option<u32> {
     let lib = device.nvml().lib();
     let call = match kind {
-        InstanceKind::Gpu => lib.nvmlDeviceGetGpuInstanceId.as_ref().ok()?,
-        InstanceKind::Compute => lib.nvmlDeviceGetComputeInstanceId.as_ref().ok()?,
+        InstanceKind::Gpu => {
+            calling("nvmlDeviceGetGpuInstanceId");
+            lib.nvmlDeviceGetGpuInstanceId.as_ref().ok()?
+        }
+        InstanceKind::Compute => {
+            calling("nvmlDeviceGetComputeInstanceId");
+            lib.nvmlDeviceGetComputeInstanceId.as_ref().ok()?
+        }
     };
     let mut id = 0;
     // SAFETY: the handle comes from a live `Device` of this library, and NVML writes one
@@ -328,15 +356,23 @@ fn instance_id(device: &Device, kind: InstanceKind) -> Option<u32> {
 /// What the driver says the GPU needs. Each reading that this driver or GPU cannot give
 /// is `None`: a missing feature is not a failure of the GPU.
 fn read_health(device: &Device, answers: &mut Answers) -> GpuHealth {
+    calling("nvmlDeviceGetFieldValues");
+    let recovery_action =
+        recovery_action(device.field_values_for(&[FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)]));
+    calling("nvmlDeviceGetRemappedRows");
+    let remapped_rows = remapped_rows(device);
+    let retired_pages = unless_unsupported(&mut answers.retired_pages_unsupported, || {
+        retired_pages(device)
+    });
+    let numa_node = unless_unsupported(&mut answers.numa_node_unsupported, || {
+        calling("nvmlDeviceGetNumaNodeId");
+        device.numa_node_id()
+    });
     GpuHealth {
-        recovery_action: recovery_action(
-            device.field_values_for(&[FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)]),
-        ),
-        remapped_rows: remapped_rows(device),
-        retired_pages: unless_unsupported(&mut answers.retired_pages_unsupported, || {
-            retired_pages(device)
-        }),
-        numa_node: unless_unsupported(&mut answers.numa_node_unsupported, || device.numa_node_id()),
+        recovery_action,
+        remapped_rows,
+        retired_pages,
+        numa_node,
         xid: None,
     }
 }
@@ -408,8 +444,12 @@ fn remapped_rows(device: &Device) -> Option<RemappedRows> {
 
 /// Page retirement, when the GPU retires pages at all.
 fn retired_pages(device: &Device) -> Result<RetiredPages, NvmlError> {
+    calling("nvmlDeviceGetRetiredPagesPendingStatus");
     let pending = device.are_pages_pending_retired()?;
-    let count = |cause| device.retired_pages(cause).map(|pages| pages.len() as u32);
+    let count = |cause| {
+        calling("nvmlDeviceGetRetiredPages_v2");
+        device.retired_pages(cause).map(|pages| pages.len() as u32)
+    };
     Ok(RetiredPages {
         multiple_single_bit_ecc: count(RetirementCause::MultipleSingleBitEccErrors)?,
         double_bit_ecc: count(RetirementCause::DoubleBitEccError)?,
@@ -465,32 +505,51 @@ fn process_list(device: &Device, kind: ListKind) -> Result<Vec<ProcessInfo>, Nvm
     let lib = device.nvml().lib();
     let (v3, v2) = match kind {
         ListKind::Compute => (
-            &lib.nvmlDeviceGetComputeRunningProcesses_v3,
-            Some(&lib.nvmlDeviceGetComputeRunningProcesses_v2),
+            (
+                &lib.nvmlDeviceGetComputeRunningProcesses_v3,
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+            ),
+            Some((
+                &lib.nvmlDeviceGetComputeRunningProcesses_v2,
+                "nvmlDeviceGetComputeRunningProcesses_v2",
+            )),
         ),
         ListKind::Graphics => (
-            &lib.nvmlDeviceGetGraphicsRunningProcesses_v3,
-            Some(&lib.nvmlDeviceGetGraphicsRunningProcesses_v2),
+            (
+                &lib.nvmlDeviceGetGraphicsRunningProcesses_v3,
+                "nvmlDeviceGetGraphicsRunningProcesses_v3",
+            ),
+            Some((
+                &lib.nvmlDeviceGetGraphicsRunningProcesses_v2,
+                "nvmlDeviceGetGraphicsRunningProcesses_v2",
+            )),
         ),
-        ListKind::Mps => (&lib.nvmlDeviceGetMPSComputeRunningProcesses_v3, None),
+        ListKind::Mps => (
+            (
+                &lib.nvmlDeviceGetMPSComputeRunningProcesses_v3,
+                "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+            ),
+            None,
+        ),
     };
-    let call: ListCall = match (v3, v2) {
-        (Ok(v3), _) => *v3,
-        (Err(_), Some(Ok(v2))) => *v2,
+    let (call, name): (ListCall, _) = match (v3, v2) {
+        ((Ok(v3), name), _) => (*v3, name),
+        ((Err(_), _), Some((Ok(v2), name))) => (*v2, name),
         _ => return Ok(Vec::new()),
     };
     // SAFETY: the handle comes from a live `Device` of the library `call` belongs to.
     let handle = unsafe { device.handle() };
-    match LIST_BUFFER.with_borrow_mut(|buffer| read_list(call, handle, buffer)) {
+    match LIST_BUFFER.with_borrow_mut(|buffer| read_list((call, name), handle, buffer)) {
         Err(NvmlError::NotSupported) => Ok(Vec::new()),
         other => other,
     }
 }
 
-/// The entries `call` lists for `handle`, read into `buffer`, which grows when they do
-/// not fit (NVML then says how many there are) and keeps its room.
+/// The entries `call` (with its NVML name, said before each call for the reader's
+/// deadline) lists for `handle`, read into `buffer`, which grows when they do not fit
+/// (NVML then says how many there are) and keeps its room.
 fn read_list(
-    call: ListCall,
+    (call, name): (ListCall, &'static str),
     handle: nvmlDevice_t,
     buffer: &mut Vec<nvmlProcessInfo_t>,
 ) -> Result<Vec<ProcessInfo>, NvmlError> {
@@ -499,6 +558,7 @@ fn read_list(
     }
     for _ in 0..LIST_ATTEMPTS {
         let mut count = c_uint::try_from(buffer.len()).unwrap_or(c_uint::MAX);
+        calling(name);
         // SAFETY: the buffer holds `count` entries, which NVML writes at most, and both
         // the count and the buffer are ours for the call.
         let status = unsafe { call(handle, &mut count, buffer.as_mut_ptr()) };
@@ -521,17 +581,20 @@ fn read_list(
     Err(NvmlError::InsufficientSize(None))
 }
 
-/// One entry per PID over the lists (see [`NvmlProcess::distinct`]), in PID order; each
-/// list says whether it is the MPS clients'.
-fn union_by_pid(lists: impl IntoIterator<Item = (Vec<ProcessInfo>, bool)>) -> Vec<NvmlProcess> {
-    let mut processes = NvmlProcess::distinct(lists.into_iter().flat_map(|(list, mps)| {
+/// One entry per PID over the lists (see [`NvmlProcess::distinct`]), in PID order, with
+/// the lists that name it; each list says which it is.
+fn union_by_pid(
+    lists: impl IntoIterator<Item = (Vec<ProcessInfo>, NvmlLists)>,
+) -> Vec<NvmlProcess> {
+    let mut processes = NvmlProcess::distinct(lists.into_iter().flat_map(|(list, which)| {
         list.into_iter().map(move |info| NvmlProcess {
             pid: info.pid,
             used_bytes: match info.used_gpu_memory {
                 UsedGpuMemory::Used(bytes) => Some(bytes),
                 UsedGpuMemory::Unavailable => None,
             },
-            mps_only: mps,
+            mps_only: which == NvmlLists::MPS,
+            lists: which,
         })
     }));
     processes.sort_by_key(|process| process.pid);
@@ -544,6 +607,7 @@ fn failed(error: NvmlError) -> GpuState {
         NvmlError::ResetRequired => GpuError::ResetRequired,
         NvmlError::NotSupported => GpuError::NotSupported,
         NvmlError::NoPermission => GpuError::NoPermission,
+        NvmlError::Timeout => GpuError::Timeout,
         _ => GpuError::Unknown,
     };
     GpuState::Failed {
@@ -650,7 +714,7 @@ mod tests {
     }
 
     fn read_model(buffer: &mut Vec<nvmlProcessInfo_t>) -> Result<Vec<ProcessInfo>, NvmlError> {
-        read_list(model_list_call, std::ptr::null_mut(), buffer)
+        read_list((model_list_call, "model"), std::ptr::null_mut(), buffer)
     }
 
     #[test]
@@ -749,7 +813,43 @@ mod tests {
             pid,
             used_bytes: Some(1 << 30),
             mps_only: false,
+            lists: NvmlLists::COMPUTE,
         }
+    }
+
+    #[test]
+    fn each_process_carries_the_lists_that_name_it() {
+        // What the H200 listed under MPS (driver 580): the server on the compute list, a
+        // live client on the compute and MPS lists, a graphics process on its own list.
+        let info = |pid: u32, bytes: u64| ProcessInfo {
+            pid,
+            used_gpu_memory: UsedGpuMemory::Used(bytes),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        };
+        let processes = union_by_pid([
+            (
+                vec![info(466, 69_206_016), info(449, 3_860_856_832)],
+                NvmlLists::COMPUTE,
+            ),
+            (vec![info(900, 1 << 20)], NvmlLists::GRAPHICS),
+            (vec![info(449, 3_860_856_832)], NvmlLists::MPS),
+        ]);
+        let lists: Vec<(u32, NvmlLists, bool)> = processes
+            .iter()
+            .map(|process| (process.pid, process.lists, process.mps_only))
+            .collect();
+        assert_eq!(
+            lists,
+            [
+                (449, NvmlLists::COMPUTE.and(NvmlLists::MPS), false),
+                (466, NvmlLists::COMPUTE, false),
+                (900, NvmlLists::GRAPHICS, false),
+            ]
+        );
+        // A PID on the MPS list alone is the one case its own mappings cannot prove.
+        let alone = union_by_pid([(vec![info(7, 1)], NvmlLists::MPS)]);
+        assert!(alone[0].mps_only && alone[0].lists == NvmlLists::MPS);
     }
 
     fn denied() -> ProcessList {

@@ -3,7 +3,9 @@
 //!
 //! - `reading`: what a look yields ([`NvmlReading`] and its parts), plain serialisable
 //!   data.
-//! - `source`: the library, loaded lazily and again after failures (`NvmlSource`).
+//! - `source`: the library, loaded lazily and again after failures, and the reader
+//!   threads every NVML call runs on, one for the library and one per GPU
+//!   (`NvmlSource`).
 //! - `device`: one GPU or MIG device read through its handle.
 //! - `mig`: the capability device nodes of MIG devices, from the driver's table.
 //! - `xid`: the thread that counts critical Xid events, so a scrape never waits on them.
@@ -17,7 +19,7 @@ mod xid;
 pub(crate) use mig::{attach_capabilities, MIG_MINORS};
 pub use reading::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigCapabilities, MigDeviceReading,
-    MigReading, NvmlProcess, NvmlReading, ProcessList, RecoveryAction, RemappedRows, RetiredPages,
-    XidReading,
+    MigReading, NvmlFailure, NvmlLists, NvmlProcess, NvmlReading, ProcessList, RecoveryAction,
+    RemappedRows, RetiredPages, StuckCall, XidReading,
 };
-pub(crate) use source::NvmlSource;
+pub(crate) use source::{NvmlSource, NvmlThread};

@@ -17,11 +17,66 @@ pub enum NvmlReading {
         /// One entry per device, in NVML index order.
         gpus: Vec<GpuReading>,
     },
-    /// NVML could not be loaded or initialised.
+    /// NVML could not be loaded or initialised, or does not answer.
     Down {
         /// Why, in one line.
         error: String,
+        /// The kind of failure; `failed` in snapshots of older versions.
+        #[serde(default)]
+        reason: NvmlFailure,
+        /// The library-level call that has not returned, when NVML does not answer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stuck: Option<StuckCall>,
     },
+}
+
+/// Why NVML gave no reading at all. Its label value (in metrics and JSON alike) is its
+/// name in snake case; `NvmlFailure::iter()` lists every kind in the order metrics do.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    IntoStaticStr,
+    EnumIter,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum NvmlFailure {
+    /// The library could not be loaded: no driver installed, or not where
+    /// `--nvml.library` says.
+    Missing,
+    /// The library loaded, but `nvmlInit` failed (no kernel driver loaded, a version
+    /// mismatch between the library and the kernel module).
+    InitFailed,
+    /// A library-level call (init, the device count) has not returned in time: a wedged
+    /// driver.
+    NotAnswering,
+    /// NVML loaded, then a call every reading needs failed (a driver unloaded or upgraded
+    /// under us); any other failure.
+    #[default]
+    Failed,
+}
+
+impl NvmlFailure {
+    /// The label value used in metrics and JSON.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// An NVML call that has not returned: which, and for how long when the look was made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StuckCall {
+    /// The NVML function, e.g. `nvmlDeviceGetMemoryInfo_v2`.
+    pub call: String,
+    /// Seconds it had been running.
+    pub stuck_seconds: f64,
 }
 
 impl NvmlReading {
@@ -93,6 +148,15 @@ pub enum GpuState {
         /// NVML's own words.
         message: String,
     },
+    /// A call has not returned within the look's deadline (a GPU that fell off the bus,
+    /// a wedged driver): the GPU's figures are unknown, and it is asked nothing more
+    /// until that call returns.
+    NotAnswering {
+        /// The NVML function it is stuck in.
+        call: String,
+        /// Seconds the call had been running when the look was made.
+        stuck_seconds: f64,
+    },
 }
 
 /// Memory of one GPU in bytes, from NVML's v2 memory call.
@@ -116,9 +180,66 @@ pub struct NvmlProcess {
     /// Bytes charged, or `None` when NVML reports the value as unavailable.
     pub used_bytes: Option<u64>,
     /// Listed only as an MPS client: its context lives in the MPS server, so its own
-    /// mappings cannot prove it (not measured on a real GPU).
+    /// mappings cannot prove it. On an H200 (driver 580) no process was: an MPS client is
+    /// on the compute list and the MPS list both, and maps its GPU's node as any context.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mps_only: bool,
+    /// Which of the device's lists name it; none in snapshots of versions that did not
+    /// record them.
+    #[serde(default, skip_serializing_if = "NvmlLists::unknown")]
+    pub lists: NvmlLists,
+}
+
+/// Which of NVML's three process lists of a device name a process. Measured on an H200
+/// (driver 580) under MPS: a client, live or dead, is on the compute list and the MPS list;
+/// the MPS server is on the compute list alone; the MPS control daemon is on none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmlLists {
+    /// The compute list (`nvmlDeviceGetComputeRunningProcesses`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compute: bool,
+    /// The graphics list (`nvmlDeviceGetGraphicsRunningProcesses`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub graphics: bool,
+    /// The MPS clients' list (`nvmlDeviceGetMPSComputeRunningProcesses`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mps: bool,
+}
+
+impl NvmlLists {
+    /// Only the compute list.
+    pub const COMPUTE: NvmlLists = NvmlLists {
+        compute: true,
+        graphics: false,
+        mps: false,
+    };
+    /// Only the graphics list.
+    pub const GRAPHICS: NvmlLists = NvmlLists {
+        compute: false,
+        graphics: true,
+        mps: false,
+    };
+    /// Only the MPS clients' list.
+    pub const MPS: NvmlLists = NvmlLists {
+        compute: false,
+        graphics: false,
+        mps: true,
+    };
+
+    /// No list is recorded: a process NVML lists is on one, so the lists were not kept
+    /// (a snapshot of an older version).
+    pub fn unknown(&self) -> bool {
+        !self.compute && !self.graphics && !self.mps
+    }
+
+    /// The lists of both.
+    pub fn and(self, other: NvmlLists) -> NvmlLists {
+        NvmlLists {
+            compute: self.compute || other.compute,
+            graphics: self.graphics || other.graphics,
+            mps: self.mps || other.mps,
+        }
+    }
 }
 
 impl NvmlProcess {
@@ -134,6 +255,7 @@ impl NvmlProcess {
                 Some(&at) => {
                     distinct[at].used_bytes = distinct[at].used_bytes.max(process.used_bytes);
                     distinct[at].mps_only &= process.mps_only;
+                    distinct[at].lists = distinct[at].lists.and(process.lists);
                 }
                 None => {
                     seen.insert(process.pid, distinct.len());
@@ -164,6 +286,9 @@ pub enum GpuError {
     NoPermission,
     /// Any other NVML error.
     Unknown,
+    /// The GPU did not answer in time: a call still in flight at the look's deadline
+    /// ([`GpuState::NotAnswering`]), or NVML's own `Timeout`.
+    Timeout,
 }
 
 impl GpuError {
@@ -437,6 +562,7 @@ mod tests {
                 pid: 7,
                 used_bytes: None,
                 mps_only: false,
+                lists: NvmlLists::COMPUTE,
             }],
         };
         let text = serde_json::to_value(&processes).unwrap();

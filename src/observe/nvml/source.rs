@@ -1,15 +1,27 @@
 //! NVML as a source: loaded lazily, loaded again with back-off while it cannot be, and
-//! loaded anew once it stops answering (a driver unloaded or upgraded under us).
+//! loaded anew once it stops answering (a driver unloaded or upgraded under us); every
+//! call made on a reader thread that a look waits for only until its deadline.
+//!
+//! One thread makes the library-level calls (init, device count, driver version, the
+//! parents of MIG devices) and one thread per GPU reads that GPU (see
+//! `crate::observe::worker`). NVML may be called from several threads at once (its
+//! handles are thread-safe, and nvml-wrapper's `Nvml` is `Send + Sync`), so the GPUs
+//! are read side by side: one GPU that hangs (fallen off the bus, a wedged driver) costs
+//! a look no more than its deadline, and every later look reports it at once, with the
+//! call it is stuck in, while the other GPUs are read as on a healthy host. It is asked
+//! nothing more until that call returns, so threads never stack. Reading side by side is
+//! also faster on a host of 8 GPUs (docs/benchmarks.md).
 
-use super::device::{read_all, Answers, Identity};
-use super::reading::NvmlReading;
+use super::device::{read_gpu, Answers, Identity};
+use super::reading::{GpuError, GpuReading, GpuState, NvmlFailure, NvmlReading, StuckCall};
 use super::xid::XidCounter;
 use crate::observe::error_line::one_line;
 use crate::observe::lifespan::Lifespan;
+use crate::observe::worker::{calling, InCall, NoAnswer, Worker};
 use crate::sync::lock;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -22,6 +34,9 @@ const MAX_RETRY: Duration = Duration::from_secs(300);
 
 /// The library NVML is loaded from when no path is given.
 const SYSTEM_LIBRARY: &str = "libnvidia-ml.so.1";
+
+/// What a library-level job says before its first call: loading is init.
+const LOADING: &str = "nvmlInit_v2";
 
 /// Why NVML gave no reading.
 #[derive(Debug, Error)]
@@ -41,156 +56,458 @@ enum Failure {
 
 #[derive(Debug)]
 enum Library {
-    /// Shared with the thread that counts Xid events.
+    /// Shared with the GPUs' threads and the thread that counts Xid events.
     Loaded(Arc<Nvml>),
     Failed {
         /// Why, in one line: what the reading says while NVML is down.
         error: String,
+        reason: NvmlFailure,
         retry_at: Instant,
         backoff: Duration,
     },
 }
 
-#[derive(Debug)]
-struct State {
+/// What the library's thread keeps.
+#[derive(Debug, Default)]
+struct LibraryState {
     library: Option<Library>,
-    identities: HashMap<u32, Identity>,
-    /// By device index, for the library loaded now.
-    answers: HashMap<u32, Answers>,
+    /// Counts the loads, so that a GPU's thread forgets what another library answered.
+    generation: u64,
 }
 
-/// A handle on NVML that loads it lazily and retries with back-off when it cannot.
+/// What the library-level calls answered.
+enum LibraryAnswer {
+    Up {
+        nvml: Arc<Nvml>,
+        generation: u64,
+        count: u32,
+        driver_version: String,
+    },
+    Down {
+        error: String,
+        reason: NvmlFailure,
+    },
+}
+
+/// How the library's thread loads NVML.
+#[derive(Debug, Clone)]
+struct Loading {
+    path: Option<PathBuf>,
+    lifespan: Lifespan,
+    xid: Option<Arc<XidCounter>>,
+}
+
+/// What a GPU's thread keeps.
+#[derive(Debug, Default)]
+struct GpuMemo {
+    /// The library generation `answers` came from.
+    generation: u64,
+    answers: Answers,
+}
+
+/// One GPU's reader thread and what is known of the GPU even while it hangs.
+#[derive(Debug)]
+struct GpuSlot {
+    worker: Worker<GpuMemo>,
+    /// Its identity as last read, written by its thread before the calls that may hang.
+    identity: Arc<Mutex<Identity>>,
+    /// Whether it was stuck at the last look, so that each episode is logged once.
+    stuck: Mutex<bool>,
+}
+
+/// A reader thread of NVML, and the call it is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NvmlThread {
+    /// The library-level calls.
+    Library,
+    /// GPU of this index.
+    Gpu(u32),
+}
+
+/// A handle on NVML that loads it lazily, retries with back-off when it cannot, and
+/// makes every call on a reader thread.
 #[derive(Debug)]
 pub(crate) struct NvmlSource {
-    path: Option<PathBuf>,
-    /// A server says once, loudly, that it keeps going without NVML; a one-shot command
-    /// reports the failure in its own output instead.
-    lifespan: Lifespan,
-    state: Mutex<State>,
-    /// The counts of critical Xid events, kept across NVML reloads; only a server
-    /// watches them (a one-shot command would see none).
-    xid: Option<Arc<XidCounter>>,
+    loading: Loading,
+    library: Worker<LibraryState>,
+    /// Whether the library was stuck at the last look, so that it is logged once.
+    library_stuck: Mutex<bool>,
+    /// By device index; grows with the device count.
+    gpus: Mutex<Vec<Arc<GpuSlot>>>,
+    /// Read the GPUs side by side (`true`, what the exporter does) or one after another
+    /// (to measure what reading them side by side saves).
+    side_by_side: bool,
 }
 
 impl NvmlSource {
     /// A source loading `path`, or the system's `libnvidia-ml.so.1` when `None`.
     pub(crate) fn new(path: Option<PathBuf>, lifespan: Lifespan) -> NvmlSource {
         NvmlSource {
-            path,
-            lifespan,
-            state: Mutex::new(State {
-                library: None,
-                identities: HashMap::new(),
-                answers: HashMap::new(),
-            }),
-            xid: (lifespan == Lifespan::Serving).then(|| Arc::new(XidCounter::default())),
+            loading: Loading {
+                path,
+                lifespan,
+                // The counts of critical Xid events, kept across NVML reloads; only a
+                // server watches them (a one-shot command would see none).
+                xid: (lifespan == Lifespan::Serving).then(|| Arc::new(XidCounter::default())),
+            },
+            library: Worker::start("nvml-library", LibraryState::default()),
+            library_stuck: Mutex::new(false),
+            gpus: Mutex::new(Vec::new()),
+            side_by_side: true,
         }
     }
 
-    /// Read every GPU; NVML's own failures become a `Down` reading, never a panic.
-    pub(crate) fn read(&self) -> NvmlReading {
-        let mut state = lock(&self.state);
-        let State {
-            library,
-            identities,
-            answers,
-        } = &mut *state;
+    /// Reads the GPUs one after another instead of side by side (for a benchmark).
+    pub(crate) fn one_gpu_at_a_time(mut self) -> NvmlSource {
+        self.side_by_side = false;
+        self
+    }
+
+    /// Loads NVML now, without waiting: a server says at start, not at the first scrape,
+    /// that NVML is missing.
+    pub(crate) fn start_loading(&self) {
+        let loading = self.loading.clone();
+        // A look that comes while this runs waits for it, or reports it stuck.
+        let _ = self
+            .library
+            .submit(LOADING, move |state| state.look(&loading));
+    }
+
+    /// Read every GPU, waiting for NVML until `until`; NVML's own failures become a
+    /// `Down` reading, a GPU that does not answer by then a `NotAnswering` one, never a
+    /// panic.
+    pub(crate) fn read(&self, until: Instant) -> NvmlReading {
+        let loading = self.loading.clone();
+        let answer = self
+            .library
+            .run(LOADING, until, move |state| state.look(&loading));
+        let looked_at = Instant::now();
+        let (nvml, generation, count, driver_version) = match answer {
+            Ok(LibraryAnswer::Up {
+                nvml,
+                generation,
+                count,
+                driver_version,
+            }) => {
+                self.library_answers();
+                (nvml, generation, count, driver_version)
+            }
+            Ok(LibraryAnswer::Down { error, reason }) => {
+                self.library_answers();
+                return NvmlReading::Down {
+                    error,
+                    reason,
+                    stuck: None,
+                };
+            }
+            Err(NoAnswer::Stuck(in_call)) => {
+                let stuck = stuck_call(in_call, looked_at);
+                if !std::mem::replace(&mut *lock(&self.library_stuck), true)
+                    && self.loading.lifespan == Lifespan::Serving
+                {
+                    tracing::error!(
+                        call = %stuck.call,
+                        stuck_seconds = stuck.stuck_seconds,
+                        "NVML does not answer; serving vram_nvml_up 0 and asking it nothing more until the call returns"
+                    );
+                }
+                return NvmlReading::Down {
+                    error: format!("NVML does not answer: {} has not returned", stuck.call),
+                    reason: NvmlFailure::NotAnswering,
+                    stuck: Some(stuck),
+                };
+            }
+            Err(NoAnswer::Failed(why)) => {
+                return NvmlReading::Down {
+                    error: why,
+                    reason: NvmlFailure::Failed,
+                    stuck: None,
+                }
+            }
+        };
+        let slots = self.slots(count);
+        let job = |index: u32, slot: &GpuSlot| {
+            let (nvml, known) = (Arc::clone(&nvml), Arc::clone(&slot.identity));
+            slot.worker.submit(
+                "nvmlDeviceGetHandleByIndex_v2",
+                move |memo: &mut GpuMemo| {
+                    if memo.generation != generation {
+                        // Another library (a driver upgraded under us) may answer otherwise.
+                        *memo = GpuMemo {
+                            generation,
+                            answers: Answers::default(),
+                        };
+                    }
+                    read_gpu(&nvml, index, &known, &mut memo.answers)
+                },
+            )
+        };
+        let answers: Vec<Result<GpuReading, NoAnswer>> = if self.side_by_side {
+            let pending: Vec<_> = (0..count).zip(&slots).map(|(i, s)| job(i, s)).collect();
+            pending
+                .into_iter()
+                .map(|pending| pending.and_then(|pending| pending.wait_until(until)))
+                .collect()
+        } else {
+            (0..count)
+                .zip(&slots)
+                .map(|(index, slot)| job(index, slot).and_then(|pending| pending.wait_until(until)))
+                .collect()
+        };
+        let looked_at = Instant::now();
+        let gpus = (0..count)
+            .zip(&slots)
+            .zip(answers)
+            .map(|((index, slot), answer)| {
+                let mut gpu = self.gpu_reading(index, slot, answer, looked_at);
+                gpu.health.xid = self.loading.xid.as_ref().map(|xid| xid.reading(&gpu.uuid));
+                gpu
+            })
+            .collect();
+        NvmlReading::Up {
+            driver_version,
+            gpus,
+        }
+    }
+
+    /// The reading of GPU `index` from its thread's answer, logging when it stops and
+    /// starts answering.
+    fn gpu_reading(
+        &self,
+        index: u32,
+        slot: &GpuSlot,
+        answer: Result<GpuReading, NoAnswer>,
+        looked_at: Instant,
+    ) -> GpuReading {
+        let was_stuck = {
+            let mut stuck = lock(&slot.stuck);
+            std::mem::replace(&mut *stuck, matches!(answer, Err(NoAnswer::Stuck(_))))
+        };
+        match answer {
+            Ok(gpu) => {
+                if was_stuck && self.loading.lifespan == Lifespan::Serving {
+                    tracing::info!(gpu = index, "GPU answers NVML again");
+                }
+                gpu
+            }
+            Err(NoAnswer::Stuck(in_call)) => {
+                let stuck = stuck_call(in_call, looked_at);
+                // A one-shot command says it in its output instead.
+                if !was_stuck && self.loading.lifespan == Lifespan::Serving {
+                    tracing::error!(
+                        gpu = index,
+                        call = %stuck.call,
+                        stuck_seconds = stuck.stuck_seconds,
+                        "GPU does not answer NVML; serving the other GPUs and asking it nothing more until the call returns"
+                    );
+                }
+                lock(&slot.identity).reading(
+                    index,
+                    GpuState::NotAnswering {
+                        call: stuck.call,
+                        stuck_seconds: stuck.stuck_seconds,
+                    },
+                )
+            }
+            Err(NoAnswer::Failed(message)) => lock(&slot.identity).reading(
+                index,
+                GpuState::Failed {
+                    error: GpuError::Unknown,
+                    message,
+                },
+            ),
+        }
+    }
+
+    /// The first `count` GPU slots, started as needed.
+    fn slots(&self, count: u32) -> Vec<Arc<GpuSlot>> {
+        let mut gpus = lock(&self.gpus);
+        while gpus.len() < count as usize {
+            let index = gpus.len();
+            gpus.push(Arc::new(GpuSlot {
+                worker: Worker::start(&format!("nvml-gpu-{index}"), GpuMemo::default()),
+                identity: Arc::new(Mutex::new(Identity::default())),
+                stuck: Mutex::new(false),
+            }));
+        }
+        gpus[..count as usize].to_vec()
+    }
+
+    fn library_answers(&self) {
+        let was_stuck = std::mem::replace(&mut *lock(&self.library_stuck), false);
+        if was_stuck && self.loading.lifespan == Lifespan::Serving {
+            tracing::info!("NVML answers again");
+        }
+    }
+
+    /// The UUID of the GPU each of these MIG devices (`MIG-...` UUIDs, as the kubelet
+    /// names them) is part of, asked until `until`. Devices NVML does not know, and any
+    /// answer while NVML is not loaded or does not answer, are left out: those devices
+    /// stay unplaced rather than guessed.
+    pub(crate) fn mig_parents(
+        &self,
+        mig_uuids: &[String],
+        until: Instant,
+    ) -> BTreeMap<String, String> {
+        let mig_uuids = mig_uuids.to_vec();
+        let asked = self
+            .library
+            .run("nvmlDeviceGetHandleByUUID", until, move |state| {
+                let Some(Library::Loaded(nvml)) = &state.library else {
+                    return BTreeMap::new();
+                };
+                mig_uuids
+                    .iter()
+                    .filter_map(|uuid| {
+                        calling("nvmlDeviceGetHandleByUUID");
+                        let device = nvml.device_by_uuid(uuid.as_str()).ok()?;
+                        calling("nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
+                        let parent = device.mig_parent_device().ok()?;
+                        calling("nvmlDeviceGetUUID");
+                        Some((uuid.clone(), parent.uuid().ok()?))
+                    })
+                    .collect()
+            });
+        asked.unwrap_or_default()
+    }
+
+    /// Each NVML reader thread that is in a call now, with the call.
+    pub(crate) fn in_calls(&self) -> Vec<(NvmlThread, InCall)> {
+        let library = self
+            .library
+            .in_call()
+            .map(|in_call| (NvmlThread::Library, in_call));
+        let gpus: Vec<_> = lock(&self.gpus)
+            .iter()
+            .enumerate()
+            .filter_map(|(index, slot)| {
+                Some((NvmlThread::Gpu(index as u32), slot.worker.in_call()?))
+            })
+            .collect();
+        library.into_iter().chain(gpus).collect()
+    }
+}
+
+impl LibraryState {
+    /// Load NVML if it is not loaded (and its back-off allows), then make the
+    /// library-level calls every look needs.
+    fn look(&mut self, loading: &Loading) -> LibraryAnswer {
         let now = Instant::now();
-        let must_load = match library {
+        let must_load = match &self.library {
             None => true,
             Some(Library::Failed { retry_at, .. }) => now >= *retry_at,
             Some(Library::Loaded(_)) => false,
         };
         if must_load {
-            let previous_backoff = match library {
-                Some(Library::Failed { backoff, .. }) => Some(*backoff),
-                _ => None,
-            };
-            *library = Some(match self.load() {
-                Ok(nvml) => {
-                    // Another library (a driver upgraded under us) may answer otherwise.
-                    answers.clear();
-                    if previous_backoff.is_some() {
-                        tracing::info!("NVML loaded after earlier failures");
-                    }
-                    let nvml = Arc::new(nvml);
-                    if let Some(xid) = &self.xid {
-                        xid.start(Arc::clone(&nvml));
-                    }
-                    Library::Loaded(nvml)
-                }
-                Err(failure) => {
-                    let error = one_line(&failure);
-                    let backoff = previous_backoff.map_or(FIRST_RETRY, |b| (b * 2).min(MAX_RETRY));
-                    if previous_backoff.is_none() && self.lifespan == Lifespan::Serving {
-                        tracing::error!(error = %error, retry_in = ?backoff, "cannot load NVML; serving vram_nvml_up 0 and retrying");
-                    } else {
-                        tracing::debug!(error = %error, retry_in = ?backoff, "NVML still not loadable");
-                    }
-                    Library::Failed {
-                        error,
-                        retry_at: now + backoff,
-                        backoff,
-                    }
-                }
-            });
+            self.load(loading, now);
         }
-        match library {
-            Some(Library::Loaded(nvml)) => {
-                match read_all(nvml, identities, answers, self.xid.as_deref()) {
-                    Ok(reading) => reading,
-                    Err(error) => {
-                        // The driver went away under us (unloaded, upgraded): start over.
-                        tracing::error!(error = %error, "NVML stopped answering; reloading on a later scrape");
-                        if let Some(xid) = &self.xid {
-                            xid.stop();
-                        }
-                        let message = one_line(&Failure::StoppedAnswering(error));
-                        *library = Some(Library::Failed {
-                            error: message.clone(),
-                            retry_at: now + FIRST_RETRY,
-                            backoff: FIRST_RETRY,
-                        });
-                        NvmlReading::Down { error: message }
-                    }
+        let nvml = match &self.library {
+            Some(Library::Loaded(nvml)) => Arc::clone(nvml),
+            Some(Library::Failed { error, reason, .. }) => {
+                return LibraryAnswer::Down {
+                    error: error.clone(),
+                    reason: *reason,
                 }
             }
-            Some(Library::Failed { error, .. }) => NvmlReading::Down {
-                error: error.clone(),
-            },
             None => unreachable!("the library was set above"),
+        };
+        calling("nvmlDeviceGetCount_v2");
+        let count = match nvml.device_count() {
+            Ok(count) => count,
+            Err(error) => {
+                // The driver went away under us (unloaded, upgraded): start over.
+                tracing::error!(error = %error, "NVML stopped answering; reloading on a later scrape");
+                if let Some(xid) = &loading.xid {
+                    xid.stop();
+                }
+                let message = one_line(&Failure::StoppedAnswering(error));
+                self.library = Some(Library::Failed {
+                    error: message.clone(),
+                    reason: NvmlFailure::Failed,
+                    retry_at: now + FIRST_RETRY,
+                    backoff: FIRST_RETRY,
+                });
+                return LibraryAnswer::Down {
+                    error: message,
+                    reason: NvmlFailure::Failed,
+                };
+            }
+        };
+        calling("nvmlSystemGetDriverVersion");
+        let driver_version = nvml.sys_driver_version().unwrap_or_default();
+        LibraryAnswer::Up {
+            nvml,
+            generation: self.generation,
+            count,
+            driver_version,
         }
     }
 
-    /// The UUID of the GPU each of these MIG devices (`MIG-...` UUIDs, as the kubelet
-    /// names them) is part of. Devices NVML does not know, and any answer while NVML is
-    /// not loaded, are left out: those devices stay unplaced rather than guessed.
-    pub(crate) fn mig_parents(&self, mig_uuids: &[String]) -> BTreeMap<String, String> {
-        let state = lock(&self.state);
-        let Some(Library::Loaded(nvml)) = &state.library else {
-            return BTreeMap::new();
+    fn load(&mut self, loading: &Loading, now: Instant) {
+        let previous_backoff = match &self.library {
+            Some(Library::Failed { backoff, .. }) => Some(*backoff),
+            _ => None,
         };
-        mig_uuids
-            .iter()
-            .filter_map(|uuid| {
-                let device = nvml.device_by_uuid(uuid.as_str()).ok()?;
-                let parent = device.mig_parent_device().ok()?;
-                Some((uuid.clone(), parent.uuid().ok()?))
-            })
-            .collect()
+        calling(LOADING);
+        self.library = Some(match load(loading.path.as_deref()) {
+            Ok(nvml) => {
+                self.generation += 1;
+                if previous_backoff.is_some() {
+                    tracing::info!("NVML loaded after earlier failures");
+                }
+                let nvml = Arc::new(nvml);
+                if let Some(xid) = &loading.xid {
+                    xid.start(Arc::clone(&nvml));
+                }
+                Library::Loaded(nvml)
+            }
+            Err(failure) => {
+                let reason = match &failure {
+                    Failure::Load {
+                        source: NvmlError::LibloadingError(_),
+                        ..
+                    } => NvmlFailure::Missing,
+                    Failure::Load { .. } => NvmlFailure::InitFailed,
+                    Failure::StoppedAnswering(_) => NvmlFailure::Failed,
+                };
+                let error = one_line(&failure);
+                let backoff = previous_backoff.map_or(FIRST_RETRY, |b| (b * 2).min(MAX_RETRY));
+                if previous_backoff.is_none() && loading.lifespan == Lifespan::Serving {
+                    tracing::error!(error = %error, retry_in = ?backoff, "cannot load NVML; serving vram_nvml_up 0 and retrying");
+                } else {
+                    tracing::debug!(error = %error, retry_in = ?backoff, "NVML still not loadable");
+                }
+                Library::Failed {
+                    error,
+                    reason,
+                    retry_at: now + backoff,
+                    backoff,
+                }
+            }
+        });
     }
+}
 
-    fn load(&self) -> Result<Nvml, Failure> {
-        let library = match &self.path {
-            Some(path) => path.as_os_str(),
-            None => OsStr::new(SYSTEM_LIBRARY),
-        };
-        Nvml::builder()
-            .lib_path(library)
-            .init()
-            .map_err(|source| Failure::Load {
-                library: library.to_string_lossy().into_owned(),
-                source,
-            })
+fn load(path: Option<&std::path::Path>) -> Result<Nvml, Failure> {
+    let library = match path {
+        Some(path) => path.as_os_str(),
+        None => OsStr::new(SYSTEM_LIBRARY),
+    };
+    Nvml::builder()
+        .lib_path(library)
+        .init()
+        .map_err(|source| Failure::Load {
+            library: library.to_string_lossy().into_owned(),
+            source,
+        })
+}
+
+/// The call a thread is stuck in, as a reading made at `looked_at` says it.
+fn stuck_call(in_call: InCall, looked_at: Instant) -> StuckCall {
+    StuckCall {
+        call: in_call.call.to_string(),
+        stuck_seconds: looked_at
+            .saturating_duration_since(in_call.since)
+            .as_secs_f64(),
     }
 }

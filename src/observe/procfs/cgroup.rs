@@ -22,6 +22,19 @@
 //! UUID. Paths seen from another cgroup namespace start with `/..`; only the names
 //! matter here, so that does not change the answer. Real lines of each shape, with where
 //! they were recorded, are the fixtures under `tests/fixtures/cgroup/`.
+//!
+//! Slurm's cgroup plugins name the job and step every task runs in, so a process's job is
+//! known without a prolog or a mapping file:
+//!
+//! | Slurm plugin | a task's cgroup |
+//! | --- | --- |
+//! | `cgroup/v2` | `/system.slice/slurmstepd.scope/job_<id>/step_<step>/user/task_<n>` |
+//! | `cgroup/v1` | `/slurm/uid_<uid>/job_<id>/step_<step>/task_<n>` (`task_<n>` only where task/cgroup constrains that controller) |
+//!
+//! A build with `--enable-multiple-slurmd` (Debian's) puts the node's name in the first
+//! part: `<node>_slurmstepd.scope`, `/slurm_<node>`. Steps are numbers or `batch`,
+//! `extern`, `interactive`; slurmstepd itself sits in `.../step_<step>/slurm` (v2) or
+//! in the job's own cgroup (v1's freezer).
 
 use crate::observe::pod_uid::is_pod_uid;
 use serde::{Deserialize, Serialize};
@@ -34,20 +47,33 @@ pub(crate) const MAX_CGROUP_FILE_BYTES: usize = 64 * 1024;
 const CONTAINER_ID_DIGITS: usize = 64;
 
 /// Runtime prefixes of a container's systemd scope or cgroupfs directory name.
-const CONTAINER_PREFIXES: &[&str] = &["cri-containerd-", "docker-", "crio-", "libpod-"];
+const CONTAINER_PREFIXES: &[(&str, Runtime)] = &[
+    ("cri-containerd-", Runtime::Containerd),
+    ("docker-", Runtime::Docker),
+    ("crio-", Runtime::CriO),
+    ("libpod-", Runtime::Podman),
+];
 
 /// What a process's cgroup file says about where it runs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CgroupAttribution {
-    /// The cgroup path the container or pod was read from (`None` when neither was found).
+    /// The cgroup path the container, pod or Slurm job was read from (`None` when none
+    /// was found).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
     /// Full id of the innermost container the process runs in (64 lowercase hex digits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// The runtime whose name the container's cgroup carries (`docker-`, `libpod-`, ...),
+    /// which says which engine can name the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Runtime>,
     /// UID of the Kubernetes pod, with dashes (`1d9e...-...`), or a static pod's 32-digit hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
+    /// The Slurm job step the process runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmStep>,
 }
 
 impl CgroupAttribution {
@@ -55,6 +81,34 @@ impl CgroupAttribution {
     pub fn is_empty(&self) -> bool {
         self.container_id.is_none() && self.pod_uid.is_none()
     }
+}
+
+/// The container runtime a cgroup name says started a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Runtime {
+    /// `docker-<id>.scope`, `/docker/<id>`.
+    Docker,
+    /// `libpod-<id>.scope`, `/libpod_parent/libpod-<id>`.
+    Podman,
+    /// `cri-containerd-<id>.scope`.
+    Containerd,
+    /// `crio-<id>.scope`, `crio-<id>`.
+    CriO,
+}
+
+/// A Slurm job step, as the cgroup of a process in it names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SlurmStep {
+    /// The job id.
+    pub job_id: u64,
+    /// The step: a number, `batch`, `extern` or `interactive`; `None` for a process in
+    /// the job's own cgroup (slurmstepd, under cgroup v1's freezer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// The job's user, which cgroup v1 paths carry (`uid_<uid>`); v2 paths do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
 }
 
 /// Reads the container and pod out of the content of a `/proc/PID/cgroup` file.
@@ -87,13 +141,33 @@ pub fn parse_cgroup_file(content: &[u8]) -> CgroupAttribution {
         .collect();
     // A stable sort keeps file order within a rank.
     lines.sort_by_key(|(rank, _)| *rank);
-    for (_, path) in &lines {
-        let attribution = parse_cgroup_path(path);
-        if !attribution.is_empty() {
-            return attribution;
+    let mut attribution = lines
+        .iter()
+        .map(|(_, path)| parse_cgroup_path(path))
+        .find(|attribution| !attribution.is_empty())
+        .unwrap_or_default();
+    // Slurm's v1 plugins place a task in each controller they use, some down to the
+    // task, others (the freezer) only to the step: the first line that names a step
+    // wins, and the job's user comes from any line.
+    let steps: Vec<(&[u8], SlurmStep)> = lines
+        .iter()
+        .filter_map(|(_, path)| Some((*path, slurm_step_in(path)?)))
+        .collect();
+    let chosen = steps
+        .iter()
+        .find(|(_, step)| step.step.is_some())
+        .or(steps.first());
+    if let Some((path, step)) = chosen {
+        let mut step = step.clone();
+        step.uid = step
+            .uid
+            .or_else(|| steps.iter().find_map(|(_, other)| other.uid));
+        if attribution.cgroup.is_none() {
+            attribution.cgroup = Some(String::from_utf8_lossy(path).into_owned());
         }
+        attribution.slurm = Some(step);
     }
-    CgroupAttribution::default()
+    attribution
 }
 
 /// The container and pod one cgroup path names; the innermost of each wins (a kind
@@ -106,33 +180,100 @@ pub fn parse_cgroup_path(path: &[u8]) -> CgroupAttribution {
         .flat_map(|component| component.split(|&byte| byte == b':'))
         .filter(|component| !component.is_empty() && *component != b".." && *component != b".")
         .collect();
-    let container_id = components
+    let container = components
         .iter()
+        .enumerate()
         .rev()
-        .find_map(|component| container_id_in(component));
+        .find_map(|(at, component)| {
+            let parent = at.checked_sub(1).map(|parent| components[parent]);
+            container_id_in(component, parent)
+        });
     let pod_uid = components
         .iter()
         .rev()
         .find_map(|component| pod_uid_in(component));
-    if container_id.is_none() && pod_uid.is_none() {
+    if container.is_none() && pod_uid.is_none() {
         return CgroupAttribution::default();
     }
+    let (container_id, runtime) = match container {
+        Some((id, runtime)) => (Some(id), runtime),
+        None => (None, None),
+    };
     CgroupAttribution {
         cgroup: Some(String::from_utf8_lossy(path).into_owned()),
         container_id,
+        runtime,
         pod_uid,
+        slurm: None,
     }
 }
 
-/// The container id a cgroup name carries: `docker-<id>.scope`, `crio-<id>`, a bare
-/// `<id>`, ... (`crio-conmon-<id>.scope` is CRI-O's monitor process, not the container).
-fn container_id_in(component: &[u8]) -> Option<String> {
+/// The container id a cgroup name carries, with the runtime its name says: `docker-<id>.scope`,
+/// `crio-<id>`, a bare `<id>` (Docker's when its parent is `docker`), ...
+/// (`crio-conmon-<id>.scope` is CRI-O's monitor process, not the container).
+fn container_id_in(component: &[u8], parent: Option<&[u8]>) -> Option<(String, Option<Runtime>)> {
     let name = component.strip_suffix(b".scope").unwrap_or(component);
-    let id = CONTAINER_PREFIXES
+    let (id, runtime) = CONTAINER_PREFIXES
         .iter()
-        .find_map(|prefix| name.strip_prefix(prefix.as_bytes()))
-        .unwrap_or(name);
-    is_hex(id, CONTAINER_ID_DIGITS).then(|| String::from_utf8_lossy(id).to_ascii_lowercase())
+        .find_map(|(prefix, runtime)| Some((name.strip_prefix(prefix.as_bytes())?, Some(*runtime))))
+        .unwrap_or((
+            name,
+            (parent == Some(b"docker".as_slice())).then_some(Runtime::Docker),
+        ));
+    is_hex(id, CONTAINER_ID_DIGITS)
+        .then(|| (String::from_utf8_lossy(id).to_ascii_lowercase(), runtime))
+}
+
+/// The Slurm job step one cgroup path names: `.../[<node>_]slurmstepd.scope/job_<id>[/step_<step>...]`
+/// (cgroup/v2) or `/slurm[_<node>]/uid_<uid>/job_<id>[/step_<step>...]` (cgroup/v1).
+/// Only below one of those two roots: a `job_1` elsewhere is someone else's name.
+pub fn slurm_step_in(path: &[u8]) -> Option<SlurmStep> {
+    let components: Vec<&[u8]> = path
+        .split(|&byte| byte == b'/')
+        .filter(|component| !component.is_empty() && *component != b".." && *component != b".")
+        .collect();
+    components.iter().enumerate().find_map(|(at, component)| {
+        let rest = &components[at + 1..];
+        let (uid, rest) = if component.ends_with(b"slurmstepd.scope") {
+            (None, rest)
+        } else if *component == b"slurm" || component.starts_with(b"slurm_") {
+            let (uid, rest) = rest.split_first()?;
+            (Some(number_after(uid, b"uid_")?), rest)
+        } else {
+            return None;
+        };
+        let (job, rest) = rest.split_first()?;
+        let job_id = number_after(job, b"job_")?;
+        let step = rest
+            .first()
+            .and_then(|step| step.strip_prefix(b"step_"))
+            .filter(|step| is_step_name(step))
+            .map(|step| String::from_utf8_lossy(step).into_owned());
+        Some(SlurmStep {
+            job_id,
+            step,
+            uid: uid.and_then(|uid| u32::try_from(uid).ok()),
+        })
+    })
+}
+
+/// The decimal number after `prefix` in `component`, when that is all there is.
+fn number_after(component: &[u8], prefix: &[u8]) -> Option<u64> {
+    let digits = component.strip_prefix(prefix)?;
+    if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// A step's name as Slurm writes it: a number, `batch`, `extern`, `interactive`, or a
+/// heterogeneous step's `<step>+<component>`.
+fn is_step_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && name
+            .iter()
+            .all(|&byte| byte.is_ascii_alphanumeric() || byte == b'+')
 }
 
 /// The pod uid a cgroup name carries: `pod<uid>` (cgroupfs) or `...kubepods...-pod<uid>.slice`
@@ -451,6 +592,134 @@ mod tests {
         assert_eq!(
             parse_cgroup_file(line.as_bytes()).container_id.as_deref(),
             Some("31cb02944da7a12196a193cf0e0f6c226d7c453a1db62e65ba98287593a2ee30")
+        );
+    }
+
+    fn expect_slurm(name: &str, job_id: u64, step: Option<&str>, uid: Option<u32>) {
+        let attribution = parse_cgroup_file(&fixture(name));
+        assert_eq!(
+            attribution.slurm,
+            Some(SlurmStep {
+                job_id,
+                step: step.map(str::to_string),
+                uid,
+            }),
+            "{name}: {attribution:?}"
+        );
+        assert!(attribution.cgroup.is_some(), "{name}: {attribution:?}");
+        assert_eq!(attribution.container_id, None, "{name}");
+    }
+
+    #[test]
+    fn slurm_cgroup_v2_names_the_job_and_step() {
+        expect_slurm("slurm-v2-task.txt", 1392969, Some("0"), None);
+        expect_slurm("slurm-v2-extern-step.txt", 3385, Some("extern"), None);
+        expect_slurm("slurm-v2-slurmstepd.txt", 3385, Some("0"), None);
+        let attribution = parse_cgroup_file(&fixture("slurm-v2-task.txt"));
+        assert_eq!(
+            attribution.cgroup.as_deref(),
+            Some("/system.slice/slurmstepd.scope/job_1392969/step_0/user/task_0")
+        );
+    }
+
+    #[test]
+    fn slurm_cgroup_v1_names_the_job_step_and_user() {
+        expect_slurm("slurm-v1-freezer-only.txt", 748468, Some("0"), Some(7319));
+        expect_slurm(
+            "slurm-v1-interactive-step.txt",
+            280678,
+            Some("interactive"),
+            Some(2101171),
+        );
+        expect_slurm(
+            "slurm-v1-debian-multiple-slurmd-batch-step.txt",
+            2,
+            Some("batch"),
+            Some(0),
+        );
+    }
+
+    #[test]
+    fn slurmstepd_under_v1_is_in_its_jobs_cgroup_and_its_steps() {
+        // The freezer holds it in the job's cgroup; cpuset, memory and devices in the
+        // step's: the step wins.
+        expect_slurm("slurm-v1-debian-slurmstepd.txt", 2, Some("0"), Some(0));
+        assert_eq!(
+            slurm_step_in(b"/slurm_localhost/uid_0/job_2"),
+            Some(SlurmStep {
+                job_id: 2,
+                step: None,
+                uid: Some(0)
+            })
+        );
+    }
+
+    #[test]
+    fn slurmd_itself_and_look_alikes_are_not_jobs() {
+        assert_eq!(
+            parse_cgroup_file(&fixture("slurm-v2-slurmd-multiple-slurmd.txt")),
+            CgroupAttribution::default()
+        );
+        for path in [
+            "0::/user.slice/job_12/step_0\n",
+            "0::/slurm/job_12/step_0\n",
+            "0::/system.slice/slurmstepd.scope/system\n",
+            "0::/system.slice/slurmstepd.scope/job_x/step_0\n",
+            "4:memory:/slurm/uid_1000/job_/step_0\n",
+            "4:memory:/slurm/uid_1000/job_123456789012345678901234/step_0\n",
+        ] {
+            assert_eq!(parse_cgroup_file(path.as_bytes()).slurm, None, "{path:?}");
+        }
+    }
+
+    #[test]
+    fn slurm_nodename_prefixes_and_het_steps_are_read() {
+        let step =
+            slurm_step_in(b"/system.slice/node7_slurmstepd.scope/job_44/step_1+2/user/task_0");
+        assert_eq!(
+            step,
+            Some(SlurmStep {
+                job_id: 44,
+                step: Some("1+2".into()),
+                uid: None
+            })
+        );
+    }
+
+    #[test]
+    fn a_slurm_job_inside_a_pod_keeps_both() {
+        let line = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-poddd1bf9d1_241d_47f5_8e25_12de83135812.slice/cri-containerd-f45298cd514d1930c4fe3afc4412e59547f7e3148fddd22ca33cefce046eb830.scope/system.slice/slurmstepd.scope/job_9/step_0/user/task_0\n";
+        let attribution = parse_cgroup_file(line.as_bytes());
+        assert_eq!(
+            attribution.pod_uid.as_deref(),
+            Some("dd1bf9d1-241d-47f5-8e25-12de83135812")
+        );
+        assert_eq!(attribution.runtime, Some(Runtime::Containerd));
+        assert_eq!(attribution.slurm.map(|step| step.job_id), Some(9));
+    }
+
+    #[test]
+    fn the_runtime_is_read_from_the_name() {
+        let runtime = |name: &str| parse_cgroup_file(&fixture(name)).runtime;
+        assert_eq!(runtime("podman-cgroupfs-hybrid.txt"), Some(Runtime::Podman));
+        assert_eq!(runtime("docker-systemd-v2.txt"), Some(Runtime::Docker));
+        assert_eq!(
+            runtime("docker-cgroupfs-v1-ubuntu.txt"),
+            Some(Runtime::Docker)
+        );
+        // Docker inside a container sees its bare id at its root: no name says which.
+        assert_eq!(runtime("docker-cgroupfs-v1-debian.txt"), None);
+        assert_eq!(
+            runtime("kubernetes-crio-systemd-v1-openshift.txt"),
+            Some(Runtime::CriO)
+        );
+        // A bare id under a pod: the runtime is not named.
+        assert_eq!(runtime("kubernetes-containerd-cgroupfs-v1.txt"), None);
+        assert_eq!(
+            parse_cgroup_file(&fixture("podman-cgroupfs-hybrid.txt"))
+                .container_id
+                .as_deref(),
+            Some("a7bf71c4eb3968e1ee96f65a135da712aebd7f7a68d3fcd9622cec36048bbf31")
         );
     }
 

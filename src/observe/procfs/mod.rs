@@ -11,7 +11,9 @@
 //! - `references`: the descriptors and mappings of NVIDIA device files of one process.
 //! - `memory`: what is kept of each process from one look to the next ([`Memory`]).
 //! - `pidns`: whether a process's container has ended, from its PID namespace.
-//! - `cgroup`: the container and pod a process runs in ([`CgroupAttribution`]).
+//! - `cgroup`: the container, pod and Slurm job step a process runs in
+//!   ([`CgroupAttribution`]).
+//! - `slurm`: which Slurm job steps still run, from their slurmstepd ([`SlurmReading`]).
 //! - [`parse`]: the text formats, parsed by hand where procfs-core cannot serve.
 
 mod cgroup;
@@ -24,15 +26,21 @@ mod reader;
 mod reading;
 mod references;
 mod root;
+mod slurm;
 
-pub use cgroup::{parse_cgroup_file, parse_cgroup_path, short_container_id, CgroupAttribution};
+pub use cgroup::{
+    parse_cgroup_file, parse_cgroup_path, short_container_id, slurm_step_in, CgroupAttribution,
+    Runtime, SlurmStep,
+};
 pub(crate) use looks::{look_at_owners, look_for_holders};
 pub use memory::{Memory, Remembered};
 pub use placement::Placement;
 pub(crate) use reader::OwnersRead;
 pub use reader::{Looked, Reader};
 pub use reading::{
-    HolderScan, Identity, NamespaceInit, NodeSet, ProcessFacts, ProcessLookup, ProcfsView,
-    References,
+    HolderScan, Identity, NamespaceInit, NarrowAccess, NodeSet, ProcessFacts, ProcessLookup,
+    ProcfsView, References,
 };
 pub use root::{PidNamespace, ProcRoot, DEVICE_PREFIX};
+pub(crate) use slurm::Slurmstepds;
+pub use slurm::{RunningStep, SlurmReading};

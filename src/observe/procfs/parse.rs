@@ -182,10 +182,17 @@ pub struct SharedMapping<'a> {
     pub inode: u64,
     /// The path as the process sees it (may end in ` (deleted)`).
     pub path: &'a [u8],
+    /// The mapping may be read (`r` in the permissions).
+    pub read: bool,
+    /// The mapping may be written (`w` in the permissions).
+    pub write: bool,
 }
 
 /// The shared file mappings (`s` in the permissions) of a maps file: a CUDA context,
-/// own or inherited by fork, is shared mappings of the GPU's node and `/dev/nvidiactl`.
+/// own or inherited by fork, is shared mappings of the GPU's node and `/dev/nvidiactl`,
+/// read-write ones among them (`rw-s`); a process that initialised the driver without a
+/// context (the MPS control daemon, measured on an H200) maps the GPU's node write-only
+/// (`-w-s`) and the control node read-only (`r--s`).
 pub fn shared_mappings(maps: &[u8]) -> impl Iterator<Item = SharedMapping<'_>> {
     maps.split(|&byte| byte == b'\n').filter_map(|line| {
         let mut fields = line.splitn(6, |&byte| byte == b' ');
@@ -194,6 +201,8 @@ pub fn shared_mappings(maps: &[u8]) -> impl Iterator<Item = SharedMapping<'_>> {
         if permissions.get(3) != Some(&b's') {
             return None;
         }
+        let read = permissions[0] == b'r';
+        let write = permissions[1] == b'w';
         let _offset = fields.next()?;
         let (major, minor) = std::str::from_utf8(fields.next()?).ok()?.split_once(':')?;
         let device = (
@@ -206,6 +215,8 @@ pub fn shared_mappings(maps: &[u8]) -> impl Iterator<Item = SharedMapping<'_>> {
             device,
             inode,
             path,
+            read,
+            write,
         })
     })
 }
@@ -413,6 +424,30 @@ garbage\n";
         assert_eq!(shared[0].path, b"/dev/nvidiactl");
         assert_eq!((shared[1].device, shared[1].inode), ((0, 5), 1071));
         assert_eq!(shared[2].path, b"/dev/zero (deleted)");
+        // rw-s, -w-s, rw-s.
+        let access: Vec<(bool, bool)> = shared.iter().map(|m| (m.read, m.write)).collect();
+        assert_eq!(access, [(true, true), (false, true), (true, true)]);
+    }
+
+    #[test]
+    fn the_access_of_the_mps_control_daemons_mappings() {
+        // The MPS control daemon on the H200: GPU 0's node write-only, nvidiactl read-only.
+        let maps = b"7f3c28000000-7f3c28001000 -w-s 00000000 00:05 1071                       /dev/nvidia0\n\
+7f3c28200000-7f3c28201000 -w-s 00000000 00:05 1071                       /dev/nvidia0\n\
+7f3c28400000-7f3c28401000 r--s 00000000 00:05 1065                       /dev/nvidiactl\n\
+7f3c28600000-7f3c28601000 ---s 00000000 00:05 1065                       /dev/nvidiactl\n";
+        let access: Vec<(&[u8], bool, bool)> = shared_mappings(maps)
+            .map(|m| (m.path, m.read, m.write))
+            .collect();
+        assert_eq!(
+            access,
+            [
+                (&b"/dev/nvidia0"[..], false, true),
+                (&b"/dev/nvidia0"[..], false, true),
+                (&b"/dev/nvidiactl"[..], true, false),
+                (&b"/dev/nvidiactl"[..], false, false),
+            ]
+        );
     }
 
     #[test]

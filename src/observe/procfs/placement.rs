@@ -63,7 +63,7 @@ impl Placement {
     }
 
     /// Whether the procfs shows our own PID namespace.
-    pub(super) fn view(self) -> ProcfsView {
+    pub(crate) fn view(self) -> ProcfsView {
         match self.position {
             Position::Own => ProcfsView::Own,
             Position::Foreign { .. } | Position::Lost => ProcfsView::Foreign,

@@ -216,7 +216,10 @@ impl<'a> Reader<'a> {
         else {
             return self.read_afresh(pid, dir, stat, None);
         };
-        let stale = stat.state == b'Z' || !gpus.iter().all(|&minor| facts.mappings.has_gpu(minor));
+        let stale = stat.state == b'Z'
+            || !gpus
+                .iter()
+                .all(|&minor| facts.mappings.maps_gpu_read_write(minor));
         refresh_from_stat(&mut facts, &stat);
         let mut errors = 0;
         if stale {
@@ -628,6 +631,7 @@ fn refresh_from_stat(facts: &mut ProcessFacts, stat: &Stat) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::procfs::NarrowAccess;
     use std::os::unix::fs::symlink;
 
     /// A procfs tree with the files the reader reads, for one process at a time.
@@ -739,6 +743,44 @@ mod tests {
             .read_owner(&mut memory, 100, &[0, 1])
             .mappings
             .has_gpu(1));
+    }
+
+    #[test]
+    fn how_each_node_is_mapped_is_read_with_the_mappings() {
+        // The MPS control daemon as the H200 showed it: GPU 0's node write-only (twice),
+        // nvidiactl read-only; and a context: GPU 0's node read-write beside write-only.
+        let proc = FakeProc::new();
+        proc.process(300, 500, 'S', &[]);
+        let dir = proc.dir.path().join("300");
+        symlink("/dev/nvidia0", dir.join("fd/4")).unwrap();
+        fs::write(
+            dir.join("maps"),
+            "7f3c28000000-7f3c28001000 -w-s 00000000 00:05 2000 /dev/nvidia0\n\
+             7f3c28200000-7f3c28201000 -w-s 00000000 00:05 2000 /dev/nvidia0\n\
+             7f3c28400000-7f3c28401000 r--s 00000000 00:05 1065 /dev/nvidiactl\n",
+        )
+        .unwrap();
+        let mut memory = Memory::new();
+        let daemon = proc.read_owner(&mut memory, 300, &[0]);
+        let nodes = daemon.mappings.nodes().expect("read").clone();
+        assert_eq!(nodes.gpus, [0]);
+        assert!(nodes.control);
+        assert!(!nodes.maps_gpu_read_write(0));
+        assert_eq!(
+            nodes.gpu_without_read_write(0),
+            Some(NarrowAccess::WriteOnly)
+        );
+        assert_eq!(
+            nodes.control_without_read_write,
+            Some(NarrowAccess::ReadOnly)
+        );
+        // Without a context on the GPU it is listed on, it is read again each time.
+        proc.process(300, 500, 'S', &[0]);
+        let context = proc.read_owner(&mut memory, 300, &[0]);
+        assert!(context.mappings.maps_gpu_read_write(0));
+        let nodes = context.mappings.nodes().unwrap();
+        assert!(nodes.gpus_without_read_write.is_empty());
+        assert_eq!(nodes.control_without_read_write, None);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use super::cgroup::CgroupAttribution;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// How the PIDs of the procfs we read relate to ours (and NVML's).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,7 +101,8 @@ pub struct ProcessFacts {
     pub wchan: Option<String>,
     /// NVIDIA device files it holds open (any thread's descriptors).
     pub descriptors: References,
-    /// NVIDIA device files it maps shared: a CUDA context, own or inherited by fork.
+    /// NVIDIA device files it maps shared: a CUDA context, own or inherited by fork, maps
+    /// its GPU's node read-write (see [`NodeSet::maps_gpu_read_write`]).
     pub mappings: References,
     /// The container and pod its cgroup names.
     #[serde(flatten)]
@@ -136,6 +138,12 @@ impl References {
         matches!(self, References::Read(nodes) if nodes.gpus.contains(&minor))
     }
 
+    /// Whether these mappings were read and map GPU `minor`'s node read-write (see
+    /// [`NodeSet::maps_gpu_read_write`]).
+    pub fn maps_gpu_read_write(&self, minor: u32) -> bool {
+        matches!(self, References::Read(nodes) if nodes.maps_gpu_read_write(minor))
+    }
+
     /// The nodes read, if they could be.
     pub fn nodes(&self) -> Option<&NodeSet> {
         match self {
@@ -163,9 +171,51 @@ pub struct NodeSet {
     /// Any other `/dev/nvidia*` node.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub other: bool,
+    /// Of a process's mapped GPU nodes, those none of whose shared mappings is read-write,
+    /// by minor number, with how they are mapped. Empty for descriptors, and for mappings
+    /// read by versions that did not record how (their "maps GPU N" meant a context, and
+    /// still does).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpus_without_read_write: BTreeMap<u32, NarrowAccess>,
+    /// How `/dev/nvidiactl` is mapped when it is mapped and none of its shared mappings is
+    /// read-write (a context maps it read-write); `None` otherwise, and for descriptors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_without_read_write: Option<NarrowAccess>,
+}
+
+/// How a node is mapped shared when none of its mappings is both readable and writable.
+///
+/// Measured on an H200 (driver 580): a CUDA context, own or inherited by fork, maps its
+/// GPU's node `rw-s` (beside two `-w-s` lines) and `/dev/nvidiactl` `rw-s` (beside one
+/// `r--s`); the MPS control daemon, which initialised the driver but holds no context,
+/// maps the GPU's node only `-w-s` and `/dev/nvidiactl` only `r--s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NarrowAccess {
+    /// Some mapping may be written, none both read and written (`-w-s`).
+    WriteOnly,
+    /// Some mapping may be read, none written (`r--s`).
+    ReadOnly,
+    /// No mapping may be read or written (`---s`).
+    NoAccess,
 }
 
 impl NodeSet {
+    /// Whether GPU `minor`'s node is mapped read-write: a CUDA context there, own or
+    /// inherited by fork. A node mapped only write-only or read-only is a process that
+    /// initialised the driver without a context (measured: the MPS control daemon).
+    pub fn maps_gpu_read_write(&self, minor: u32) -> bool {
+        self.gpus.contains(&minor) && !self.gpus_without_read_write.contains_key(&minor)
+    }
+
+    /// How GPU `minor`'s node is mapped, when it is mapped but never read-write.
+    pub fn gpu_without_read_write(&self, minor: u32) -> Option<NarrowAccess> {
+        self.gpus_without_read_write
+            .get(&minor)
+            .copied()
+            .filter(|_| self.gpus.contains(&minor))
+    }
+
     /// Whether the set names no node.
     pub fn is_empty(&self) -> bool {
         self.gpus.is_empty()
@@ -224,5 +274,50 @@ impl HolderScan {
     /// True when every process was looked at: no holder can be missing from the list.
     pub fn complete(&self) -> bool {
         !self.cut_short && self.permission_errors == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn mappings_of_older_versions_keep_meaning_a_context() {
+        // Written before the access of a mapping was recorded: "maps GPU 0" was a context.
+        let old: NodeSet =
+            serde_json::from_value(json!({ "gpus": [0], "control": true, "uvm": true })).unwrap();
+        assert!(old.maps_gpu_read_write(0));
+        assert_eq!(old.gpu_without_read_write(0), None);
+        // A context is written as it was then: no new keys.
+        assert_eq!(
+            serde_json::to_value(&old).unwrap(),
+            json!({ "gpus": [0], "control": true, "uvm": true })
+        );
+    }
+
+    #[test]
+    fn a_write_only_mapping_round_trips_and_is_no_context() {
+        let daemon = NodeSet {
+            gpus: vec![0],
+            control: true,
+            gpus_without_read_write: BTreeMap::from([(0, NarrowAccess::WriteOnly)]),
+            control_without_read_write: Some(NarrowAccess::ReadOnly),
+            ..NodeSet::default()
+        };
+        let text = serde_json::to_value(&daemon).unwrap();
+        assert_eq!(
+            text,
+            json!({
+                "gpus": [0],
+                "control": true,
+                "gpus_without_read_write": { "0": "write_only" },
+                "control_without_read_write": "read_only",
+            })
+        );
+        let back: NodeSet = serde_json::from_value(text).unwrap();
+        assert_eq!(back, daemon);
+        assert!(!back.maps_gpu_read_write(0));
+        assert!(!back.maps_gpu_read_write(1));
     }
 }

@@ -7,8 +7,8 @@
 //! who holds a file, the mappings say who holds a context.
 
 use super::parse::{self, NvidiaNode};
-use super::reading::NodeSet;
-use std::collections::BTreeSet;
+use super::reading::{NarrowAccess, NodeSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CStr;
 use std::fs;
 use std::io;
@@ -240,44 +240,84 @@ impl<'a> Listing<'a> {
 }
 
 /// The NVIDIA device files a process maps shared, matched to its open `files` by device
-/// and inode where it has them open, else by name. A zombie leader has no mappings of its
-/// own; a live thread's (they share one address space) are read.
+/// and inode where it has them open, else by name, with how each GPU node and the control
+/// node are mapped where no mapping of them is read-write. A zombie leader has no mappings
+/// of its own; a live thread's (they share one address space) are read.
 pub(super) fn mappings(
     prefix: &[u8],
     dir: &Path,
     files: &[OpenFile],
     zombie_leader: bool,
 ) -> io::Result<NodeSet> {
-    let mut nodes = BTreeSet::new();
-    let mut add = |device: (u32, u32), inode: u64, path: &[u8]| {
+    let mut nodes: BTreeMap<NvidiaNode, Access> = BTreeMap::new();
+    let mut add = |mapping: parse::SharedMapping| {
         let by_file = files
             .iter()
-            .find(|file| file.device == device && file.inode == inode)
+            .find(|file| file.device == mapping.device && file.inode == mapping.inode)
             .map(|file| file.node);
-        if let Some(node) = by_file.or_else(|| parse::nvidia_node(path, prefix)) {
-            nodes.insert(node);
+        if let Some(node) = by_file.or_else(|| parse::nvidia_node(mapping.path, prefix)) {
+            nodes
+                .entry(node)
+                .or_default()
+                .add(mapping.read, mapping.write);
         }
     };
-    if !zombie_leader && query_shared_mappings(&dir.join("maps"), &mut add)? {
-        return Ok(node_set(&nodes));
-    }
-    let mut maps = fs::read(dir.join("maps"))?;
-    if maps.is_empty() && zombie_leader {
-        if let Ok(tasks) = fs::read_dir(dir.join("task")) {
-            for task in tasks.flatten() {
-                if let Ok(text) = fs::read(task.path().join("maps")) {
-                    if !text.is_empty() {
-                        maps = text;
-                        break;
+    if zombie_leader || !query_shared_mappings(&dir.join("maps"), &mut add)? {
+        let mut maps = fs::read(dir.join("maps"))?;
+        if maps.is_empty() && zombie_leader {
+            if let Ok(tasks) = fs::read_dir(dir.join("task")) {
+                for task in tasks.flatten() {
+                    if let Ok(text) = fs::read(task.path().join("maps")) {
+                        if !text.is_empty() {
+                            maps = text;
+                            break;
+                        }
                     }
                 }
             }
         }
+        parse::shared_mappings(&maps).for_each(&mut add);
     }
-    for mapping in parse::shared_mappings(&maps) {
-        add(mapping.device, mapping.inode, mapping.path);
+    let mut set = node_set(&nodes.keys().copied().collect());
+    for (node, access) in &nodes {
+        match (*node, access.narrow()) {
+            (NvidiaNode::Gpu(minor), Some(narrow)) => {
+                set.gpus_without_read_write.insert(minor, narrow);
+            }
+            (NvidiaNode::Control, narrow) => set.control_without_read_write = narrow,
+            _ => {}
+        }
     }
-    Ok(node_set(&nodes))
+    Ok(set)
+}
+
+/// What the shared mappings of one node allow, over all of them.
+#[derive(Debug, Default, Clone, Copy)]
+struct Access {
+    read_write: bool,
+    write: bool,
+    read: bool,
+}
+
+impl Access {
+    fn add(&mut self, read: bool, write: bool) {
+        self.read_write |= read && write;
+        self.write |= write;
+        self.read |= read;
+    }
+
+    /// How the node is mapped when no mapping of it is read-write.
+    fn narrow(self) -> Option<NarrowAccess> {
+        if self.read_write {
+            None
+        } else if self.write {
+            Some(NarrowAccess::WriteOnly)
+        } else if self.read {
+            Some(NarrowAccess::ReadOnly)
+        } else {
+            Some(NarrowAccess::NoAccess)
+        }
+    }
 }
 
 /// `struct procmap_query` of Linux's `linux/fs.h` (6.11 and later).
@@ -306,19 +346,24 @@ const PROCMAP_QUERY: u64 =
     (3 << 30) | ((std::mem::size_of::<ProcmapQuery>() as u64) << 16) | ((b'f' as u64) << 8) | 17;
 /// The query's flags: the mapping at the address or the next one, backed by a file and
 /// shared (the `s` of the maps file).
-const PROCMAP_QUERY_SHARED_FILES: u64 = 0x10 | 0x20 | 0x08;
+const PROCMAP_QUERY_SHARED_FILES: u64 = 0x10 | 0x20 | PROCMAP_QUERY_VMA_SHARED;
+/// The answer's `vma_flags`: the mapping may be read (`r` of the maps file), written
+/// (`w`), and is shared (`s`); the last is also a query flag.
+const PROCMAP_QUERY_VMA_READABLE: u64 = 0x01;
+const PROCMAP_QUERY_VMA_WRITABLE: u64 = 0x02;
+const PROCMAP_QUERY_VMA_SHARED: u64 = 0x08;
 /// Room for a mapped file's path (the kernel's `PATH_MAX`).
 const MAPPING_NAME_BYTES: usize = 4096;
 
 /// The shared file mappings of the process whose maps file is `maps`, each given to
-/// `add`, asked of the kernel one mapping at a time (`PROCMAP_QUERY`, Linux 6.11 and
+/// `add` as [`parse::shared_mappings`] gives the maps file's, asked of the kernel one mapping at a time (`PROCMAP_QUERY`, Linux 6.11 and
 /// later) instead of reading the maps file: the kernel then formats only those (a CUDA
 /// context's 30 or so) and not every mapping of the process (thousands for a PyTorch
 /// job, about a microsecond each). `Ok(false)` when the kernel cannot answer so: the
 /// caller reads the maps file instead.
 fn query_shared_mappings(
     maps: &Path,
-    add: &mut impl FnMut((u32, u32), u64, &[u8]),
+    add: &mut impl FnMut(parse::SharedMapping),
 ) -> io::Result<bool> {
     let file = fs::File::open(maps)?;
     let mut name = [0u8; MAPPING_NAME_BYTES];
@@ -353,7 +398,16 @@ fn query_shared_mappings(
             .split(|&byte| byte == 0)
             .next()
             .unwrap_or(&[]);
-        add((query.dev_major, query.dev_minor), query.inode, path);
+        // As the maps file's reading: a mapping with no inode or no name is left out.
+        if query.inode != 0 && !path.is_empty() {
+            add(parse::SharedMapping {
+                device: (query.dev_major, query.dev_minor),
+                inode: query.inode,
+                path,
+                read: query.vma_flags & PROCMAP_QUERY_VMA_READABLE != 0,
+                write: query.vma_flags & PROCMAP_QUERY_VMA_WRITABLE != 0,
+            });
+        }
         if query.vma_end <= address {
             return Ok(false);
         }
@@ -419,47 +473,108 @@ mod tests {
         (numbers.next().unwrap(), numbers.next().unwrap())
     }
 
-    #[test]
-    fn shared_mappings_asked_of_the_kernel_are_those_of_the_maps_file() {
-        // This test's own process maps a stand-in GPU node shared.
-        let dir = tempfile::tempdir().unwrap();
-        let node = dir.path().join("nvidia5");
-        fs::write(&node, [0u8; 4096]).unwrap();
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&node)
-            .unwrap();
-        // SAFETY: a fresh shared mapping of a file we own, unmapped below and never read.
+    /// A shared mapping of one page of `file` with `protection`.
+    fn map_shared(file: &fs::File, protection: libc::c_int) -> *mut libc::c_void {
+        // SAFETY: a fresh shared mapping of a file we own, unmapped by the caller and
+        // never read or written.
         let mapped = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 4096,
-                libc::PROT_READ | libc::PROT_WRITE,
+                protection,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
                 0,
             )
         };
-        assert_ne!(mapped, libc::MAP_FAILED);
+        assert_ne!(mapped, libc::MAP_FAILED, "{}", io::Error::last_os_error());
+        mapped
+    }
+
+    #[test]
+    fn shared_mappings_asked_of_the_kernel_are_those_of_the_maps_file() {
+        // This test's own process maps stand-in nodes shared, as the H200 showed them: a
+        // context's GPU node read-write beside a write-only mapping, the MPS control
+        // daemon's GPU node only write-only and its control node read-only beside one
+        // without access, and one GPU node mapped without access at all.
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str| {
+            let node = dir.path().join(name);
+            fs::write(&node, [0u8; 4096]).unwrap();
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&node)
+                .unwrap()
+        };
+        let (context, daemon, control, unmapped) = (
+            open("nvidia5"),
+            open("nvidia6"),
+            open("nvidiactl"),
+            open("nvidia7"),
+        );
+        let mapped = [
+            map_shared(&context, libc::PROT_READ | libc::PROT_WRITE),
+            map_shared(&context, libc::PROT_WRITE),
+            map_shared(&daemon, libc::PROT_WRITE),
+            map_shared(&control, libc::PROT_READ),
+            map_shared(&control, libc::PROT_NONE),
+            map_shared(&unmapped, libc::PROT_NONE),
+        ];
         let prefix = dir
             .path()
             .join("nvidia")
             .into_os_string()
             .into_encoded_bytes();
         let proc_self = Path::new("/proc/self");
-        let mut asked = 0;
-        let answered =
-            query_shared_mappings(&proc_self.join("maps"), &mut |_, _, _| asked += 1).unwrap();
-        // Linux 6.11 and later answer the query; before, the maps file is read.
-        assert_eq!(answered, kernel_release() >= (6, 11));
-        assert!(!answered || asked > 0);
+        // Each mapping of ours as the kernel answers it, and as the maps file lists it.
+        let mut asked = Vec::new();
+        let answered = query_shared_mappings(&proc_self.join("maps"), &mut |mapping| {
+            if mapping.path.starts_with(&prefix) {
+                asked.push((
+                    String::from_utf8_lossy(mapping.path).into_owned(),
+                    mapping.read,
+                    mapping.write,
+                ));
+            }
+        })
+        .unwrap();
+        let maps = fs::read(proc_self.join("maps")).unwrap();
+        let mut listed: Vec<_> = parse::shared_mappings(&maps)
+            .filter(|mapping| mapping.path.starts_with(&prefix))
+            .map(|mapping| {
+                (
+                    String::from_utf8_lossy(mapping.path).into_owned(),
+                    mapping.read,
+                    mapping.write,
+                )
+            })
+            .collect();
         let queried = mappings(&prefix, proc_self, &[], false).unwrap();
         // A zombie leader's path reads the maps file (ours is not empty).
         let read = mappings(&prefix, proc_self, &[], true).unwrap();
-        // SAFETY: the mapping made above, no longer used.
-        unsafe { libc::munmap(mapped, 4096) };
-        assert_eq!(queried.gpus, [5]);
+        for mapped in mapped {
+            // SAFETY: a mapping made above, no longer used.
+            unsafe { libc::munmap(mapped, 4096) };
+        }
+        // Linux 6.11 and later answer the query; before, the maps file is read.
+        assert_eq!(answered, kernel_release() >= (6, 11));
+        if answered {
+            asked.sort();
+            listed.sort();
+            assert_eq!(asked, listed);
+        }
+        assert_eq!(listed.len(), 6, "{listed:?}");
+        assert_eq!(queried.gpus, [5, 6, 7]);
+        assert!(queried.control);
+        assert_eq!(
+            queried.gpus_without_read_write,
+            BTreeMap::from([(6, NarrowAccess::WriteOnly), (7, NarrowAccess::NoAccess)])
+        );
+        assert_eq!(
+            queried.control_without_read_write,
+            Some(NarrowAccess::ReadOnly)
+        );
         assert_eq!(queried, read);
     }
 

@@ -2,7 +2,6 @@
 //! as a one-shot command whose output is collected.
 
 use super::output::Metrics;
-use super::processes::signal;
 use super::wait_until;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,6 +16,16 @@ pub struct Outcome {
     pub status: Option<i32>,
     pub stdout: String,
     pub stderr: String,
+}
+
+impl From<std::process::Output> for Outcome {
+    fn from(output: std::process::Output) -> Outcome {
+        Outcome {
+            status: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
 }
 
 impl Outcome {
@@ -111,9 +120,8 @@ impl Exporter {
         self.request("GET", path, &[])
     }
 
-    /// Send SIGTERM and wait for the exit status.
-    pub fn terminate(mut self) -> std::process::ExitStatus {
-        signal(self.child.id(), libc::SIGTERM);
+    /// Wait for the exit status of an exporter already told to stop (15 s at most).
+    pub fn wait_for_exit(mut self) -> std::process::ExitStatus {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {

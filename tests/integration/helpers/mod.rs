@@ -2,6 +2,7 @@
 //! the real exporter binary on a free port, real child processes as GPU owners, and a
 //! small HTTP client and metrics parser. Tests take it all with `use crate::helpers::*`.
 
+mod console;
 mod exporter;
 mod model;
 mod output;
@@ -9,19 +10,27 @@ mod processes;
 mod rig;
 mod scenario;
 
+pub use console::{
+    assert_block_matches, console_blocks, matches_with_elisions, run_as_in_a_terminal, ConsoleBlock,
+};
 pub use exporter::{
     collect_lines, http, parse_response, request_head, start, Exporter, Outcome, Response, Running,
 };
-pub use model::{model_program, Model};
-pub use output::{assert_promtool_clean, columns, promtool, verdict_line, Metrics};
+pub use model::{model_program, Model, Mps};
+pub use output::{
+    assert_per_gpu_series_carry_no_workload_labels, assert_promtool_clean, columns, kill_line,
+    pids_of, promtool, suggestion, verdict_line, Metrics,
+};
 pub use processes::{
     children_of, effective_uid, holds, nonexistent_pid, proc_comm, proc_state,
-    process_group_and_session, signal, start_time_ticks, task_flags, user_name, Holder,
+    process_group_and_session, signal, start_time_ticks, task_flags, thread_count, user_name,
+    Holder,
 };
 pub use rig::Rig;
 pub use scenario::{with_xid_events, Gpu, Gpus, MigDevice, MIG_1G_TOTAL, PROCESS_LIST_CALLS};
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Bytes the H200 charged one PyTorch process holding an 8 GiB tensor.
@@ -40,8 +49,29 @@ pub fn exporter_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_vram-exporter"))
 }
 
-/// The fake NVML cargo built as a dev-dependency.
+/// The fake NVML cargo built as a dev-dependency, as it was when a test first asked for
+/// it: a copy in cargo's scratch folder for tests, taken once per test process. The
+/// library cargo builds has no hash in its name, so `cargo build -p fake-nvml` (which
+/// `fake_nvml_docs` runs, as the docs say) rewrites it in place, and an exporter loading
+/// it meanwhile would find half a file. The copy replaces an older one by a rename, so a
+/// process that loaded the older one keeps it whole.
 pub fn fake_nvml_library() -> PathBuf {
+    static SNAPSHOT: OnceLock<PathBuf> = OnceLock::new();
+    SNAPSHOT
+        .get_or_init(|| {
+            let folder = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+            std::fs::create_dir_all(&folder).expect("cargo's scratch folder for tests");
+            let snapshot = folder.join("libfake_nvml.so");
+            let partial = folder.join(format!("libfake_nvml.so.{}", std::process::id()));
+            std::fs::copy(built_fake_nvml_library(), &partial).expect("copy the fake NVML");
+            std::fs::rename(&partial, &snapshot).expect("put the fake NVML's copy in place");
+            snapshot
+        })
+        .clone()
+}
+
+/// The fake NVML where cargo built it.
+fn built_fake_nvml_library() -> PathBuf {
     let folder = exporter_binary()
         .parent()
         .expect("binary folder")

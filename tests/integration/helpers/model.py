@@ -1,11 +1,16 @@
 """A model GPU process for the integration tests, started as `python3 -c PROGRAM SPEC`.
 
 SPEC is JSON: it names itself `name`, opens the files in `open`, opens and maps (shared,
-one page) the files in `map`, then by `mode` holds them ("hold"), forks `children` that
-hold them beside it ("fork-and-stay"), forks `children` named `child_name` and exits
-("fork"; "hold-then-fork" waits for SIGUSR1 first), or lets its main thread exit while
-another thread holds them ("zombie-leader"). It prints `READY <pid>` once it holds its
-files, and `CHILD <pid>` for each child it leaves behind.
+one page, read-write as a CUDA context does) the files in `map`, and maps write-only the
+files in `map_write_only` and read-only those in `map_read_only` (as the MPS control
+daemon maps the GPU's node and nvidiactl), then by `mode` holds them ("hold"), forks
+`children` that hold them beside it ("fork-and-stay"), forks `children` named
+`child_name` and exits ("fork"; "hold-then-fork" waits for SIGUSR1 first), lets its main
+thread exit while another thread holds them ("zombie-leader"), or starts its MPS server
+("mps-daemon": a child named `child_name` that drops the parent's mappings, as the real
+server, a program of its own, has none of them, and maps `server_map` read-write). It
+prints `READY <pid>` once it holds its files, `CHILD <pid>` for each child it leaves
+behind, and `SERVER <pid>` before READY once its server holds its files.
 """
 
 import ctypes
@@ -40,7 +45,29 @@ for path in spec["map"]:
     fd = os.open(path, os.O_RDWR)
     kept.append(fd)
     kept.append(mmap.mmap(fd, 4096, mmap.MAP_SHARED))
+narrow = []
+for key, prot in (("map_write_only", mmap.PROT_WRITE), ("map_read_only", mmap.PROT_READ)):
+    for path in spec.get(key, []):
+        fd = os.open(path, os.O_RDWR)
+        kept.append(fd)
+        narrow.append(mmap.mmap(fd, 4096, mmap.MAP_SHARED, prot))
 mode = spec["mode"]
+if mode == "mps-daemon":
+    # The MPS control daemon starts its server, a child in its session.
+    ready, told = os.pipe()
+    server = os.fork()
+    if server == 0:
+        for mapping in narrow:
+            mapping.close()
+        rename(spec["child_name"])
+        for path in spec["server_map"]:
+            fd = os.open(path, os.O_RDWR)
+            kept.append(fd)
+            kept.append(mmap.mmap(fd, 4096, mmap.MAP_SHARED))
+        os.write(told, b"1")
+        park()
+    os.read(ready, 1)
+    print("SERVER", server, flush=True)
 if mode == "fork-and-stay":
     # A container's PID 1 and its child, both holding the context.
     for _ in range(spec["children"]):

@@ -1,8 +1,10 @@
 //! The model processes: a Python program (`model.py` beside this file) that names
 //! itself, opens and maps the files it is told to, then holds them, forks children that
 //! inherit them, or lets its main thread exit. A CUDA process opens *and* maps its GPU's
-//! node and the control node (a context is shared mappings of both, measured on an
-//! H200); an NVML client such as a monitoring agent opens the same nodes and maps nothing.
+//! node and the control node read-write (a context is read-write shared mappings of both,
+//! measured on an H200); an NVML client such as a monitoring agent opens the same nodes
+//! and maps nothing; the MPS control daemon maps the GPU's node only write-only and the
+//! control node only read-only, and its server, its child, maps both read-write.
 
 use super::processes::{become_subreaper, effective_uid, proc_comm, proc_state, signal, Holder};
 use super::{require_tool, wait_until};
@@ -27,6 +29,8 @@ pub struct Model {
     name: String,
     open: Vec<PathBuf>,
     map: Vec<PathBuf>,
+    map_write_only: Vec<PathBuf>,
+    map_read_only: Vec<PathBuf>,
     session_leader: bool,
 }
 
@@ -38,6 +42,23 @@ impl Model {
             name: name.into(),
             open: vec![uvm_node(device)],
             map: vec![device.to_path_buf(), control_node(device)],
+            map_write_only: Vec::new(),
+            map_read_only: Vec::new(),
+            session_leader: true,
+        }
+    }
+
+    /// The MPS control daemon as the H200 showed it (`nvidia-cuda-mps-control -d`, whose
+    /// command name is `nvidia-cuda-mps`): leading its own session, it holds `device`'s
+    /// node and the control node open and maps the GPU's node write-only (two pages) and
+    /// the control node read-only, which is a driver initialised without a context.
+    pub fn mps_control_daemon(device: &Path) -> Model {
+        Model {
+            name: "nvidia-cuda-mps".into(),
+            open: Vec::new(),
+            map: Vec::new(),
+            map_write_only: vec![device.to_path_buf(), device.to_path_buf()],
+            map_read_only: vec![control_node(device)],
             session_leader: true,
         }
     }
@@ -49,6 +70,8 @@ impl Model {
             name: name.into(),
             open: vec![device.to_path_buf(), control_node(device), uvm_node(device)],
             map: Vec::new(),
+            map_write_only: Vec::new(),
+            map_read_only: Vec::new(),
             session_leader: true,
         }
     }
@@ -73,6 +96,8 @@ impl Model {
             "name": self.name,
             "open": self.open,
             "map": self.map,
+            "map_write_only": self.map_write_only,
+            "map_read_only": self.map_read_only,
             "mode": mode,
             "children": 1,
             "child_name": self.name,
@@ -125,6 +150,48 @@ impl Model {
         Holder {
             pid,
             child: Some(child),
+        }
+    }
+
+    /// Start it as the MPS control daemon with its server (see
+    /// [`Model::mps_control_daemon`]): the server is its child, in its session, named
+    /// `nvidia-cuda-mps` too, and maps `device`'s node and the control node read-write, as
+    /// the server holding every client's context does. Returns once both hold their files.
+    pub fn spawn_with_mps_server(&self, device: &Path) -> Mps {
+        let mut spec = self.spec("mps-daemon");
+        spec["child_name"] = json!("nvidia-cuda-mps");
+        spec["server_map"] = json!([device, control_node(device)]);
+        // The server reaches this process when the daemon is killed, to be reaped here.
+        become_subreaper();
+        let mut child = Self::command(&spec)
+            .spawn()
+            .expect("spawn python3 (install it with: apt-get install -y python3)");
+        let pid = child.id();
+        let line = first_line(&mut child);
+        let server = line
+            .strip_prefix("SERVER ")
+            .and_then(|pid| pid.trim().parse().ok())
+            .unwrap_or_else(|| panic!("not a SERVER line: {line}"));
+        ready(
+            &first_line(&mut child),
+            pid,
+            'S',
+            "the MPS daemon is asleep",
+        );
+        wait_until(
+            "the MPS server is named and asleep",
+            Duration::from_secs(10),
+            || {
+                proc_comm(server).as_deref() == Some("nvidia-cuda-mps")
+                    && proc_state(server) == Some('S')
+            },
+        );
+        Mps {
+            daemon: Holder {
+                pid,
+                child: Some(child),
+            },
+            server,
         }
     }
 
@@ -339,6 +406,32 @@ fn orphaned_children(
             Holder { pid, child: None }
         })
         .collect()
+}
+
+/// A model MPS control daemon and its server, both killed and reaped when dropped.
+pub struct Mps {
+    /// The control daemon.
+    pub daemon: Holder,
+    /// The server's PID: the daemon's child.
+    pub server: u32,
+}
+
+impl Drop for Mps {
+    fn drop(&mut self) {
+        // The server first, while its start time is still the one the daemon gave it; once
+        // the daemon is killed and reaped, its dead server is this process's to reap.
+        // SAFETY: kill(2) and waitpid(2) have no memory-safety preconditions; the status
+        // pointer may be null.
+        unsafe {
+            libc::kill(self.server as libc::pid_t, libc::SIGKILL);
+            libc::kill(self.daemon.pid as libc::pid_t, libc::SIGKILL);
+        }
+        if let Some(mut daemon) = self.daemon.child.take() {
+            let _ = daemon.wait();
+        }
+        // SAFETY: as above; the dead server is this process's now (a child subreaper).
+        unsafe { libc::waitpid(self.server as libc::pid_t, std::ptr::null_mut(), 0) };
+    }
 }
 
 /// A live model CUDA owner that becomes a fork-inherited orphan when told to.

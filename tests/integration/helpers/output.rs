@@ -1,6 +1,7 @@
 //! Reading what the exporter prints: Prometheus text (parsed, and checked by promtool) and
 //! `check`'s table and verdict lines.
 
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -95,6 +96,37 @@ fn parse_sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
     (name.to_string(), parsed, value)
 }
 
+/// The series that name a process, the only ones that may carry its workload (container,
+/// pod, Slurm job): on any other series such labels would multiply it by the workloads
+/// that come and go.
+pub const PER_PROCESS_SERIES: &[&str] = &["vram_holder_info", "vram_process_used_bytes"];
+
+/// Labels that name a process's workload: its Slurm job, its container's name and image.
+const WORKLOAD_LABELS: &[&str] = &[
+    "slurm_job_id",
+    "slurm_step",
+    "slurm_user",
+    "container_name",
+    "container_image",
+];
+
+/// Fail if any series but the per-process ones carries a workload label.
+pub fn assert_per_gpu_series_carry_no_workload_labels(metrics: &Metrics) {
+    for (name, labels, _) in &metrics.samples {
+        if PER_PROCESS_SERIES.contains(&name.as_str()) {
+            continue;
+        }
+        let workload: Vec<&String> = labels
+            .keys()
+            .filter(|key| WORKLOAD_LABELS.contains(&key.as_str()))
+            .collect();
+        assert!(
+            workload.is_empty(),
+            "{name} carries workload labels {workload:?}: only {PER_PROCESS_SERIES:?} may"
+        );
+    }
+}
+
 /// The line that installs promtool (Debian's `prometheus` package ships it).
 const INSTALL_PROMTOOL: &str = "apt-get install -y prometheus";
 
@@ -165,4 +197,31 @@ pub fn verdict_line(stdout: &str, gpu: u32) -> &str {
         .lines()
         .find(|line| line.starts_with(&prefix))
         .unwrap_or_else(|| panic!("no verdict for GPU {gpu}:\n{stdout}"))
+}
+
+/// The command `check` suggests under `gpu`'s verdict (what follows `suggested: `), if any.
+pub fn suggestion(stdout: &str, gpu: u32) -> Option<&str> {
+    let verdict = verdict_line(stdout, gpu);
+    let after = stdout.split_once(verdict).unwrap().1;
+    after
+        .lines()
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .find_map(|line| line.trim().strip_prefix("suggested: "))
+}
+
+/// The `kill` line `check` suggests for `gpu`, if any: its PIDs, before the comment.
+pub fn kill_line(stdout: &str, gpu: u32) -> Option<String> {
+    suggestion(stdout, gpu)
+        .and_then(|command| command.strip_prefix("kill "))
+        .map(|rest| rest.split("   #").next().unwrap().to_string())
+}
+
+/// The PIDs of a `check --json` list of processes.
+pub fn pids_of(list: &Value) -> Vec<u64> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .map(|process| process["pid"].as_u64().unwrap())
+        .collect()
 }

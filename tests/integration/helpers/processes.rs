@@ -227,3 +227,13 @@ pub fn task_flags(pid: u32) -> Option<u32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(") ")?.1.split(' ').nth(6)?.parse().ok()
 }
+
+/// The threads of process `pid`, as `/proc/PID/status` counts them.
+pub fn thread_count(pid: u32) -> u32 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("a live process");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Threads:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("a Threads line")
+}

@@ -2,7 +2,7 @@
 //! standing in for `/dev/nvidia*`) and the exporter commands that run in it.
 
 use super::exporter::{start, Exporter, Outcome, Running};
-use super::model::uvm_node;
+use super::model::{control_node, uvm_node};
 use super::processes::{effective_uid, holds};
 use super::scenario::{Gpu, Gpus};
 use super::{exporter_binary, fake_nvml_library, require_tool, wait_until, USED};
@@ -67,6 +67,19 @@ impl Rig {
         );
     }
 
+    /// Stand-ins for `/dev/nvidia0` to `/dev/nvidia<count - 1>`, for a host of more GPUs
+    /// than the rig's four.
+    pub fn with_gpu_nodes(self, count: u32) -> Rig {
+        for minor in 0..count {
+            let node = self.device(minor);
+            if !node.exists() {
+                // A page, as the rig's own nodes, so that model CUDA processes can map it.
+                fs::write(node, [0u8; 4096]).unwrap();
+            }
+        }
+        self
+    }
+
     /// The stand-in for `/dev/nvidia<minor>`.
     pub fn device(&self, minor: u32) -> PathBuf {
         self.devices.join(format!("nvidia{minor}"))
@@ -116,6 +129,44 @@ impl Rig {
         procfs
     }
 
+    /// A procfs for `--path.procfs` with one process, `pid`, that holds `device` (and
+    /// the control node beside it) open and whose `maps` blocks every reader until
+    /// [`BlockingMaps::unblock`].
+    ///
+    /// A real blocked `/proc` read (a process in uninterruptible sleep holding its
+    /// memory map lock, so that reading its maps blocks) cannot be made safely in a test.
+    /// A FIFO is an honest stand-in: opening it for reading blocks until a writer
+    /// appears, exactly where the exporter reads the maps of a process that holds a GPU's
+    /// device file.
+    pub fn procfs_whose_maps_block(&self, pid: u32, device: &Path) -> BlockingMaps {
+        let procfs = self.dir.path().join("proc");
+        fs::create_dir_all(procfs.join("self/ns")).unwrap();
+        std::os::unix::fs::symlink("pid:[4026531836]", procfs.join("self/ns/pid")).unwrap();
+        let process = procfs.join(pid.to_string());
+        fs::create_dir_all(process.join("fd")).unwrap();
+        std::os::unix::fs::symlink(device, process.join("fd/5")).unwrap();
+        std::os::unix::fs::symlink(control_node(device), process.join("fd/6")).unwrap();
+        fs::write(
+            process.join("stat"),
+            format!(
+                "{pid} (stuck-job) D 1 {pid} {pid} 0 -1 4194560 1000 0 0 0 100 20 0 0 20 0 4 0 \
+                 123456 8388608000 20000 18446744073709551615 1 1 0 0 0 0 0 4096 16386 0 0 0 \
+                 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+            ),
+        )
+        .unwrap();
+        fs::write(
+            process.join("status"),
+            "Name:\tstuck-job\nUid:\t0\t0\t0\t0\n",
+        )
+        .unwrap();
+        let maps = process.join("maps");
+        let path = std::ffi::CString::new(maps.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated path we own.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
+        BlockingMaps { procfs, maps }
+    }
+
     // The exporter in this world: as a server, a one-shot command, or a process holding
     // GPU files; as root or as a user without privileges.
 
@@ -137,12 +188,7 @@ impl Rig {
 
     /// Run a one-shot command (`check`, `snapshot`, `textfile`) to completion.
     pub fn run(&self, args: &[&str]) -> Outcome {
-        let output = self.command().args(args).output().expect("run exporter");
-        Outcome {
-            status: output.status.code(),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        Outcome::from(self.command().args(args).output().expect("run exporter"))
     }
 
     /// Start a one-shot command in the background, collecting its output as it comes.
@@ -240,6 +286,32 @@ impl Rig {
             .arg(library)
             .arg("--test.device-prefix")
             .arg(self.device_prefix());
+    }
+}
+
+/// A synthetic procfs in which one process's maps block their readers.
+pub struct BlockingMaps {
+    /// For `--path.procfs`.
+    pub procfs: PathBuf,
+    maps: PathBuf,
+}
+
+impl BlockingMaps {
+    /// End the blocked reads: the readers waiting get `contents`, and the maps become a
+    /// plain file with them for every later read.
+    pub fn unblock(&self, contents: &str) {
+        // A reader waits in its open, so opening for writing succeeds at once (without
+        // one it fails, rather than block the test).
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut fifo = fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.maps)
+            .expect("a reader blocked on the maps");
+        let plain = self.maps.with_extension("plain");
+        fs::write(&plain, contents).unwrap();
+        fs::rename(&plain, &self.maps).unwrap();
+        std::io::Write::write_all(&mut fifo, contents.as_bytes()).unwrap();
     }
 }
 

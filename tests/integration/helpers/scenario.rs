@@ -3,11 +3,14 @@
 
 use super::{CHARGED, RESERVED, TOTAL, USED};
 use serde_json::{json, Value};
+use std::path::Path;
 
 /// A scenario's GPU list being built.
 pub struct Gpus {
     gpus: Vec<Value>,
     init_error: Option<String>,
+    hangs: Value,
+    delays_ms: Value,
 }
 
 impl Gpus {
@@ -15,7 +18,24 @@ impl Gpus {
         Gpus {
             gpus: Vec::new(),
             init_error: None,
+            hangs: json!({}),
+            delays_ms: json!({}),
         }
+    }
+
+    /// The named NVML call blocks, whatever it is asked about, until `until_file`
+    /// exists: a wedged driver whose init or device count hangs.
+    pub fn hang(mut self, symbol: &str, until_file: &Path) -> Gpus {
+        self.hangs[symbol] = json!({ "until_file": until_file });
+        self
+    }
+
+    /// Every NVML call sleeps `ms` first: a slow driver.
+    // The benchmark of GPUs read side by side (benches/gpus.rs) uses it.
+    #[allow(dead_code)]
+    pub fn every_call_takes(mut self, ms: u64) -> Gpus {
+        self.delays_ms["*"] = json!(ms);
+        self
     }
 
     pub fn gpu(mut self, gpu: Gpu) -> Gpus {
@@ -33,6 +53,8 @@ impl Gpus {
             "driver_version": "580.159.04",
             "init_error": self.init_error,
             "gpus": self.gpus,
+            "hangs": self.hangs,
+            "delays_ms": self.delays_ms,
         })
     }
 }
@@ -75,6 +97,18 @@ impl Gpu {
             .as_array_mut()
             .unwrap()
             .push(json!({ "pid": pid, "used_bytes": bytes }));
+        self
+    }
+
+    /// NVML lists `pid` as an MPS client charged `bytes`: on the compute list and on the
+    /// MPS list, as the H200 listed every client, live or dead (driver 580).
+    pub fn mps_client(mut self, pid: u32, bytes: Option<u64>) -> Gpu {
+        self = self.process(pid, bytes);
+        let entry = json!({ "pid": pid, "used_bytes": bytes });
+        match self.0["mps_processes"].as_array_mut() {
+            Some(list) => list.push(entry),
+            None => self.0["mps_processes"] = json!([entry]),
+        }
         self
     }
 
@@ -136,6 +170,13 @@ impl Gpu {
     /// The named NVML call sleeps `ms` first for this GPU (a hung driver).
     pub fn delay(mut self, symbol: &str, ms: u64) -> Gpu {
         self.0["delays_ms"][symbol] = json!(ms);
+        self
+    }
+
+    /// The named NVML call blocks for this GPU until `until_file` exists: a GPU that
+    /// fell off the bus, whose calls hang.
+    pub fn hang(mut self, symbol: &str, until_file: &Path) -> Gpu {
+        self.0["hangs"][symbol] = json!({ "until_file": until_file });
         self
     }
 }

@@ -1,0 +1,208 @@
+//! Slurm: the job a process runs in, whether Slurm still runs its step, and what that
+//! makes of the command that would free a GPU. Pure: a function of the process's cgroup
+//! and of the slurmstepds the observation found.
+//!
+//! A step runs while its slurmstepd lives. A process whose step has ended was left behind
+//! by Slurm (proctrack/linuxproc and proctrack/pgid lose a forked process that left its
+//! parent; proctrack/cgroup kills the rest of a step, so what survives is stuck in the
+//! driver): cancelling its job would not end it, killing it may. A process of a step that
+//! runs is Slurm's to end: `scancel` ends the job the way its user and Slurm's
+//! accounting expect.
+
+use super::{KillTarget, Process};
+use crate::observe::{ProcessFacts, SlurmReading};
+use serde::Serialize;
+
+/// The Slurm job a process runs in, as the verdict names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlurmJob {
+    /// The job id.
+    pub job_id: u64,
+    /// The step: a number, `batch`, `extern`, `interactive`; `None` when the cgroup names
+    /// only the job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// The job's user: the uid its cgroup names (cgroup v1), else the process's own, by
+    /// name where the host knows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Whether Slurm still runs it.
+    pub state: JobState,
+}
+
+/// Whether Slurm still runs a process's job and step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Its step's slurmstepd runs.
+    Running,
+    /// The job runs (some slurmstepd of it does), but the process's step has ended.
+    StepEnded,
+    /// No slurmstepd of the job runs: the job has ended on this node.
+    Ended,
+    /// Not known: the look for slurmstepds was cut short or not made.
+    Unknown,
+}
+
+impl SlurmJob {
+    /// The job of a process read from `/proc`, judged against the slurmstepds `running`.
+    pub fn of(facts: &ProcessFacts, running: Option<&SlurmReading>) -> Option<SlurmJob> {
+        let step = facts.cgroup.slurm.as_ref()?;
+        let user = match step.uid {
+            Some(uid) if Some(uid) != facts.uid => Some(uid.to_string()),
+            _ => facts
+                .user
+                .clone()
+                .or_else(|| facts.uid.map(|uid| uid.to_string())),
+        };
+        let state = match running {
+            Some(reading) if reading.runs(step.job_id, step.step.as_deref()) => JobState::Running,
+            // A step not seen may still run where the look did not reach.
+            Some(reading) if !reading.complete => JobState::Unknown,
+            Some(reading) if reading.runs(step.job_id, None) => JobState::StepEnded,
+            Some(_) => JobState::Ended,
+            None => JobState::Unknown,
+        };
+        Some(SlurmJob {
+            job_id: step.job_id,
+            step: step.step.clone(),
+            user,
+            state,
+        })
+    }
+
+    /// `4242.0`, `4242.batch`: Slurm's own way to write a step, or the job alone.
+    pub fn step_id(&self) -> String {
+        match &self.step {
+            Some(step) => format!("{}.{step}", self.job_id),
+            None => self.job_id.to_string(),
+        }
+    }
+}
+
+/// A Slurm job to cancel, and the culprits that run in its steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobToCancel {
+    /// The job id.
+    pub job_id: u64,
+    /// Its user.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The culprits in its running steps, each named with its start time.
+    pub culprits: Vec<KillTarget>,
+}
+
+/// Culprits whose own step Slurm still runs, grouped by job; the others are left to kill.
+pub(super) fn jobs_to_cancel(culprits: &[&Process]) -> (Vec<JobToCancel>, Vec<KillTarget>) {
+    let mut jobs: Vec<JobToCancel> = Vec::new();
+    let mut others = Vec::new();
+    for process in culprits {
+        let target = KillTarget::of(process);
+        match &process.slurm_job {
+            Some(job) if job.state == JobState::Running => {
+                match jobs.iter_mut().find(|known| known.job_id == job.job_id) {
+                    Some(known) => known.culprits.push(target),
+                    None => jobs.push(JobToCancel {
+                        job_id: job.job_id,
+                        user: job.user.clone(),
+                        culprits: vec![target],
+                    }),
+                }
+            }
+            _ => others.push(target),
+        }
+    }
+    jobs.sort_by_key(|job| job.job_id);
+    (jobs, others)
+}
+
+/// A culprit whose Slurm step has ended or may have: Slurm will not end it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeftBehind {
+    /// Its PID.
+    pub pid: u32,
+    /// Its job and step, and whether the job runs.
+    pub job: SlurmJob,
+}
+
+/// The culprits whose Slurm step has ended, or of which it cannot be told.
+pub(super) fn left_behind<'a>(culprits: impl IntoIterator<Item = &'a Process>) -> Vec<LeftBehind> {
+    culprits
+        .into_iter()
+        .filter_map(|process| {
+            let job = process.slurm_job.as_ref()?;
+            (job.state != JobState::Running).then(|| LeftBehind {
+                pid: process.pid,
+                job: job.clone(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::{RunningStep, SlurmStep};
+
+    fn facts_in(job_id: u64, step: Option<&str>, uid_in_path: Option<u32>) -> ProcessFacts {
+        let mut facts = crate::classify::fixtures::cuda(795, &[0]);
+        facts.uid = Some(1000);
+        facts.user = Some("alice".into());
+        facts.cgroup.slurm = Some(SlurmStep {
+            job_id,
+            step: step.map(str::to_string),
+            uid: uid_in_path,
+        });
+        facts
+    }
+
+    fn reading(steps: &[(u64, &str)], complete: bool) -> SlurmReading {
+        SlurmReading {
+            running_steps: steps
+                .iter()
+                .map(|(job_id, step)| RunningStep {
+                    job_id: *job_id,
+                    step: (*step).into(),
+                })
+                .collect(),
+            complete,
+        }
+    }
+
+    fn state(facts: &ProcessFacts, running: Option<&SlurmReading>) -> JobState {
+        SlurmJob::of(facts, running).unwrap().state
+    }
+
+    #[test]
+    fn a_step_runs_while_its_slurmstepd_does() {
+        let facts = facts_in(4242, Some("0"), None);
+        let both = reading(&[(4242, "0"), (4242, "batch")], true);
+        assert_eq!(state(&facts, Some(&both)), JobState::Running);
+        let batch_only = reading(&[(4242, "batch")], true);
+        assert_eq!(state(&facts, Some(&batch_only)), JobState::StepEnded);
+        let other_job = reading(&[(17, "0")], true);
+        assert_eq!(state(&facts, Some(&other_job)), JobState::Ended);
+        // An incomplete look proves no absence; nor does none at all.
+        assert_eq!(state(&facts, Some(&reading(&[], false))), JobState::Unknown);
+        assert_eq!(state(&facts, None), JobState::Unknown);
+        // A process in the job's own cgroup belongs to any of its steps.
+        let job_only = facts_in(4242, None, Some(1000));
+        assert_eq!(state(&job_only, Some(&batch_only)), JobState::Running);
+    }
+
+    #[test]
+    fn the_jobs_user_is_the_paths_uid_or_the_processs() {
+        let job = |uid| SlurmJob::of(&facts_in(1, Some("0"), uid), None).unwrap();
+        assert_eq!(job(None).user.as_deref(), Some("alice"));
+        assert_eq!(job(Some(1000)).user.as_deref(), Some("alice"));
+        // A process of another user in alice's job (setuid): the job's uid, by number.
+        assert_eq!(job(Some(1001)).user.as_deref(), Some("1001"));
+        assert_eq!(job(None).step_id(), "1.0");
+    }
+
+    #[test]
+    fn a_process_outside_slurm_has_no_job() {
+        let facts = crate::classify::fixtures::cuda(795, &[0]);
+        assert_eq!(SlurmJob::of(&facts, Some(&reading(&[], true))), None);
+    }
+}
