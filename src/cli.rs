@@ -270,6 +270,7 @@ pub struct WebArgs {
 /// Where the kubelet's sources are, on a Kubernetes node: they name the pod each GPU is
 /// assigned to and the pod a process runs in. Without them nothing else changes.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Kubernetes")]
 pub struct KubeletArgs {
     /// The kubelet's pod-resources socket, which says which container each GPU is assigned
     /// to. In a container, mount its directory rather than the socket: a restarted kubelet
@@ -788,6 +789,7 @@ fn parse_telemetry_path(path: String) -> Result<String, InvalidFlag> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn parse(args: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["vram-exporter"];
@@ -1091,6 +1093,81 @@ mod tests {
             listed_flags(&["textfile"]),
             with(&["output"], &[judgement, collector, kubelet])
         );
+    }
+
+    /// The heading each long flag of a mode's `--help` is listed under (`Options` for
+    /// those before the first heading).
+    fn flag_headings(args: &[&str]) -> BTreeMap<String, String> {
+        let mut heading = String::new();
+        let mut headings = BTreeMap::new();
+        for line in help(args).lines() {
+            if !line.starts_with(' ') && line.ends_with(':') {
+                heading = line.trim_end_matches(':').to_string();
+                continue;
+            }
+            let line = line.trim_start();
+            let line = line.split_once(", ").map_or(line, |(_, long)| long);
+            if let Some(rest) = line.strip_prefix("--") {
+                let flag = rest.split([' ', '=']).next().unwrap().to_string();
+                headings.insert(flag, heading.clone());
+            }
+        }
+        headings
+    }
+
+    #[test]
+    fn every_help_lists_each_flag_under_the_heading_of_its_group() {
+        let groups: &[(&str, &[&str])] = &[
+            ("Where to look", &["path.procfs", "nvml.library", "replay"]),
+            (
+                "Judging memory",
+                &[
+                    "orphan.context-overhead",
+                    "holders.ignore-comm",
+                    "holders.scan-timeout",
+                ],
+            ),
+            (
+                "Metrics",
+                &["collector.processes", "collector.processes.limit"],
+            ),
+            ("Logging", &["log.level", "log.format"]),
+            (
+                "Kubernetes",
+                &[
+                    "kubelet.pod-resources-path",
+                    "kubelet.refresh-interval",
+                    "path.pod-logs",
+                ],
+            ),
+            (
+                "Web server",
+                &[
+                    "web.listen-address",
+                    "web.telemetry-path",
+                    "web.config.file",
+                    "web.max-connections",
+                    "web.collection-timeout",
+                ],
+            ),
+        ];
+        for mode in [&[][..], &["check"], &["snapshot"], &["textfile"]] {
+            let headings = flag_headings(mode);
+            for (flag, heading) in &headings {
+                let group = groups
+                    .iter()
+                    .find(|(_, flags)| flags.contains(&flag.as_str()))
+                    .map_or("Options", |(group, _)| group);
+                assert_eq!(heading, group, "{mode:?}: --{flag}");
+            }
+            // Every mode names pods, so every mode has the kubelet's heading, with them alone.
+            let kubernetes: Vec<&String> = headings
+                .iter()
+                .filter(|(_, heading)| *heading == "Kubernetes")
+                .map(|(flag, _)| flag)
+                .collect();
+            assert_eq!(kubernetes.len(), 3, "{mode:?}: {kubernetes:?}");
+        }
     }
 
     #[test]
