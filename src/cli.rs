@@ -186,8 +186,8 @@ pub struct SourceArgs {
 #[command(next_help_heading = "Judging memory")]
 pub struct JudgementArgs {
     /// Driver memory per listed context that no process is charged for (about 9 MiB on an
-    /// H200); used memory below this floor per context is not called orphaned
-    /// [default: 16MiB].
+    /// H200); used memory below this floor per context is not called orphaned. A size
+    /// with its unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB), e.g. 9MiB [default: 16MiB].
     #[arg(long = "orphan.context-overhead", value_name = "SIZE", value_parser = parse_bytes)]
     pub context_overhead: Option<u64>,
 
@@ -1194,7 +1194,7 @@ mod tests {
         );
         assert_eq!(
             parse(&["check", "--wait", "30"]).unwrap_err(),
-            "invalid value '30' for '--wait <DURATION>': '30' needs a unit: ms, s, m or h; see vram-exporter check --help"
+            "invalid value '30' for '--wait <DURATION>': '30' needs a unit: ms, s, m, h, d, w or y; see vram-exporter check --help"
         );
         assert_eq!(
             parse(&["check", "--jsn"]).unwrap_err(),

@@ -489,6 +489,15 @@ fn bad_flags_are_one_clear_line_and_a_failure() {
             "is not HOST:PORT",
         ),
         (vec!["--orphan.context-overhead", "lots"], "not a size"),
+        // 16 bytes or 16 MiB: a number alone is refused, as a duration's is.
+        (
+            vec!["--orphan.context-overhead", "16"],
+            "invalid value '16' for '--orphan.context-overhead <SIZE>': '16' needs a unit: B, KiB, MiB, GiB, TiB, kB, MB, GB or TB; see vram-exporter --help",
+        ),
+        (
+            vec!["--holders.scan-timeout", "2"],
+            "invalid value '2' for '--holders.scan-timeout <DURATION>': '2' needs a unit: ms, s, m, h, d, w or y; see vram-exporter --help",
+        ),
         (vec!["--web.telemetry-path", "metrics"], "must start with /"),
         (vec!["--log.level", "loud"], "invalid value"),
     ] {
