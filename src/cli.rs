@@ -790,6 +790,7 @@ fn parse_telemetry_path(path: String) -> Result<String, InvalidFlag> {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+    use std::path::Path;
 
     fn parse(args: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["vram-exporter"];
@@ -949,10 +950,121 @@ mod tests {
         assert!(error.contains("longer than 0"), "{error}");
     }
 
+    /// A flag the subcommands share: its words on the command line, the subcommands
+    /// that take it, and whether a `Config` carries what it says.
+    type SharedFlag = (
+        &'static [&'static str],
+        &'static [&'static str],
+        fn(&Config) -> bool,
+    );
+
+    /// Every flag that more than one mode takes, with a value unlike its default.
+    const SHARED_FLAGS: &[SharedFlag] = &[
+        (&["--replay", "snap.json"], ALL, |c| {
+            c.replay == Some(PathBuf::from("snap.json"))
+        }),
+        (&["--path.procfs", "/host/proc"], ALL, |c| {
+            c.procfs == Path::new("/host/proc")
+        }),
+        (&["--nvml.library", "/opt/libnvidia-ml.so.1"], ALL, |c| {
+            c.nvml_library == Some(PathBuf::from("/opt/libnvidia-ml.so.1"))
+        }),
+        (&["--test.device-prefix", "/fixture/dev/nvidia"], ALL, |c| {
+            c.device_prefix == b"/fixture/dev/nvidia"
+        }),
+        (&["--test.mig-minors", "mig-minors"], ALL, |c| {
+            c.mig_minors == Some(PathBuf::from("mig-minors"))
+        }),
+        (&["--orphan.context-overhead", "9MiB"], JUDGING, |c| {
+            c.settings.context_overhead_bytes == 9 << 20
+        }),
+        (&["--holders.ignore-comm", "agent"], JUDGING, |c| {
+            c.settings.agent_comms == ["agent"]
+        }),
+        (&["--holders.scan-timeout", "500ms"], ALL, |c| {
+            c.scan_timeout == Duration::from_millis(500)
+        }),
+        (&["--log.level", "debug"], ALL, |c| {
+            c.log_level == LogLevel::Debug
+        }),
+        (&["--log.format", "json"], ALL, |c| {
+            c.log_format == LogFormat::Json
+        }),
+        (
+            &["--kubelet.pod-resources-path", "/host/kubelet.sock"],
+            ALL,
+            |c| c.kubernetes.pod_resources_socket == Path::new("/host/kubelet.sock"),
+        ),
+        (&["--kubelet.refresh-interval", "30s"], ALL, |c| {
+            c.kubernetes.refresh_interval == Duration::from_secs(30)
+        }),
+        (&["--path.pod-logs", "/host/log/pods"], ALL, |c| {
+            c.kubernetes.pod_logs == Path::new("/host/log/pods")
+        }),
+        (&["--collector.processes"], &["textfile"], |c| {
+            c.per_process_limit == Some(256)
+        }),
+        (
+            &["--collector.processes", "--collector.processes.limit", "8"],
+            &["textfile"],
+            |c| c.per_process_limit == Some(8),
+        ),
+    ];
+    const ALL: &[&str] = &["check", "snapshot", "textfile"];
+    const JUDGING: &[&str] = &["check", "textfile"];
+
+    /// What a subcommand needs besides the flag under test.
+    fn required(subcommand: &str) -> &'static [&'static str] {
+        match subcommand {
+            "textfile" => &["-o", "vram.prom"],
+            _ => &[],
+        }
+    }
+
     #[test]
     fn global_flags_work_after_the_subcommand() {
-        let config = parse(&["check", "--replay", "snap.json"]).unwrap();
-        assert_eq!(config.replay, Some(PathBuf::from("snap.json")));
+        for subcommand in ALL {
+            for (words, modes, carried) in SHARED_FLAGS {
+                let without: Vec<&str> = [*subcommand]
+                    .iter()
+                    .chain(required(subcommand))
+                    .copied()
+                    .collect();
+                // The default does not already say what the flag says.
+                assert!(!carried(&parse(&without).unwrap()), "{words:?}");
+                let mut with = without.clone();
+                with.extend_from_slice(words);
+                if modes.contains(subcommand) {
+                    let config = parse(&with).unwrap_or_else(|error| panic!("{with:?}: {error}"));
+                    assert!(carried(&config), "{with:?} did not land in the config");
+                } else {
+                    let error = parse(&with).unwrap_err();
+                    assert!(
+                        error.starts_with("unexpected argument"),
+                        "{with:?}: {error}"
+                    );
+                }
+            }
+            // The table holds every flag this subcommand shares with another mode.
+            let own: &[&str] = &["help", "output", "json", "gpu", "wait", "wait.interval"];
+            let mut shared: Vec<String> = listed_flags(&[subcommand])
+                .into_iter()
+                .filter(|flag| !own.contains(&flag.as_str()))
+                .collect();
+            let mut tabled: Vec<String> = SHARED_FLAGS
+                .iter()
+                .filter(|(words, modes, _)| {
+                    modes.contains(subcommand) && !words[0].starts_with("--test.")
+                })
+                .flat_map(|(words, _, _)| words.iter())
+                .filter_map(|word| word.strip_prefix("--"))
+                .map(str::to_string)
+                .collect();
+            shared.sort();
+            tabled.sort();
+            tabled.dedup();
+            assert_eq!(shared, tabled, "{subcommand}");
+        }
     }
 
     #[test]
