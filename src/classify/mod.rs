@@ -13,7 +13,7 @@ mod suspects;
 mod tests;
 
 pub use owners::{
-    judge_owner, Frame, GoneReason, Owner, OwnerState, Standing, StateQualifier, WhyGone,
+    judge_owner, Frame, GoneReason, Owner, OwnerState, Standing, Started, StateQualifier, WhyGone,
     WhyUnknown,
 };
 pub use sentence::{ChargedTo, Departure, Sentence};
@@ -165,6 +165,10 @@ pub struct Process {
     /// When it started, in seconds since the Unix epoch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub started_unix_seconds: Option<u64>,
+    /// When it started, as the verdict says it: a date, or the time after boot when the
+    /// observation has no boot time (JSON has both figures above).
+    #[serde(skip)]
+    pub started: Started,
     /// Command name.
     pub comm: String,
     /// Its state, as `ps` names it.
@@ -232,6 +236,7 @@ impl Process {
             visible_here: facts.local_pid.is_some(),
             start_time_ticks: facts.start_time_ticks,
             started_unix_seconds: frame.started(facts.start_time_ticks),
+            started: frame.start(facts.start_time_ticks),
             comm: facts.comm.clone(),
             state: ProcessState::from_letter(facts.state),
             ppid: facts.ppid,

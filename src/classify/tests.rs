@@ -29,11 +29,37 @@ fn an_owner_that_maps_its_gpu_is_live_in_its_state() {
     assert_eq!(process.state, ProcessState::Sleeping);
     // Started 100,000 ticks (1,000 s) after a boot at BOOT.
     assert_eq!(process.started_unix_seconds, Some(BOOT + 1_000));
+    assert_eq!(
+        process.started,
+        Started::At {
+            unix_seconds: BOOT + 1_000
+        }
+    );
     assert_eq!(account.tally.bytes(OwnerState::Running), CHARGED_ONE_OWNER);
     // 9,238,806,528 - 9,229,565,952 = 9,240,576 bytes (8.8 MiB) uncharged: under the
     // 16 MiB floor of one context, so nothing is unattributed.
     assert_eq!(account.unattributed_bytes, 0);
     assert_eq!(account.finding, Finding::Owned);
+}
+
+#[test]
+fn without_a_boot_time_a_start_is_seconds_after_boot_never_a_date() {
+    let host = Host::idle().used(USED_ONE_OWNER).owner(
+        432,
+        Some(CHARGED_ONE_OWNER),
+        present(cuda(432, &[0]).started(48_213)),
+    );
+    let mut observation = host.observation();
+    observation.boot_time_unix_seconds = None;
+    let report = classify(&observation, &Settings::default());
+    let process = report.gpus[0].account().unwrap().owners[0]
+        .process()
+        .expect("a live owner")
+        .clone();
+    assert_eq!(process.started_unix_seconds, None);
+    // 48,213 ticks at 100 a second: 482 whole seconds.
+    assert_eq!(process.started, Started::AfterBoot { seconds: 482 });
+    assert_eq!(process.start_time_ticks, 48_213);
 }
 
 #[test]

@@ -160,6 +160,27 @@ fn text_names_the_culprit_of_a_fork_orphan_and_suggests_killing_it() {
 }
 
 #[test]
+fn without_a_boot_time_a_start_is_said_in_seconds_after_boot() {
+    // A snapshot recorded without the host's boot time: 150,000 ticks at 100 a second.
+    let mut observation = fork_orphan().observation();
+    observation.boot_time_unix_seconds = None;
+    let report = classify(&observation, &Settings::default());
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words.sentence.contains(
+            "still held by PID 524 (python3, sleeping, started 1500 s after boot, user root,"
+        ),
+        "{}",
+        words.sentence
+    );
+    assert_eq!(
+        words.suggestion.as_deref(),
+        Some("kill 524   # 524 is python3, started 1500 s after boot; then: vram-exporter check --gpu 0 --wait 30s")
+    );
+    assert!(!text_of(&report).contains("ticks"), "{}", text_of(&report));
+}
+
+#[test]
 fn text_says_how_gone_owners_went_as_the_classifier_decided() {
     let mut exiting = cuda(432, &[]).state('Z');
     exiting.threads = 1;

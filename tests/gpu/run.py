@@ -213,7 +213,7 @@ def excerpt(text):
 
 # --- what `check` prints ----------------------------------------------------------
 
-STARTED = r"(?:started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC|start time \d+ ticks after boot)"
+STARTED = r"(?:started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC|started \d+ s after boot)"
 
 
 def culprit_words(pid, comm, state, evidence):
