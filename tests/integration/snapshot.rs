@@ -226,6 +226,43 @@ fn snapshot_of_another_format_is_a_clear_error() {
 }
 
 #[test]
+fn a_snapshot_with_two_gpus_at_one_index_or_uuid_is_refused_in_one_line() {
+    // Hand-edited: a GPU copied, or renumbered onto another's index. Replayed, either
+    // would serve two GPUs under one label set, or say "GPU 0" of two GPUs.
+    let rig = Rig::new();
+    let story: Value =
+        serde_json::from_slice(&std::fs::read(example("story-gpu2-orphaned.json")).unwrap())
+            .unwrap();
+    // GPU 3 given GPU 2's index, or GPU 2's UUID.
+    let cases = [
+        ("index", "index 2"),
+        ("uuid", "UUID GPU-5ca1ab20-6000-4b1a-9c2e-0000b1ac3e13"),
+    ];
+    let file = rig.dir.path().join("edited.json");
+    for (field, shared) in cases {
+        let mut snapshot = story.clone();
+        let gpus = &mut snapshot["observation"]["nvml"]["gpus"];
+        gpus[3][field] = gpus[2][field].clone();
+        std::fs::write(&file, snapshot.to_string()).unwrap();
+        let expected = format!(
+            "vram-exporter: {} lists two GPUs with {shared}; a GPU's index and UUID are its own\n",
+            file.display()
+        );
+        for mode in [&["check"][..], &["textfile", "-o", "vram.prom"], &[]] {
+            let mut args = mode.to_vec();
+            args.extend(["--replay", file.to_str().unwrap()]);
+            let outcome = rig.run(&args);
+            assert_eq!(outcome.status, Some(2), "{args:?}: {outcome:?}");
+            assert_eq!(outcome.stderr, expected, "{args:?}");
+            assert_eq!(outcome.stdout, "", "{args:?}");
+        }
+    }
+    // The file as shipped replays.
+    let outcome = replay(&rig, &example("story-gpu2-orphaned.json"), &[]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
+}
+
+#[test]
 fn check_its_json_and_the_metrics_agree_on_one_snapshot() {
     // One observation, three renderings: the culprits, the amounts and the verdict must
     // be the same in each, since the classifier alone decides them.
