@@ -94,6 +94,7 @@ impl Exporter {
         policy: HolderScanPolicy,
     ) -> Result<Collected, ObserveError> {
         let _one_at_a_time = crate::sync::lock(&self.collecting);
+        let started = Instant::now();
         let mut observation = self.source.observe()?;
         let mut report = classify(&observation, &self.settings);
         let scan = match policy {
@@ -110,11 +111,44 @@ impl Exporter {
             report = classify(&observation, &self.settings);
             scan_seconds = Some(started.elapsed().as_secs_f64());
         }
-        Ok(Collected {
+        let collected = Collected {
             observation,
             report,
             scan_seconds,
-        })
+        };
+        self.log_collection(&collected, started);
+        Ok(collected)
+    }
+
+    /// One debug line per collection: what a person debugging a scrape asks first.
+    fn log_collection(&self, collected: &Collected, started: Instant) {
+        let Collected {
+            observation,
+            report,
+            scan_seconds,
+        } = collected;
+        let source = match &self.source {
+            Source::Live(_) => "live".to_string(),
+            Source::Replay(path) => format!("replay of {}", path.display()),
+        };
+        // A scan this collection made, one its snapshot recorded, or none.
+        let holder_scan = match (scan_seconds, &report.holder_scan) {
+            (Some(_), _) => "made",
+            (None, Some(_)) => "replayed",
+            (None, None) => "none",
+        };
+        tracing::debug!(
+            seconds = started.elapsed().as_secs_f64(),
+            gpus = report.gpus.len(),
+            owners = observation.owners.len(),
+            orphaned_bytes = report.orphaned_bytes(),
+            holder_scan,
+            scan_seconds = *scan_seconds,
+            scan_complete = report.holder_scan.map(|scan| scan.complete()),
+            holders = observation.holder_scan.as_ref().map(|scan| scan.holders.len()),
+            source = %source,
+            "collected"
+        );
     }
 
     /// Like [`Exporter::try_observe_and_classify`], for a scrape: a replay file that

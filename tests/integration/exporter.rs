@@ -528,3 +528,80 @@ fn unreadable_proc_entries_are_counted_not_called_gone() {
     assert_eq!(state(&metrics, "vram_owner_processes", "gone"), 0.0);
     assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
 }
+
+/// The `collected` lines of a debug log.
+fn collection_lines(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|line| line.contains(" msg=collected "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn debug_logs_one_line_per_collection_with_what_it_found() {
+    // An owner that is gone: its memory is orphaned, so every collection scans.
+    let rig = Rig::new();
+    rig.charge_gpu0(nonexistent_pid(), Some(CHARGED));
+    let exporter = rig.start(&["--log.level", "debug"]);
+    for scrapes in 1..=3 {
+        exporter.scrape();
+        // The line is written before the response goes out; the log is read apart.
+        wait_until("the collection is logged", Duration::from_secs(20), || {
+            collection_lines(&exporter.log()).len() >= scrapes
+        });
+        assert_eq!(
+            collection_lines(&exporter.log()).len(),
+            scrapes,
+            "{}",
+            exporter.log()
+        );
+    }
+    let lines = collection_lines(&exporter.log());
+    for field in [
+        "level=debug",
+        "gpus=1",
+        "owners=1",
+        &format!("orphaned_bytes={CHARGED}"),
+        "holder_scan=made",
+        "scan_complete=true",
+        "source=live",
+    ] {
+        assert!(
+            lines[2].contains(&format!(" {field}")),
+            "{field}: {}",
+            lines[2]
+        );
+    }
+    for timed in ["seconds", "scan_seconds"] {
+        let value = lines[2]
+            .split(' ')
+            .find_map(|pair| pair.strip_prefix(&format!("{timed}=")))
+            .unwrap_or_else(|| panic!("no {timed}: {}", lines[2]));
+        assert!(value.parse::<f64>().unwrap() >= 0.0, "{}", lines[2]);
+    }
+
+    // At the default level, nothing per scrape.
+    let quiet = rig.start(&[]);
+    quiet.scrape();
+    assert!(collection_lines(&quiet.log()).is_empty(), "{}", quiet.log());
+
+    // One look of check at a replayed snapshot: one line, with the scan it recorded.
+    let snapshot = rig.dir.path().join("snapshot.json");
+    let written = rig.run(&["snapshot", "-o", snapshot.to_str().unwrap()]);
+    assert_eq!(written.status, Some(0), "{written:?}");
+    let replayed = rig.run(&[
+        "check",
+        "--log.level",
+        "debug",
+        "--replay",
+        snapshot.to_str().unwrap(),
+    ]);
+    let lines = collection_lines(&replayed.stderr);
+    assert_eq!(lines.len(), 1, "{}", replayed.stderr);
+    assert!(lines[0].contains(" holder_scan=replayed "), "{}", lines[0]);
+    assert!(
+        lines[0].contains(&format!("source=\"replay of {}\"", snapshot.display())),
+        "{}",
+        lines[0]
+    );
+}
