@@ -237,8 +237,14 @@ pub struct LogArgs {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Web server")]
 pub struct WebArgs {
-    /// Address to listen on: HOST:PORT, [IPv6]:PORT, or :PORT for all IPv4 interfaces.
-    #[arg(long = "web.listen-address", value_name = "ADDRESS", default_value_t = format!(":{DEFAULT_PORT}"))]
+    /// Address to listen on (the help says its forms: rustdoc would read their brackets
+    /// as links).
+    #[arg(
+        long = "web.listen-address",
+        value_name = "ADDRESS",
+        default_value_t = format!(":{DEFAULT_PORT}"),
+        help = "Address to listen on: HOST:PORT, [IPv6]:PORT, or :PORT (or [::]:PORT) for every interface, IPv6 and IPv4 (IPv4 alone on a host without IPv6)"
+    )]
     pub listen_address: String,
 
     /// Path under which to expose metrics.
@@ -762,10 +768,11 @@ fn items(value: Option<&ContextValue>) -> Vec<String> {
     }
 }
 
-/// `:9077` means every IPv4 interface, as in other Prometheus exporters.
+/// `:9077` means every interface, IPv6 and IPv4, as in other Prometheus exporters: the
+/// unspecified IPv6 address, which the server listens on with both families.
 fn parse_listen_address(text: &str) -> Result<SocketAddr, InvalidFlag> {
     let spelled = if text.starts_with(':') {
-        format!("0.0.0.0{text}")
+        format!("[::]{text}")
     } else {
         text.to_string()
     };
@@ -858,6 +865,14 @@ mod tests {
         }
         let error = parse(&["--web.listen-address", "nonsense"]).unwrap_err();
         assert!(error.contains("is not HOST:PORT"), "{error}");
+        // `:PORT` is every interface of both families: the server listens on `[::]`
+        // with IPv4 too.
+        for every in [":9077", "[::]:9077"] {
+            let Mode::Serve(serve) = parse(&["--web.listen-address", every]).unwrap().mode else {
+                panic!()
+            };
+            assert_eq!(serve.listen, "[::]:9077".parse().unwrap(), "{every}");
+        }
     }
 
     #[test]

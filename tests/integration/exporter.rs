@@ -605,3 +605,48 @@ fn debug_logs_one_line_per_collection_with_what_it_found() {
         lines[0]
     );
 }
+
+/// Whether this machine has the IPv6 loopback address `::1`.
+fn has_ipv6_loopback() -> bool {
+    std::fs::read_to_string("/proc/net/if_inet6").is_ok_and(|interfaces| {
+        interfaces
+            .lines()
+            .any(|line| line.starts_with("00000000000000000000000000000001 "))
+    })
+}
+
+#[test]
+fn port_alone_listens_on_ipv6_and_ipv4() {
+    // `:PORT`, node_exporter's form: one port, answered on both families.
+    assert!(
+        has_ipv6_loopback(),
+        "this machine has no IPv6 loopback (::1 is not in /proc/net/if_inet6): \
+         the IPv6 half of --web.listen-address :PORT cannot be tested here"
+    );
+    let rig = Rig::new();
+    let mut command = rig.command();
+    command.args(["--web.listen-address", ":0"]);
+    let exporter = start(command);
+    assert_eq!(
+        exporter.address.ip(),
+        std::net::Ipv6Addr::UNSPECIFIED,
+        "{}",
+        exporter.log()
+    );
+    let port = exporter.address.port();
+    for loopback in ["127.0.0.1", "::1"] {
+        let address = std::net::SocketAddr::new(loopback.parse().unwrap(), port);
+        let response = http(address, "GET", "/metrics", &[]);
+        assert_eq!(response.status, 200, "{address}: {}", response.body);
+        assert_eq!(
+            Metrics::parse(&response.body).value("vram_nvml_up", &[]),
+            1.0,
+            "{address}"
+        );
+    }
+    assert!(
+        !exporter.log().contains("IPv4 interface only"),
+        "{}",
+        exporter.log()
+    );
+}
