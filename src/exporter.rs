@@ -1,6 +1,7 @@
 //! Ties the flow together: observe -> classify -> render, once per scrape.
 
-use crate::classify::{classify, Report, Settings};
+use crate::classify::{classify, exporter_process, Report, Settings};
+use crate::observe::procfs::OwnProcess;
 use crate::observe::{NvmlReading, Observation, ObserveError, PidNamespace, ProcfsView, Source};
 use crate::render::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
 use prometheus_client::collector::Collector;
@@ -72,6 +73,8 @@ pub struct Exporter {
     build: BuildInfo,
     /// NVML and the holder scan are not made for concurrent callers: one collection at a time.
     collecting: Mutex<()>,
+    /// The exporter's own process, read for its `process_*` series: a server's only.
+    own_process: Option<OwnProcess>,
 }
 
 impl Exporter {
@@ -83,7 +86,16 @@ impl Exporter {
             options,
             build: BuildInfo::current(),
             collecting: Mutex::new(()),
+            own_process: None,
         }
+    }
+
+    /// Also serves the `process_*` series of this process, read from `/proc/self` after
+    /// each collection. For a server: a one-shot command's figures would describe a
+    /// process that has exited by the time anyone reads them.
+    pub fn with_own_process(mut self) -> Exporter {
+        self.own_process = Some(OwnProcess::new(std::path::Path::new("/proc")));
+        self
     }
 
     /// Observe and classify, scanning for holders as `policy` says.
@@ -235,7 +247,12 @@ impl Collector for ScrapeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let started = Instant::now();
         let exporter = &self.exporter;
-        let collected = exporter.observe_and_classify(self.policy);
+        let mut collected = exporter.observe_and_classify(self.policy);
+        collected.report.exporter_process = exporter
+            .own_process
+            .as_ref()
+            .and_then(OwnProcess::read)
+            .map(|reading| exporter_process(&reading));
         let timing = ScrapeTiming {
             total_seconds: started.elapsed().as_secs_f64(),
             scan_seconds: collected.scan_seconds,

@@ -3,6 +3,7 @@
 //! keeps it (with the evidence) and which merely watches, what would free it, and what
 //! `check` exits with. The renderers put this into words and series and decide nothing.
 
+mod exporter_process;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod owners;
@@ -12,6 +13,7 @@ mod suspects;
 #[cfg(test)]
 mod tests;
 
+pub use exporter_process::{exporter_process, ExporterProcess};
 pub use owners::{
     judge_owner, Frame, GoneReason, Owner, OwnerState, Standing, Started, StateQualifier, WhyGone,
     WhyUnknown,
@@ -1004,6 +1006,10 @@ pub struct Report {
     /// Each GPU's pods, pod names by uid, and the kubelet sources' health; `None` when the
     /// observation has none (a snapshot of an older version).
     pub kubernetes: Option<KubernetesView>,
+
+    /// The exporter's own process, which a server adds to each collection's report (see
+    /// [`exporter_process`]); `None` from [`classify`], which judges the host alone.
+    pub exporter_process: Option<ExporterProcess>,
 }
 
 impl Report {
@@ -1153,6 +1159,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         procfs_errors: observation.procfs_errors,
         holder_scan: scan,
         kubernetes,
+        exporter_process: None,
     }
 }
 

@@ -445,6 +445,60 @@ fn json_instances_are_the_classifiers_with_their_words() {
 // Prometheus.
 
 #[test]
+fn the_exporters_own_process_is_rendered_only_when_the_report_carries_it() {
+    let mut report = fork_orphan().report();
+    let families = |text: &str| -> Vec<String> {
+        samples(text)
+            .into_iter()
+            .map(|(family, _, _)| family)
+            .filter(|family| family.starts_with("process_"))
+            .collect()
+    };
+    assert_eq!(families(&metrics_of(&report)), Vec::<String>::new());
+
+    report.exporter_process = Some(crate::classify::ExporterProcess {
+        cpu_seconds: 1.75,
+        resident_bytes: 20_480_000,
+        virtual_bytes: 1 << 30,
+        open_fds: Some(12),
+        max_fds: Some(1024),
+        start_time_seconds: Some(1_796_218_682.13),
+    });
+    let text = metrics_of(&report);
+    assert!(
+        text.contains("# TYPE process_cpu_seconds_total counter\n"),
+        "{text}"
+    );
+    let all = samples(&text);
+    for (family, expected) in [
+        ("process_cpu_seconds_total", 1.75),
+        ("process_resident_memory_bytes", 20_480_000.0),
+        ("process_virtual_memory_bytes", 1_073_741_824.0),
+        ("process_open_fds", 12.0),
+        ("process_max_fds", 1024.0),
+        ("process_start_time_seconds", 1_796_218_682.13),
+    ] {
+        assert_eq!(value(&all, family, &[]), expected, "{family}");
+    }
+
+    // What could not be read is left out, not written as 0.
+    report.exporter_process = Some(crate::classify::ExporterProcess {
+        open_fds: None,
+        max_fds: None,
+        start_time_seconds: None,
+        ..report.exporter_process.unwrap()
+    });
+    assert_eq!(
+        families(&metrics_of(&report)),
+        [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_virtual_memory_bytes"
+        ]
+    );
+}
+
+#[test]
 fn prometheus_writes_each_label_set_in_its_order() {
     let text = metrics_of(&stuck_in_an_ended_container().report());
     for line in [

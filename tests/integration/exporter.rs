@@ -650,3 +650,72 @@ fn port_alone_listens_on_ipv6_and_ipv4() {
         exporter.log()
     );
 }
+
+/// A field of `/proc/PID/limits`: the soft limit of the line that starts with `name`.
+fn soft_limit(pid: u32, name: &str) -> f64 {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find_map(|line| line.strip_prefix(name))
+        .unwrap();
+    line.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// The host's boot time, `btime` of `/proc/stat`.
+fn boot_time() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let btime = stat.lines().find_map(|line| line.strip_prefix("btime "));
+    btime.unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn the_server_serves_its_own_process_series_and_textfile_does_not() {
+    let rig = Rig::new();
+    let exporter = rig.start(&[]);
+    let pid = exporter.child.id();
+    let metrics = exporter.scrape();
+    assert_promtool_clean(&metrics.text);
+    let value = |name: &str| metrics.value(name, &[]);
+    assert!(
+        metrics
+            .text
+            .contains("# TYPE process_cpu_seconds_total counter\n"),
+        "{}",
+        metrics.text
+    );
+    // The figures are the server's own, not the test's: its start time, its limit.
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let started = boot_time() + start_time_ticks(pid) as f64 / ticks_per_second;
+    assert!(
+        (value("process_start_time_seconds") - started).abs() < 0.011,
+        "{} against {started}",
+        value("process_start_time_seconds")
+    );
+    assert_eq!(value("process_max_fds"), soft_limit(pid, "Max open files"));
+    let open = value("process_open_fds");
+    assert!(open >= 3.0 && open <= value("process_max_fds"), "{open}");
+    let resident = value("process_resident_memory_bytes");
+    assert!(resident > 0.0, "{resident}");
+    assert!(value("process_virtual_memory_bytes") >= resident);
+    // CPU time only grows, and collecting costs some.
+    let first_cpu = value("process_cpu_seconds_total");
+    assert!(first_cpu >= 0.0);
+    let mut later = exporter.scrape();
+    wait_until("a scrape's CPU time shows", Duration::from_secs(20), || {
+        later = exporter.scrape();
+        later.value("process_cpu_seconds_total", &[]) > first_cpu
+    });
+
+    // A one-shot command's process is gone once its output is read: no such series.
+    let output = rig.dir.path().join("vram.prom");
+    let outcome = rig.run(&["textfile", "-o", output.to_str().unwrap()]);
+    assert_eq!(outcome.status, Some(0), "{}", outcome.stderr);
+    let written = std::fs::read_to_string(&output).unwrap();
+    assert!(written.contains("vram_nvml_up 1"), "{written}");
+    let own_process_series = written
+        .lines()
+        .filter(|line| line.starts_with("process_") || line.starts_with("# TYPE process_"))
+        .count();
+    assert_eq!(own_process_series, 0, "{written}");
+}

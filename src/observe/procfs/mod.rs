@@ -12,11 +12,13 @@
 //! - `memory`: what is kept of each process from one look to the next ([`Memory`]).
 //! - `pidns`: whether a process's container has ended, from its PID namespace.
 //! - `cgroup`: the container and pod a process runs in ([`CgroupAttribution`]).
+//! - `own_process`: the exporter's own CPU time, memory and descriptors ([`OwnProcess`]).
 //! - [`parse`]: the text formats, parsed by hand where procfs-core cannot serve.
 
 mod cgroup;
 mod looks;
 mod memory;
+mod own_process;
 pub mod parse;
 mod pidns;
 mod placement;
@@ -28,6 +30,7 @@ mod root;
 pub use cgroup::{parse_cgroup_file, parse_cgroup_path, short_container_id, CgroupAttribution};
 pub(crate) use looks::{look_at_owners, look_for_holders};
 pub use memory::{Memory, Remembered};
+pub use own_process::{OwnProcess, OwnProcessReading};
 pub use placement::Placement;
 pub(crate) use reader::OwnersRead;
 pub use reader::{Looked, Reader};
