@@ -723,6 +723,16 @@ def health(suite):
     suite.expect("memory not OS-managed (x86 H200)", [0.0], one("vram_gpu_memory_os_managed"))
     suite.expect("no Xid since the exporter started", [], one("vram_xid_errors_total"))
     suite.expect("no permission error", [0.0], one("vram_gpu_error", error="no_permission"))
+    # A fresh exporter's first scrape: loading NVML waits (2 s at most) for the GPU's
+    # registration for Xid events, so it already says watched; and a server serves its
+    # own process_* series.
+    fresh = Exporter.start(suite, suite.spawned, "fresh", "exporter-fresh.log")
+    first = fresh.scrape(record="a fresh exporter's first scrape")
+    fresh.stop()
+    suite.expect("fresh exporter: Xid watched on its first scrape", [1.0],
+                 values(first, "vram_xid_watched"))
+    own = sorted(n for n, l, v in first if n.startswith("process_"))
+    suite.expect("fresh exporter: its own process_* series", 6, len(own))
 
 
 @scenario(2, "lifecycle", "live owner", "live", "stopped", "killed", "latency", "3", "4")
@@ -1249,7 +1259,7 @@ def main(argv=None, gpu=None):
     chosen = selected(args.only)
     binary = os.path.abspath(args.binary)
     os.makedirs(args.out, exist_ok=True)
-    for log in ("exporter-host.log", "exporter-pidns.log"):
+    for log in ("exporter-host.log", "exporter-pidns.log", "exporter-fresh.log"):
         if os.path.exists(os.path.join(args.out, log)):
             os.unlink(os.path.join(args.out, log))
     suite = Suite(binary, args.out, gpu or Gpu())
