@@ -337,6 +337,7 @@ pub struct KubeletArgs {
 /// container a process runs in (name, image, Compose project or Podman pod). A socket that
 /// is not there is left alone; an empty path leaves its engine out.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Containers")]
 pub struct ContainersArgs {
     /// Docker's Engine API socket.
     #[arg(
@@ -1170,6 +1171,22 @@ mod tests {
         (&["--path.pod-logs", "/host/log/pods"], ALL, |c| {
             c.kubernetes.pod_logs == Path::new("/host/log/pods")
         }),
+        (
+            &["--containers.docker-socket", "/host/docker.sock"],
+            ALL,
+            |c| c.containers.docker_socket == Path::new("/host/docker.sock"),
+        ),
+        (
+            &["--containers.podman-socket", "/host/podman.sock"],
+            ALL,
+            |c| c.containers.podman_socket == Path::new("/host/podman.sock"),
+        ),
+        (&["--containers.timeout", "3s"], ALL, |c| {
+            c.containers.timeout == Duration::from_secs(3)
+        }),
+        (&["--timeout", "5s"], ALL, |c| {
+            one_shot_timeout(c) == Some(Duration::from_secs(5))
+        }),
         (&["--collector.processes"], &["textfile"], |c| {
             c.per_process_limit == Some(256)
         }),
@@ -1180,6 +1197,15 @@ mod tests {
         ),
     ];
     const ALL: &[&str] = &["check", "snapshot", "textfile"];
+
+    /// How long the one-shot command of `config` waits for NVML and `/proc`.
+    fn one_shot_timeout(config: &Config) -> Option<Duration> {
+        match &config.mode {
+            Mode::Serve(_) => None,
+            Mode::Check(check) => Some(check.timeout),
+            Mode::Snapshot { timeout, .. } | Mode::Textfile { timeout, .. } => Some(*timeout),
+        }
+    }
     const JUDGING: &[&str] = &["check", "textfile"];
 
     /// What a subcommand needs besides the flag under test.
@@ -1426,6 +1452,14 @@ mod tests {
                     "kubelet.pod-resources-path",
                     "kubelet.refresh-interval",
                     "path.pod-logs",
+                ],
+            ),
+            (
+                "Containers",
+                &[
+                    "containers.docker-socket",
+                    "containers.podman-socket",
+                    "containers.timeout",
                 ],
             ),
             (
