@@ -214,8 +214,8 @@ pub struct TimeoutArgs {
 #[command(next_help_heading = "Judging memory")]
 pub struct JudgementArgs {
     /// Driver memory per listed context that no process is charged for (about 9 MiB on an
-    /// H200); used memory below this floor per context is not called orphaned
-    /// [default: 16MiB].
+    /// H200); used memory below this floor per context is not called orphaned. A size
+    /// with its unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB), e.g. 9MiB [default: 16MiB].
     #[arg(long = "orphan.context-overhead", value_name = "SIZE", value_parser = parse_bytes)]
     pub context_overhead: Option<u64>,
 
@@ -265,8 +265,14 @@ pub struct LogArgs {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Web server")]
 pub struct WebArgs {
-    /// Address to listen on: HOST:PORT, [IPv6]:PORT, or :PORT for all IPv4 interfaces.
-    #[arg(long = "web.listen-address", value_name = "ADDRESS", default_value_t = format!(":{DEFAULT_PORT}"))]
+    /// Address to listen on (the help says its forms: rustdoc would read their brackets
+    /// as links).
+    #[arg(
+        long = "web.listen-address",
+        value_name = "ADDRESS",
+        default_value_t = format!(":{DEFAULT_PORT}"),
+        help = "Address to listen on: HOST:PORT, [IPv6]:PORT, or :PORT (or [::]:PORT) for every interface, IPv6 and IPv4 (IPv4 alone on a host without IPv6)"
+    )]
     pub listen_address: String,
 
     /// Path under which to expose metrics.
@@ -298,6 +304,7 @@ pub struct WebArgs {
 /// Where the kubelet's sources are, on a Kubernetes node: they name the pod each GPU is
 /// assigned to and the pod a process runs in. Without them nothing else changes.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Kubernetes")]
 pub struct KubeletArgs {
     /// The kubelet's pod-resources socket, which says which container each GPU is assigned
     /// to. In a container, mount its directory rather than the socket: a restarted kubelet
@@ -330,6 +337,7 @@ pub struct KubeletArgs {
 /// container a process runs in (name, image, Compose project or Podman pod). A socket that
 /// is not there is left alone; an empty path leaves its engine out.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Containers")]
 pub struct ContainersArgs {
     /// Docker's Engine API socket.
     #[arg(
@@ -865,10 +873,11 @@ fn items(value: Option<&ContextValue>) -> Vec<String> {
     }
 }
 
-/// `:9077` means every IPv4 interface, as in other Prometheus exporters.
+/// `:9077` means every interface, IPv6 and IPv4, as in other Prometheus exporters: the
+/// unspecified IPv6 address, which the server listens on with both families.
 fn parse_listen_address(text: &str) -> Result<SocketAddr, InvalidFlag> {
     let spelled = if text.starts_with(':') {
-        format!("0.0.0.0{text}")
+        format!("[::]{text}")
     } else {
         text.to_string()
     };
@@ -892,6 +901,8 @@ fn parse_telemetry_path(path: String) -> Result<String, InvalidFlag> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+    use std::path::Path;
 
     fn parse(args: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["vram-exporter"];
@@ -959,6 +970,14 @@ mod tests {
         }
         let error = parse(&["--web.listen-address", "nonsense"]).unwrap_err();
         assert!(error.contains("is not HOST:PORT"), "{error}");
+        // `:PORT` is every interface of both families: the server listens on `[::]`
+        // with IPv4 too.
+        for every in [":9077", "[::]:9077"] {
+            let Mode::Serve(serve) = parse(&["--web.listen-address", every]).unwrap().mode else {
+                panic!()
+            };
+            assert_eq!(serve.listen, "[::]:9077".parse().unwrap(), "{every}");
+        }
     }
 
     #[test]
@@ -1101,10 +1120,146 @@ mod tests {
         assert!(error.contains("longer than 0"), "{error}");
     }
 
+    /// A flag the subcommands share: its words on the command line, the subcommands
+    /// that take it, and whether a `Config` carries what it says.
+    type SharedFlag = (
+        &'static [&'static str],
+        &'static [&'static str],
+        fn(&Config) -> bool,
+    );
+
+    /// Every flag that more than one mode takes, with a value unlike its default.
+    const SHARED_FLAGS: &[SharedFlag] = &[
+        (&["--replay", "snap.json"], ALL, |c| {
+            c.replay == Some(PathBuf::from("snap.json"))
+        }),
+        (&["--path.procfs", "/host/proc"], ALL, |c| {
+            c.procfs == Path::new("/host/proc")
+        }),
+        (&["--nvml.library", "/opt/libnvidia-ml.so.1"], ALL, |c| {
+            c.nvml_library == Some(PathBuf::from("/opt/libnvidia-ml.so.1"))
+        }),
+        (&["--test.device-prefix", "/fixture/dev/nvidia"], ALL, |c| {
+            c.device_prefix == b"/fixture/dev/nvidia"
+        }),
+        (&["--test.mig-minors", "mig-minors"], ALL, |c| {
+            c.mig_minors == Some(PathBuf::from("mig-minors"))
+        }),
+        (&["--orphan.context-overhead", "9MiB"], JUDGING, |c| {
+            c.settings.context_overhead_bytes == 9 << 20
+        }),
+        (&["--holders.ignore-comm", "agent"], JUDGING, |c| {
+            c.settings.agent_comms == ["agent"]
+        }),
+        (&["--holders.scan-timeout", "500ms"], ALL, |c| {
+            c.scan_timeout == Duration::from_millis(500)
+        }),
+        (&["--log.level", "debug"], ALL, |c| {
+            c.log_level == LogLevel::Debug
+        }),
+        (&["--log.format", "json"], ALL, |c| {
+            c.log_format == LogFormat::Json
+        }),
+        (
+            &["--kubelet.pod-resources-path", "/host/kubelet.sock"],
+            ALL,
+            |c| c.kubernetes.pod_resources_socket == Path::new("/host/kubelet.sock"),
+        ),
+        (&["--kubelet.refresh-interval", "30s"], ALL, |c| {
+            c.kubernetes.refresh_interval == Duration::from_secs(30)
+        }),
+        (&["--path.pod-logs", "/host/log/pods"], ALL, |c| {
+            c.kubernetes.pod_logs == Path::new("/host/log/pods")
+        }),
+        (
+            &["--containers.docker-socket", "/host/docker.sock"],
+            ALL,
+            |c| c.containers.docker_socket == Path::new("/host/docker.sock"),
+        ),
+        (
+            &["--containers.podman-socket", "/host/podman.sock"],
+            ALL,
+            |c| c.containers.podman_socket == Path::new("/host/podman.sock"),
+        ),
+        (&["--containers.timeout", "3s"], ALL, |c| {
+            c.containers.timeout == Duration::from_secs(3)
+        }),
+        (&["--timeout", "5s"], ALL, |c| {
+            one_shot_timeout(c) == Some(Duration::from_secs(5))
+        }),
+        (&["--collector.processes"], &["textfile"], |c| {
+            c.per_process_limit == Some(256)
+        }),
+        (
+            &["--collector.processes", "--collector.processes.limit", "8"],
+            &["textfile"],
+            |c| c.per_process_limit == Some(8),
+        ),
+    ];
+    const ALL: &[&str] = &["check", "snapshot", "textfile"];
+
+    /// How long the one-shot command of `config` waits for NVML and `/proc`.
+    fn one_shot_timeout(config: &Config) -> Option<Duration> {
+        match &config.mode {
+            Mode::Serve(_) => None,
+            Mode::Check(check) => Some(check.timeout),
+            Mode::Snapshot { timeout, .. } | Mode::Textfile { timeout, .. } => Some(*timeout),
+        }
+    }
+    const JUDGING: &[&str] = &["check", "textfile"];
+
+    /// What a subcommand needs besides the flag under test.
+    fn required(subcommand: &str) -> &'static [&'static str] {
+        match subcommand {
+            "textfile" => &["-o", "vram.prom"],
+            _ => &[],
+        }
+    }
+
     #[test]
     fn global_flags_work_after_the_subcommand() {
-        let config = parse(&["check", "--replay", "snap.json"]).unwrap();
-        assert_eq!(config.replay, Some(PathBuf::from("snap.json")));
+        for subcommand in ALL {
+            for (words, modes, carried) in SHARED_FLAGS {
+                let without: Vec<&str> = [*subcommand]
+                    .iter()
+                    .chain(required(subcommand))
+                    .copied()
+                    .collect();
+                // The default does not already say what the flag says.
+                assert!(!carried(&parse(&without).unwrap()), "{words:?}");
+                let mut with = without.clone();
+                with.extend_from_slice(words);
+                if modes.contains(subcommand) {
+                    let config = parse(&with).unwrap_or_else(|error| panic!("{with:?}: {error}"));
+                    assert!(carried(&config), "{with:?} did not land in the config");
+                } else {
+                    let error = parse(&with).unwrap_err();
+                    assert!(
+                        error.starts_with("unexpected argument"),
+                        "{with:?}: {error}"
+                    );
+                }
+            }
+            // The table holds every flag this subcommand shares with another mode.
+            let own: &[&str] = &["help", "output", "json", "gpu", "wait", "wait.interval"];
+            let mut shared: Vec<String> = listed_flags(&[subcommand])
+                .into_iter()
+                .filter(|flag| !own.contains(&flag.as_str()))
+                .collect();
+            let mut tabled: Vec<String> = SHARED_FLAGS
+                .iter()
+                .filter(|(words, modes, _)| {
+                    modes.contains(subcommand) && !words[0].starts_with("--test.")
+                })
+                .flat_map(|(words, _, _)| words.iter())
+                .filter_map(|word| word.strip_prefix("--"))
+                .map(str::to_string)
+                .collect();
+            shared.sort();
+            tabled.sort();
+            tabled.dedup();
+            assert_eq!(shared, tabled, "{subcommand}");
+        }
     }
 
     #[test]
@@ -1254,6 +1409,89 @@ mod tests {
         );
     }
 
+    /// The heading each long flag of a mode's `--help` is listed under (`Options` for
+    /// those before the first heading).
+    fn flag_headings(args: &[&str]) -> BTreeMap<String, String> {
+        let mut heading = String::new();
+        let mut headings = BTreeMap::new();
+        for line in help(args).lines() {
+            if !line.starts_with(' ') && line.ends_with(':') {
+                heading = line.trim_end_matches(':').to_string();
+                continue;
+            }
+            let line = line.trim_start();
+            let line = line.split_once(", ").map_or(line, |(_, long)| long);
+            if let Some(rest) = line.strip_prefix("--") {
+                let flag = rest.split([' ', '=']).next().unwrap().to_string();
+                headings.insert(flag, heading.clone());
+            }
+        }
+        headings
+    }
+
+    #[test]
+    fn every_help_lists_each_flag_under_the_heading_of_its_group() {
+        let groups: &[(&str, &[&str])] = &[
+            ("Where to look", &["path.procfs", "nvml.library", "replay"]),
+            (
+                "Judging memory",
+                &[
+                    "orphan.context-overhead",
+                    "holders.ignore-comm",
+                    "holders.scan-timeout",
+                ],
+            ),
+            (
+                "Metrics",
+                &["collector.processes", "collector.processes.limit"],
+            ),
+            ("Logging", &["log.level", "log.format"]),
+            (
+                "Kubernetes",
+                &[
+                    "kubelet.pod-resources-path",
+                    "kubelet.refresh-interval",
+                    "path.pod-logs",
+                ],
+            ),
+            (
+                "Containers",
+                &[
+                    "containers.docker-socket",
+                    "containers.podman-socket",
+                    "containers.timeout",
+                ],
+            ),
+            (
+                "Web server",
+                &[
+                    "web.listen-address",
+                    "web.telemetry-path",
+                    "web.config.file",
+                    "web.max-connections",
+                    "web.collection-timeout",
+                ],
+            ),
+        ];
+        for mode in [&[][..], &["check"], &["snapshot"], &["textfile"]] {
+            let headings = flag_headings(mode);
+            for (flag, heading) in &headings {
+                let group = groups
+                    .iter()
+                    .find(|(_, flags)| flags.contains(&flag.as_str()))
+                    .map_or("Options", |(group, _)| group);
+                assert_eq!(heading, group, "{mode:?}: --{flag}");
+            }
+            // Every mode names pods, so every mode has the kubelet's heading, with them alone.
+            let kubernetes: Vec<&String> = headings
+                .iter()
+                .filter(|(_, heading)| *heading == "Kubernetes")
+                .map(|(flag, _)| flag)
+                .collect();
+            assert_eq!(kubernetes.len(), 3, "{mode:?}: {kubernetes:?}");
+        }
+    }
+
     #[test]
     fn help_lists_the_exit_statuses() {
         use crate::exit_codes::{meaning, written_meaning, CANNOT_TELL, ERROR, ORPHANED, SUCCESS};
@@ -1285,7 +1523,7 @@ mod tests {
         );
         assert_eq!(
             parse(&["check", "--wait", "30"]).unwrap_err(),
-            "invalid value '30' for '--wait <DURATION>': '30' needs a unit: ms, s, m or h; see vram-exporter check --help"
+            "invalid value '30' for '--wait <DURATION>': '30' needs a unit: ms, s, m, h, d, w or y; see vram-exporter check --help"
         );
         assert_eq!(
             parse(&["check", "--jsn"]).unwrap_err(),

@@ -1,6 +1,7 @@
 //! Ties the flow together: observe -> classify -> render, once per scrape.
 
-use crate::classify::{classify, Report, Settings};
+use crate::classify::{classify, exporter_process, Report, Settings};
+use crate::observe::procfs::OwnProcess;
 use crate::observe::{
     Deadlines, NvmlFailure, NvmlReading, Observation, ObserveError, PidNamespace, ProcfsView,
     Source, Waiting,
@@ -64,6 +65,8 @@ pub struct Exporter {
     /// collection would find it busy with the first's calls and report it stuck. Every
     /// collection ends by its deadline, so the next waits no longer than that.
     collecting: Mutex<()>,
+    /// The exporter's own process, read for its `process_*` series: a server's only.
+    own_process: Option<OwnProcess>,
 }
 
 impl Exporter {
@@ -75,7 +78,16 @@ impl Exporter {
             options,
             build: BuildInfo::current(),
             collecting: Mutex::new(()),
+            own_process: None,
         }
+    }
+
+    /// Also serves the `process_*` series of this process, read from `/proc/self` after
+    /// each collection. For a server: a one-shot command's figures would describe a
+    /// process that has exited by the time anyone reads them.
+    pub fn with_own_process(mut self) -> Exporter {
+        self.own_process = Some(OwnProcess::new(std::path::Path::new("/proc")));
+        self
     }
 
     /// Observe and classify, scanning for holders as `policy` says, done by `until`: a
@@ -89,7 +101,8 @@ impl Exporter {
         until: Instant,
     ) -> Result<Collected, ObserveError> {
         let _one_at_a_time = crate::sync::lock(&self.collecting);
-        let deadlines = Deadlines::between(Instant::now(), until);
+        let started = Instant::now();
+        let deadlines = Deadlines::between(started, until);
         let mut observation = self.source.observe(&deadlines)?;
         let mut report = classify(&observation, &self.settings);
         let scan = match policy {
@@ -103,11 +116,44 @@ impl Exporter {
             report = classify(&observation, &self.settings);
             scan_seconds = Some(started.elapsed().as_secs_f64());
         }
-        Ok(Collected {
+        let collected = Collected {
             observation,
             report,
             scan_seconds,
-        })
+        };
+        self.log_collection(&collected, started);
+        Ok(collected)
+    }
+
+    /// One debug line per collection: what a person debugging a scrape asks first.
+    fn log_collection(&self, collected: &Collected, started: Instant) {
+        let Collected {
+            observation,
+            report,
+            scan_seconds,
+        } = collected;
+        let source = match &self.source {
+            Source::Live(_) => "live".to_string(),
+            Source::Replay(path) => format!("replay of {}", path.display()),
+        };
+        // A scan this collection made, one its snapshot recorded, or none.
+        let holder_scan = match (scan_seconds, &report.holder_scan) {
+            (Some(_), _) => "made",
+            (None, Some(_)) => "replayed",
+            (None, None) => "none",
+        };
+        tracing::debug!(
+            seconds = started.elapsed().as_secs_f64(),
+            gpus = report.gpus.len(),
+            owners = observation.owners.len(),
+            orphaned_bytes = report.orphaned_bytes(),
+            holder_scan,
+            scan_seconds = *scan_seconds,
+            scan_complete = report.holder_scan.map(|scan| scan.complete()),
+            holders = observation.holder_scan.as_ref().map(|scan| scan.holders.len()),
+            source = %source,
+            "collected"
+        );
     }
 
     /// Like [`Exporter::try_observe_and_classify`], for a scrape: a replay file that
@@ -226,7 +272,13 @@ impl Collector for ScrapeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let started = Instant::now();
         let exporter = &self.exporter;
-        let collected = exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned, self.until);
+        let mut collected =
+            exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned, self.until);
+        collected.report.exporter_process = exporter
+            .own_process
+            .as_ref()
+            .and_then(OwnProcess::read)
+            .map(|reading| exporter_process(&reading));
         let timing = ScrapeTiming {
             total_seconds: started.elapsed().as_secs_f64(),
             scan_seconds: collected.scan_seconds,

@@ -65,7 +65,7 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
         Mode::Serve(_) => Lifespan::Serving,
         _ => Lifespan::OneShot,
     };
-    let exporter = Arc::new(Exporter::new(
+    let exporter = Exporter::new(
         source(&config, lifespan)
             .with_kubernetes(&config.kubernetes, lifespan)
             .with_containers(&config.containers, lifespan),
@@ -73,7 +73,11 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
         RenderOptions {
             per_process_limit: config.per_process_limit,
         },
-    ));
+    );
+    let exporter = Arc::new(match lifespan {
+        Lifespan::Serving => exporter.with_own_process(),
+        Lifespan::OneShot => exporter,
+    });
     if let Some(path) = &config.replay {
         // A snapshot that cannot be read is a mistake to report now, not a scrape later.
         observe::read_snapshot(path)?;

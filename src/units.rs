@@ -8,8 +8,12 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SizeError {
     /// No number where the size should start.
-    #[error("'{0}' is not a size such as 16MiB or 1048576")]
+    #[error("'{0}' is not a size such as 16MiB or 9MB")]
     NotASize(String),
+    /// A number without its unit (only a bare `0` needs none): `16` is as likely meant
+    /// as 16 MiB as 16 bytes.
+    #[error("'{0}' needs a unit: B, KiB, MiB, GiB, TiB, kB, MB, GB or TB")]
+    NoUnit(String),
     /// A unit that is not one of ours.
     #[error("unknown size unit '{unit}' in '{text}' (use B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)")]
     UnknownUnit {
@@ -30,10 +34,10 @@ pub enum DurationError {
     #[error("'{0}' is not a duration such as 500ms, 30s or 1m30s")]
     NotADuration(String),
     /// A number without its unit (only a bare `0` needs none).
-    #[error("'{0}' needs a unit: ms, s, m or h")]
+    #[error("'{0}' needs a unit: ms, s, m, h, d, w or y")]
     NoUnit(String),
     /// A unit that is not one of ours.
-    #[error("unknown duration unit '{unit}' in '{text}' (use ns, us, ms, s, m or h)")]
+    #[error("unknown duration unit '{unit}' in '{text}' (use ns, us, ms, s, m, h, d, w or y)")]
     UnknownUnit {
         /// The unit as written.
         unit: String,
@@ -45,6 +49,9 @@ pub enum DurationError {
     OutOfRange(String),
 }
 
+/// Seconds in Prometheus's day: 24 hours, leap seconds and clock changes aside.
+const DAY: f64 = 86_400.0;
+
 /// Split `16MiB` into its leading number and the unit that follows.
 fn split_number(text: &str) -> Option<(f64, &str)> {
     let split = text
@@ -54,12 +61,18 @@ fn split_number(text: &str) -> Option<(f64, &str)> {
     Some((number.parse().ok()?, unit))
 }
 
-/// Parse a byte size: a number with an optional unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB).
+/// Parse a byte size: a number and its unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB); a
+/// bare `0` is zero. A number alone is refused, as a duration's is: the default of
+/// `--orphan.context-overhead` is 16MiB, and `16` meaning 16 bytes would surprise.
 pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
     let text = text.trim();
+    if text == "0" {
+        return Ok(0);
+    }
     let (value, unit) = split_number(text).ok_or_else(|| SizeError::NotASize(text.into()))?;
     let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
+        "" => return Err(SizeError::NoUnit(text.into())),
+        "B" => 1,
         "KiB" => 1 << 10,
         "MiB" => 1 << 20,
         "GiB" => 1 << 30,
@@ -83,8 +96,10 @@ pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
 }
 
 /// Parse a duration as Go and Prometheus write them: one or more numbers, each with a
-/// unit (`ns`, `us` or `µs`, `ms`, `s`, `m`, `h`), such as `500ms`, `30s`, `1.5h` or
-/// `1m30s`; a bare `0` is zero. Flags and the web configuration file both read this.
+/// unit, such as `500ms`, `30s`, `1.5h`, `1m30s` or `1d`; a bare `0` is zero. The units
+/// are Go's (`ns`, `us` or `µs`, `ms`, `s`, `m`, `h`) and Prometheus's longer ones, as
+/// Prometheus counts them: `d` is 24 hours, `w` 7 days and `y` 365 days. Flags and the
+/// web configuration file both read this.
 pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let text = text.trim();
     if text == "0" {
@@ -108,6 +123,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
+            "d" => DAY,
+            "w" => 7.0 * DAY,
+            "y" => 365.0 * DAY,
             "" => return Err(DurationError::NoUnit(text.into())),
             other => {
                 return Err(DurationError::UnknownUnit {
@@ -150,7 +168,7 @@ mod tests {
     #[test]
     fn sizes_parse_with_binary_and_decimal_units() {
         assert_eq!(parse_bytes("16MiB"), Ok(16 * 1024 * 1024));
-        assert_eq!(parse_bytes("1048576"), Ok(1_048_576));
+        assert_eq!(parse_bytes("1048576B"), Ok(1_048_576));
         assert_eq!(parse_bytes("1.5GiB"), Ok(1_610_612_736));
         assert_eq!(parse_bytes("9 MB"), Ok(9_000_000));
         assert_eq!(parse_bytes("0"), Ok(0));
@@ -161,6 +179,18 @@ mod tests {
         assert!(message(parse_bytes("lots")).contains("not a size"));
         assert!(message(parse_bytes("5 parsecs")).contains("unknown size unit"));
         assert!(parse_bytes("").is_err());
+        // A number alone is refused in the words a bare duration gets; 0 alone is 0.
+        assert_eq!(
+            message(parse_bytes("16")),
+            "'16' needs a unit: B, KiB, MiB, GiB, TiB, kB, MB, GB or TB"
+        );
+        for bare in ["1048576", "1.5", "0.0", "00"] {
+            assert!(
+                message(parse_bytes(bare)).contains("needs a unit"),
+                "{bare}"
+            );
+        }
+        assert_eq!(parse_bytes(" 0 "), Ok(0));
     }
 
     #[test]
@@ -202,11 +232,33 @@ mod tests {
     }
 
     #[test]
+    fn durations_take_prometheus_days_weeks_and_years() {
+        const DAY: u64 = 24 * 3600;
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(DAY)));
+        assert_eq!(parse_duration("2w"), Ok(Duration::from_secs(14 * DAY)));
+        assert_eq!(parse_duration("1y"), Ok(Duration::from_secs(365 * DAY)));
+        assert_eq!(
+            parse_duration("1y2w3d4h5m6s"),
+            Ok(Duration::from_secs(
+                365 * DAY + 14 * DAY + 3 * DAY + 4 * 3600 + 5 * 60 + 6
+            ))
+        );
+        assert_eq!(parse_duration("1.5d"), Ok(Duration::from_secs(36 * 3600)));
+    }
+
+    #[test]
     fn bad_durations_say_what_is_wrong() {
         assert!(message(parse_duration("30")).contains("needs a unit"));
         assert!(message(parse_duration("1m30")).contains("needs a unit"));
         assert!(parse_duration("3 weeks").is_err());
-        assert!(message(parse_duration("1d")).contains("unknown duration unit 'd'"));
+        assert_eq!(
+            message(parse_duration("30")),
+            "'30' needs a unit: ms, s, m, h, d, w or y"
+        );
+        assert_eq!(
+            message(parse_duration("1mo")),
+            "unknown duration unit 'mo' in '1mo' (use ns, us, ms, s, m, h, d, w or y)"
+        );
         assert!(message(parse_duration("s")).contains("not a duration"));
         for bad in ["", "-1s", "1x", "1s-", "..s", "1e9999h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");

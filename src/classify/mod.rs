@@ -3,6 +3,7 @@
 //! keeps it (with the evidence) and which merely watches, what would free it, and what
 //! `check` exits with. The renderers put this into words and series and decide nothing.
 
+mod exporter_process;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod mps;
@@ -14,8 +15,9 @@ mod suspects;
 #[cfg(test)]
 mod tests;
 
+pub use exporter_process::{exporter_process, ExporterProcess};
 pub use owners::{
-    judge_owner, Frame, GoneReason, Owner, OwnerState, Standing, StateQualifier, WhyGone,
+    judge_owner, Frame, GoneReason, Owner, OwnerState, Standing, Started, StateQualifier, WhyGone,
     WhyUnknown,
 };
 pub use sentence::{ChargedTo, Departure, Sentence};
@@ -170,6 +172,10 @@ pub struct Process {
     /// When it started, in seconds since the Unix epoch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub started_unix_seconds: Option<u64>,
+    /// When it started, as the verdict says it: a date, or the time after boot when the
+    /// observation has no boot time (JSON has both figures above).
+    #[serde(skip)]
+    pub started: Started,
     /// Command name.
     pub comm: String,
     /// Its state, as `ps` names it.
@@ -244,6 +250,7 @@ impl Process {
             visible_here: facts.local_pid.is_some(),
             start_time_ticks: facts.start_time_ticks,
             started_unix_seconds: frame.started(facts.start_time_ticks),
+            started: frame.start(facts.start_time_ticks),
             comm: facts.comm.clone(),
             state: ProcessState::from_letter(facts.state),
             ppid: facts.ppid,
@@ -1211,6 +1218,9 @@ pub struct Report {
     // Container engines.
     /// How each watched container engine's last call went; `None` when none is watched.
     pub container_engines: Option<BTreeMap<Engine, EngineHealth>>,
+    /// The exporter's own process, which a server adds to each collection's report (see
+    /// [`exporter_process`]); `None` from [`classify`], which judges the host alone.
+    pub exporter_process: Option<ExporterProcess>,
 }
 
 impl Report {
@@ -1392,6 +1402,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
             .containers
             .as_ref()
             .map(|reading| reading.engines.clone()),
+        exporter_process: None,
     }
 }
 

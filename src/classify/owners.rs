@@ -393,4 +393,32 @@ impl Frame<'_> {
         let boot = self.boot_time_unix_seconds?;
         Some(boot + ticks / self.ticks_per_second.max(1))
     }
+
+    /// When a process that started `ticks` after boot started, as a person reads it: a
+    /// date when the boot time is known, else the seconds after boot (clock ticks are
+    /// the kernel's unit, not a person's).
+    pub fn start(&self, ticks: u64) -> Started {
+        match self.started(ticks) {
+            Some(unix_seconds) => Started::At { unix_seconds },
+            None => Started::AfterBoot {
+                seconds: ticks / self.ticks_per_second.max(1),
+            },
+        }
+    }
+}
+
+/// When a process started, as the verdict says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    /// At this time, in seconds since the Unix epoch.
+    At {
+        /// Seconds since the Unix epoch.
+        unix_seconds: u64,
+    },
+    /// This many seconds after the host booted: the observation has no boot time (a
+    /// snapshot recorded without it).
+    AfterBoot {
+        /// Whole seconds after boot.
+        seconds: u64,
+    },
 }

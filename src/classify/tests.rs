@@ -31,11 +31,37 @@ fn an_owner_that_maps_its_gpu_is_live_in_its_state() {
     assert_eq!(process.state, ProcessState::Sleeping);
     // Started 100,000 ticks (1,000 s) after a boot at BOOT.
     assert_eq!(process.started_unix_seconds, Some(BOOT + 1_000));
+    assert_eq!(
+        process.started,
+        Started::At {
+            unix_seconds: BOOT + 1_000
+        }
+    );
     assert_eq!(account.tally.bytes(OwnerState::Running), CHARGED_ONE_OWNER);
     // 9,238,806,528 - 9,229,565,952 = 9,240,576 bytes (8.8 MiB) uncharged: under the
     // 16 MiB floor of one context, so nothing is unattributed.
     assert_eq!(account.unattributed_bytes, 0);
     assert_eq!(account.finding, Finding::Owned);
+}
+
+#[test]
+fn without_a_boot_time_a_start_is_seconds_after_boot_never_a_date() {
+    let host = Host::idle().used(USED_ONE_OWNER).owner(
+        432,
+        Some(CHARGED_ONE_OWNER),
+        present(cuda(432, &[0]).started(48_213)),
+    );
+    let mut observation = host.observation();
+    observation.boot_time_unix_seconds = None;
+    let report = classify(&observation, &Settings::default());
+    let process = report.gpus[0].account().unwrap().owners[0]
+        .process()
+        .expect("a live owner")
+        .clone();
+    assert_eq!(process.started_unix_seconds, None);
+    // 48,213 ticks at 100 a second: 482 whole seconds.
+    assert_eq!(process.started, Started::AfterBoot { seconds: 482 });
+    assert_eq!(process.start_time_ticks, 48_213);
 }
 
 #[test]
@@ -127,13 +153,47 @@ fn an_owner_in_uninterruptible_sleep_is_live() {
 
 #[test]
 fn a_zombie_leader_whose_threads_map_the_gpu_is_a_live_zombie() {
-    // pthread_exit in main: state Z, four threads, the mappings read from a live thread.
-    let mut facts = cuda(454, &[0]).state('Z');
-    facts.threads = 4;
-    let account = Host::idle()
-        .used(4_850_000_000)
-        .owner(454, Some(4_840_000_000), present(facts))
-        .account();
+    // pthread_exit in main: state Z, the mappings read from a live thread. Threads and
+    // mappings are varied apart: only both together keep a zombie leader a live owner.
+    let zombie = |threads: u32, maps: &[u32]| {
+        let mut facts = cuda(454, maps).with_descriptors(&[0]).state('Z');
+        facts.threads = threads;
+        Host::idle()
+            .used(4_850_000_000)
+            .owner(454, Some(4_840_000_000), present(facts))
+            .scanned()
+            .account()
+    };
+
+    // Live threads that map the GPU: the context is alive, held by a zombie leader.
+    let account = zombie(4, &[0]);
+    assert_eq!(account.owners[0].state(), OwnerState::Zombie);
+    let process = account.owners[0].process().expect("a live owner");
+    assert_eq!(process.state, ProcessState::Zombie);
+    assert_eq!(process.threads, 4);
+    assert_eq!(account.orphaned_bytes(), 0);
+
+    // Live threads, but nothing of this GPU mapped (another GPU's, or none at all): the
+    // PID no longer holds this context, whatever its threads do.
+    for maps in [&[1][..], &[]] {
+        let account = zombie(4, maps);
+        assert_eq!(account.owners[0].state(), OwnerState::Gone, "maps {maps:?}");
+        let Standing::Gone(WhyGone::Reused { by }) = &account.owners[0].standing else {
+            panic!("maps {maps:?}: {:?}", account.owners[0].standing)
+        };
+        assert_eq!((by.pid, by.threads), (454, 4));
+        assert_eq!(account.orphaned_owner_gone_bytes, 4_840_000_000);
+    }
+
+    // No live thread and nothing mapped: the process is being reaped and the driver is
+    // freeing its memory.
+    let account = zombie(1, &[]);
+    assert_eq!(account.owners[0].standing, Standing::Gone(WhyGone::Exiting));
+    assert_eq!(account.remedy, Remedy::Wait);
+
+    // No live thread, yet the mappings still name the GPU: the address space is not
+    // torn down yet, so the context is still there and the owner still live.
+    let account = zombie(1, &[0]);
     assert_eq!(account.owners[0].state(), OwnerState::Zombie);
     assert_eq!(account.orphaned_bytes(), 0);
 }
@@ -313,24 +373,32 @@ fn a_pid_a_foreign_procfs_cannot_show_is_unknown_never_gone() {
 
 #[test]
 fn an_mps_client_is_judged_by_its_start_time_alone() {
-    // Its context lives in the MPS server: it maps nothing of the GPU itself.
+    // Its context lives in the MPS server: it maps nothing of the GPU itself. The
+    // exporter first saw it started at 100,000 ticks.
     let client = nvml_client(700, "python3", &[0]);
-    let mut host = Host::idle().used(USED_ONE_OWNER).owner(
-        700,
-        Some(CHARGED_ONE_OWNER),
-        present(client.clone()),
-    );
-    host.readings(0).1[0].mps_only = true;
-    assert_eq!(host.account().owners[0].state(), OwnerState::Running);
-    let host = host.owner(
-        700,
-        Some(CHARGED_ONE_OWNER),
-        present(client.started(900_000)),
-    );
-    let mut host = host.first_seen(700, &nvml_client(700, "python3", &[0]));
-    host.readings(0).1.truncate(1);
-    host.readings(0).1[0].mps_only = true;
-    assert_eq!(host.account().owners[0].state(), OwnerState::Gone);
+    let listed_as_mps_client = |now: ProcessFacts| {
+        let mut host = Host::idle()
+            .used(USED_ONE_OWNER)
+            .owner(700, Some(CHARGED_ONE_OWNER), present(now))
+            .first_seen(700, &client);
+        host.readings(0).1[0].mps_only = true;
+        host.account()
+    };
+
+    // The same start time, mapping nothing: the same process, and live.
+    let account = listed_as_mps_client(client.clone());
+    assert_eq!(account.owners[0].state(), OwnerState::Running);
+    assert_eq!(account.orphaned_bytes(), 0);
+
+    // Another start time: another process has the PID, whatever it maps.
+    let account = listed_as_mps_client(client.clone().started(900_000));
+    assert_eq!(account.owners[0].state(), OwnerState::Gone);
+    let Standing::Gone(WhyGone::Reused { by }) = &account.owners[0].standing else {
+        panic!("{:?}", account.owners[0].standing)
+    };
+    assert_eq!((by.pid, by.start_time_ticks), (700, 900_000));
+    assert_eq!(account.gone(GoneReason::Reused), 1);
+    assert_eq!(account.orphaned_bytes(), CHARGED_ONE_OWNER);
 }
 
 #[test]

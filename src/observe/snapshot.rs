@@ -7,7 +7,7 @@ use super::kubernetes::KubernetesReading;
 use super::nvml::NvmlReading;
 use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView, SlurmReading};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -136,6 +136,15 @@ pub enum ObserveError {
         /// The format it declares.
         format: u32,
     },
+    /// The replay file lists two GPUs under one index or one UUID, which no host has (a
+    /// hand-edited file): replayed, it would serve the same series twice.
+    #[error("{path} lists two GPUs with {what}; a GPU's index and UUID are its own")]
+    DuplicateGpu {
+        /// The file.
+        path: PathBuf,
+        /// What the two share: `index 0`, `UUID GPU-...`.
+        what: String,
+    },
 }
 
 /// Reads a snapshot written by `vram-exporter snapshot`.
@@ -155,5 +164,29 @@ pub fn read_snapshot(path: &Path) -> Result<Observation, ObserveError> {
             format: snapshot.format,
         });
     }
+    if let Some(what) = shared_identity(&snapshot.observation.nvml) {
+        return Err(ObserveError::DuplicateGpu {
+            path: path.to_path_buf(),
+            what,
+        });
+    }
     Ok(snapshot.observation)
+}
+
+/// The first index or UUID that two GPUs of `nvml` share, in words.
+fn shared_identity(nvml: &NvmlReading) -> Option<String> {
+    let NvmlReading::Up { gpus, .. } = nvml else {
+        return None;
+    };
+    let mut indices = BTreeSet::new();
+    let mut uuids = BTreeSet::new();
+    gpus.iter().find_map(|gpu| {
+        if !indices.insert(gpu.index) {
+            Some(format!("index {}", gpu.index))
+        } else if !uuids.insert(gpu.uuid.as_str()) {
+            Some(format!("UUID {}", gpu.uuid))
+        } else {
+            None
+        }
+    })
 }

@@ -4,9 +4,10 @@
 //! the classifier.
 
 use crate::classify::{
-    Engine, EngineError, EngineHealth, GoneReason, GpuAccount, GpuError, GpuVerdict,
-    InstanceVerdict, KubeletSource, KubernetesView, MemoryReading, NvmlFailure, OrphanReason,
-    OwnerState, PodName, Process, ProcfsView, RecoveryAction, Report, Role, StateTally,
+    Engine, EngineError, EngineHealth, ExporterProcess, GoneReason, GpuAccount, GpuError,
+    GpuVerdict, InstanceVerdict, KubeletSource, KubernetesView, MemoryReading, NvmlFailure,
+    OrphanReason, OwnerState, PodName, Process, ProcfsView, RecoveryAction, Report, Role,
+    StateTally,
 };
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -394,7 +395,64 @@ pub fn encode_report(
         "vram_scrape_duration_seconds",
         "Seconds this scrape spent reading NVML and /proc and classifying.",
         single(timing.total_seconds),
-    )
+    )?;
+    match &report.exporter_process {
+        Some(process) => exporter_process(encoder, process),
+        None => Ok(()),
+    }
+}
+
+/// The exporter's own process, under the names every exporter of the ecosystem serves
+/// them by (node_exporter's, client_golang's), which dashboards and alerts expect.
+fn exporter_process(encoder: &mut DescriptorEncoder, process: &ExporterProcess) -> fmt::Result {
+    family(
+        encoder,
+        (
+            "process_cpu_seconds",
+            "Seconds of CPU time the exporter's process has spent, in user and kernel mode.",
+        ),
+        MetricType::Counter,
+        ConstCounter::new,
+        single(process.cpu_seconds),
+    )?;
+    gauge(
+        encoder,
+        "process_resident_memory_bytes",
+        "Resident memory of the exporter's process, in bytes.",
+        single(process.resident_bytes),
+    )?;
+    gauge(
+        encoder,
+        "process_virtual_memory_bytes",
+        "Virtual memory of the exporter's process, in bytes.",
+        single(process.virtual_bytes),
+    )?;
+    let optional = [
+        (
+            "process_open_fds",
+            "File descriptors the exporter's process has open.",
+            process.open_fds,
+        ),
+        (
+            "process_max_fds",
+            "Most file descriptors the exporter's process may have open (its soft limit).",
+            process.max_fds,
+        ),
+    ];
+    for (name, help, value) in optional {
+        if let Some(value) = value {
+            gauge(encoder, name, help, single(value))?;
+        }
+    }
+    match process.start_time_seconds {
+        Some(start) => gauge(
+            encoder,
+            "process_start_time_seconds",
+            "When the exporter's process started, in seconds since the Unix epoch.",
+            single(start),
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Build info, NVML, and what the exporter can see of processes.

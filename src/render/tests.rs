@@ -339,6 +339,27 @@ fn a_container_its_engine_named_is_shown_by_name_and_image() {
 }
 
 #[test]
+fn without_a_boot_time_a_start_is_said_in_seconds_after_boot() {
+    // A snapshot recorded without the host's boot time: 150,000 ticks at 100 a second.
+    let mut observation = fork_orphan().observation();
+    observation.boot_time_unix_seconds = None;
+    let report = classify(&observation, &Settings::default());
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words.sentence.contains(
+            "still held by PID 524 (python3, sleeping, started 1500 s after boot, user root,"
+        ),
+        "{}",
+        words.sentence
+    );
+    assert_eq!(
+        words.suggestion.as_deref(),
+        Some("kill 524   # 524 is python3, started 1500 s after boot; then: vram-exporter check --gpu 0 --wait 30s")
+    );
+    assert!(!text_of(&report).contains("ticks"), "{}", text_of(&report));
+}
+
+#[test]
 fn text_says_how_gone_owners_went_as_the_classifier_decided() {
     let mut exiting = cuda(432, &[]).state('Z');
     exiting.threads = 1;
@@ -691,6 +712,60 @@ fn json_instances_are_the_classifiers_with_their_words() {
 }
 
 // Prometheus.
+
+#[test]
+fn the_exporters_own_process_is_rendered_only_when_the_report_carries_it() {
+    let mut report = fork_orphan().report();
+    let families = |text: &str| -> Vec<String> {
+        samples(text)
+            .into_iter()
+            .map(|(family, _, _)| family)
+            .filter(|family| family.starts_with("process_"))
+            .collect()
+    };
+    assert_eq!(families(&metrics_of(&report)), Vec::<String>::new());
+
+    report.exporter_process = Some(crate::classify::ExporterProcess {
+        cpu_seconds: 1.75,
+        resident_bytes: 20_480_000,
+        virtual_bytes: 1 << 30,
+        open_fds: Some(12),
+        max_fds: Some(1024),
+        start_time_seconds: Some(1_796_218_682.13),
+    });
+    let text = metrics_of(&report);
+    assert!(
+        text.contains("# TYPE process_cpu_seconds_total counter\n"),
+        "{text}"
+    );
+    let all = samples(&text);
+    for (family, expected) in [
+        ("process_cpu_seconds_total", 1.75),
+        ("process_resident_memory_bytes", 20_480_000.0),
+        ("process_virtual_memory_bytes", 1_073_741_824.0),
+        ("process_open_fds", 12.0),
+        ("process_max_fds", 1024.0),
+        ("process_start_time_seconds", 1_796_218_682.13),
+    ] {
+        assert_eq!(value(&all, family, &[]), expected, "{family}");
+    }
+
+    // What could not be read is left out, not written as 0.
+    report.exporter_process = Some(crate::classify::ExporterProcess {
+        open_fds: None,
+        max_fds: None,
+        start_time_seconds: None,
+        ..report.exporter_process.unwrap()
+    });
+    assert_eq!(
+        families(&metrics_of(&report)),
+        [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_virtual_memory_bytes"
+        ]
+    );
+}
 
 #[test]
 fn prometheus_writes_each_label_set_in_its_order() {

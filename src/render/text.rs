@@ -7,7 +7,7 @@ use crate::classify::{
     short_container_id, Blindness, ChargedTo, ContainerName, Departure, Evidence, GpuAccount,
     GpuOutcome, GpuVerdict, InstanceVerdict, JobState, KillTarget, LookAgain, NarrowAccess, Note,
     NvmlFailure, NvmlStatus, Owner, Process, RecoveryAction, Remedy, Report, Sentence, SlurmJob,
-    StateQualifier, Suspect, UnattributedTrust, WhyUnknown,
+    Started, StateQualifier, Suspect, UnattributedTrust, WhyUnknown,
 };
 use crate::dates::utc_words;
 use crate::units::format_bytes;
@@ -54,15 +54,17 @@ fn thousands(value: u64) -> String {
     out
 }
 
-/// `python3, started 2026-12-03 09:31:02 UTC` or, without a boot time, the start in ticks.
-fn identity_words(process: &Process) -> String {
-    match process.started_unix_seconds {
-        Some(seconds) => format!("{}, started {}", process.comm, utc_words(seconds)),
-        None => format!(
-            "{}, start time {} ticks after boot",
-            process.comm, process.start_time_ticks
-        ),
+/// `started 2026-12-03 09:31:02 UTC`, or `started 482 s after boot`.
+fn started_words(started: Started) -> String {
+    match started {
+        Started::At { unix_seconds } => format!("started {}", utc_words(unix_seconds)),
+        Started::AfterBoot { seconds } => format!("started {seconds} s after boot"),
     }
+}
+
+/// `python3, started 2026-12-03 09:31:02 UTC`.
+fn identity_words(process: &Process) -> String {
+    format!("{}, {}", process.comm, started_words(process.started))
 }
 
 /// `PID 564 (python3, sleeping, started ..., user root, parent 1, container ...)`.
@@ -72,18 +74,7 @@ fn process_words(process: &Process, extra: &[String]) -> String {
     if let Some(wchan) = &process.wchan {
         let _ = write!(words, " in {wchan}");
     }
-    match process.started_unix_seconds {
-        Some(seconds) => {
-            let _ = write!(words, ", started {}", utc_words(seconds));
-        }
-        None => {
-            let _ = write!(
-                words,
-                ", start time {} ticks after boot",
-                process.start_time_ticks
-            );
-        }
-    }
+    let _ = write!(words, ", {}", started_words(process.started));
     if let Some(user) = &process.user {
         let _ = write!(words, ", user {user}");
     }

@@ -202,6 +202,25 @@ mod tests {
 
     #[test]
     fn cache_keys_do_not_collide_across_boundaries() {
-        assert_ne!(cache_key("ab", "h", "c"), cache_key("a", "h", "bc"));
+        // Every way of cutting one string into user, hash and password (both cuts moved
+        // over every position, empty parts included) gives a key of its own; the same
+        // three parts always give the same key.
+        for whole in ["alice$2y$10$hashsecret", "aaaa", "a:b", ""] {
+            let cuts: Vec<(usize, usize)> = (0..=whole.len())
+                .flat_map(|first| (first..=whole.len()).map(move |second| (first, second)))
+                .collect();
+            let mut keys = HashSet::new();
+            for &(first, second) in &cuts {
+                let (user, hash, password) =
+                    (&whole[..first], &whole[first..second], &whole[second..]);
+                let key = cache_key(user, hash, password);
+                assert_eq!(key, cache_key(user, hash, password));
+                assert!(
+                    keys.insert(key),
+                    "{user:?} {hash:?} {password:?} shares a key with another cut of {whole:?}"
+                );
+            }
+            assert_eq!(keys.len(), (whole.len() + 1) * (whole.len() + 2) / 2);
+        }
     }
 }

@@ -15,7 +15,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +37,8 @@ const MAX_REQUEST_HEAD: usize = 16 * 1024;
 const MAX_HEADERS: usize = 64;
 /// How often, at most, hitting the connection cap is logged.
 const LIMIT_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// Connections the kernel queues before they are accepted (tokio's own bind uses 1024).
+const LISTEN_BACKLOG: i32 = 1024;
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -83,7 +85,14 @@ pub fn run(config: ServeConfig, exporter: Arc<Exporter>, web: WebConfig) -> Resu
             address: config.listen,
             source,
         };
-        let listener = TcpListener::bind(config.listen).await.map_err(listen)?;
+        let listener = match bind(config.listen, bind_dual_stack).map_err(listen)? {
+            Bound::AsAsked(listener) => listener,
+            Bound::Ipv4Only { listener, ipv6 } => {
+                tracing::warn!(error = %ipv6, "this host has no IPv6: listening on every IPv4 interface only");
+                listener
+            }
+        };
+        let listener = TcpListener::from_std(listener).map_err(listen)?;
         let address = listener.local_addr().map_err(listen)?;
         serve(listener, address, config, exporter, web).await;
         Ok(())
@@ -92,6 +101,80 @@ pub fn run(config: ServeConfig, exporter: Arc<Exporter>, web: WebConfig) -> Resu
     // stuck in a hung NVML call (those end with the process).
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
     served
+}
+
+/// A listening socket, as asked for or in its stead.
+#[derive(Debug)]
+enum Bound {
+    /// On the address asked for; for every interface (`[::]`), IPv6 and IPv4.
+    AsAsked(std::net::TcpListener),
+    /// On every IPv4 interface, since the host has no IPv6 for `[::]`.
+    Ipv4Only {
+        listener: std::net::TcpListener,
+        /// What IPv6 answered.
+        ipv6: std::io::Error,
+    },
+}
+
+/// Listen on `address`. The unspecified IPv6 address (what `:PORT` means) listens on
+/// every interface of both families through one socket, as node_exporter's `:9100`
+/// does; `dual_stack` makes that socket, and where the host has no IPv6 every IPv4
+/// interface is listened on instead.
+fn bind(
+    address: SocketAddr,
+    dual_stack: impl FnOnce(SocketAddr) -> std::io::Result<std::net::TcpListener>,
+) -> std::io::Result<Bound> {
+    if address.ip() != Ipv6Addr::UNSPECIFIED {
+        return listen_socket(address, None).map(Bound::AsAsked);
+    }
+    match dual_stack(address) {
+        Ok(listener) => Ok(Bound::AsAsked(listener)),
+        Err(ipv6) if lacks_ipv6(&ipv6) => {
+            let ipv4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, address.port()));
+            let listener = listen_socket(ipv4, None)?;
+            Ok(Bound::Ipv4Only { listener, ipv6 })
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// One socket on `[::]:PORT` that also takes IPv4 connections (as IPv4-mapped IPv6
+/// addresses), whatever the host's `net.ipv6.bindv6only` says.
+fn bind_dual_stack(address: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    listen_socket(address, Some(false))
+}
+
+/// A non-blocking listening socket on `address`, set up as tokio's own bind sets one up
+/// (address reuse, so a restart does not wait for old connections to time out), with
+/// `IPV6_V6ONLY` set to `only_v6` when given.
+fn listen_socket(
+    address: SocketAddr,
+    only_v6: Option<bool>,
+) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(address),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    if let Some(only_v6) = only_v6 {
+        socket.set_only_v6(only_v6)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// Whether `error`, from making or binding an IPv6 socket, says the host has no IPv6 (a
+/// kernel without it, or booted with `ipv6.disable=1`), rather than that the port is
+/// taken or forbidden.
+fn lacks_ipv6(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EAFNOSUPPORT | libc::EPROTONOSUPPORT | libc::EADDRNOTAVAIL)
+    )
 }
 
 /// Accept connections on `listener` (bound to `address`) until a shutdown signal, then
@@ -262,5 +345,70 @@ async fn shutdown_signal() -> &'static str {
     tokio::select! {
         _ = terminate.recv() => "SIGTERM",
         _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(errno: i32) -> impl FnOnce(SocketAddr) -> std::io::Result<std::net::TcpListener> {
+        move |_| Err(std::io::Error::from_raw_os_error(errno))
+    }
+
+    #[test]
+    fn every_interface_is_one_socket_for_ipv6_and_ipv4() {
+        let every = SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0));
+        let listener = match bind(every, bind_dual_stack).unwrap() {
+            Bound::AsAsked(listener) => listener,
+            Bound::Ipv4Only { ipv6, .. } => {
+                panic!(
+                    "this host has no IPv6 ({ipv6}): the dual-stack socket cannot be tested here"
+                )
+            }
+        };
+        let port = listener.local_addr().unwrap().port();
+        let socket = socket2::SockRef::from(&listener);
+        assert!(!socket.only_v6().unwrap());
+        // The kernel hands an IPv4 connection to the IPv6 socket.
+        std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap();
+        let (_, peer) = listener.accept().unwrap();
+        assert_eq!(
+            peer.ip(),
+            std::net::IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())
+        );
+    }
+
+    #[test]
+    fn without_ipv6_every_interface_is_every_ipv4_interface() {
+        let every = SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0));
+        for no_ipv6 in [
+            libc::EAFNOSUPPORT,
+            libc::EPROTONOSUPPORT,
+            libc::EADDRNOTAVAIL,
+        ] {
+            let Bound::Ipv4Only { listener, ipv6 } = bind(every, refused(no_ipv6)).unwrap() else {
+                panic!("errno {no_ipv6}: not the IPv4 fallback")
+            };
+            assert_eq!(ipv6.raw_os_error(), Some(no_ipv6));
+            let address = listener.local_addr().unwrap();
+            assert_eq!(address.ip(), Ipv4Addr::UNSPECIFIED);
+        }
+        // A port in use or forbidden is an error, not a reason to listen elsewhere.
+        for taken in [libc::EADDRINUSE, libc::EACCES] {
+            let error = bind(every, refused(taken)).unwrap_err();
+            assert_eq!(error.raw_os_error(), Some(taken));
+        }
+    }
+
+    #[test]
+    fn other_addresses_are_listened_on_as_given() {
+        let dual_stack_unused =
+            |_| -> std::io::Result<std::net::TcpListener> { panic!("only [::] is dual-stack") };
+        let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let Bound::AsAsked(listener) = bind(loopback, dual_stack_unused).unwrap() else {
+            panic!("not as asked")
+        };
+        assert_eq!(listener.local_addr().unwrap().ip(), Ipv4Addr::LOCALHOST);
     }
 }

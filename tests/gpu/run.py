@@ -239,7 +239,7 @@ def excerpt(text):
 
 # --- what `check` prints ----------------------------------------------------------
 
-STARTED = r"(?:started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC|start time \d+ ticks after boot)"
+STARTED = r"(?:started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC|started \d+ s after boot)"
 
 
 def culprit_words(pid, comm, state, evidence):
@@ -792,6 +792,16 @@ def health(suite):
     suite.expect("no NVML call stuck", [], one("vram_gpu_stuck_seconds"))
     suite.expect("NVML answers (every vram_nvml_error 0)", [0.0] * 4,
                  [v for n, l, v in s if n == "vram_nvml_error"])
+    # A fresh exporter's first scrape: loading NVML waits (2 s at most) for the GPU's
+    # registration for Xid events, so it already says watched; and a server serves its
+    # own process_* series.
+    fresh = Exporter.start(suite, suite.spawned, "fresh", "exporter-fresh.log")
+    first = fresh.scrape(record="a fresh exporter's first scrape")
+    fresh.stop()
+    suite.expect("fresh exporter: Xid watched on its first scrape", [1.0],
+                 values(first, "vram_xid_watched"))
+    own = sorted(n for n, l, v in first if n.startswith("process_"))
+    suite.expect("fresh exporter: its own process_* series", 6, len(own))
 
 
 @scenario(2, "lifecycle", "live owner", "live", "stopped", "killed", "latency", "3", "4")
@@ -1477,7 +1487,7 @@ def main(argv=None, gpu=None):
     chosen = selected(args.only)
     binary = os.path.abspath(args.binary)
     os.makedirs(args.out, exist_ok=True)
-    for log in ("exporter-host.log", "exporter-pidns.log", "exporter-mps.log"):
+    for log in ("exporter-host.log", "exporter-pidns.log", "exporter-mps.log", "exporter-fresh.log"):
         if os.path.exists(os.path.join(args.out, log)):
             os.unlink(os.path.join(args.out, log))
     suite = Suite(binary, args.out, gpu or Gpu())

@@ -535,6 +535,15 @@ fn bad_flags_are_one_clear_line_and_a_failure() {
             "is not HOST:PORT",
         ),
         (vec!["--orphan.context-overhead", "lots"], "not a size"),
+        // 16 bytes or 16 MiB: a number alone is refused, as a duration's is.
+        (
+            vec!["--orphan.context-overhead", "16"],
+            "invalid value '16' for '--orphan.context-overhead <SIZE>': '16' needs a unit: B, KiB, MiB, GiB, TiB, kB, MB, GB or TB; see vram-exporter --help",
+        ),
+        (
+            vec!["--holders.scan-timeout", "2"],
+            "invalid value '2' for '--holders.scan-timeout <DURATION>': '2' needs a unit: ms, s, m, h, d, w or y; see vram-exporter --help",
+        ),
         (vec!["--web.telemetry-path", "metrics"], "must start with /"),
         (vec!["--log.level", "loud"], "invalid value"),
     ] {
@@ -564,4 +573,195 @@ fn unreadable_proc_entries_are_counted_not_called_gone() {
     );
     assert_eq!(state(&metrics, "vram_owner_processes", "gone"), 0.0);
     assert_eq!(orphaned(&metrics, "owner_gone"), 0.0);
+}
+
+/// The `collected` lines of a debug log.
+fn collection_lines(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|line| line.contains(" msg=collected "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn debug_logs_one_line_per_collection_with_what_it_found() {
+    // An owner that is gone: its memory is orphaned, so every collection scans.
+    let rig = Rig::new();
+    rig.charge_gpu0(nonexistent_pid(), Some(CHARGED));
+    let exporter = rig.start(&["--log.level", "debug"]);
+    for scrapes in 1..=3 {
+        exporter.scrape();
+        // The line is written before the response goes out; the log is read apart.
+        wait_until("the collection is logged", Duration::from_secs(20), || {
+            collection_lines(&exporter.log()).len() >= scrapes
+        });
+        assert_eq!(
+            collection_lines(&exporter.log()).len(),
+            scrapes,
+            "{}",
+            exporter.log()
+        );
+    }
+    let lines = collection_lines(&exporter.log());
+    for field in [
+        "level=debug",
+        "gpus=1",
+        "owners=1",
+        &format!("orphaned_bytes={CHARGED}"),
+        "holder_scan=made",
+        "scan_complete=true",
+        "source=live",
+    ] {
+        assert!(
+            lines[2].contains(&format!(" {field}")),
+            "{field}: {}",
+            lines[2]
+        );
+    }
+    for timed in ["seconds", "scan_seconds"] {
+        let value = lines[2]
+            .split(' ')
+            .find_map(|pair| pair.strip_prefix(&format!("{timed}=")))
+            .unwrap_or_else(|| panic!("no {timed}: {}", lines[2]));
+        assert!(value.parse::<f64>().unwrap() >= 0.0, "{}", lines[2]);
+    }
+
+    // At the default level, nothing per scrape.
+    let quiet = rig.start(&[]);
+    quiet.scrape();
+    assert!(collection_lines(&quiet.log()).is_empty(), "{}", quiet.log());
+
+    // One look of check at a replayed snapshot: one line, with the scan it recorded.
+    let snapshot = rig.dir.path().join("snapshot.json");
+    let written = rig.run(&["snapshot", "-o", snapshot.to_str().unwrap()]);
+    assert_eq!(written.status, Some(0), "{written:?}");
+    let replayed = rig.run(&[
+        "check",
+        "--log.level",
+        "debug",
+        "--replay",
+        snapshot.to_str().unwrap(),
+    ]);
+    let lines = collection_lines(&replayed.stderr);
+    assert_eq!(lines.len(), 1, "{}", replayed.stderr);
+    assert!(lines[0].contains(" holder_scan=replayed "), "{}", lines[0]);
+    assert!(
+        lines[0].contains(&format!("source=\"replay of {}\"", snapshot.display())),
+        "{}",
+        lines[0]
+    );
+}
+
+/// Whether this machine has the IPv6 loopback address `::1`.
+fn has_ipv6_loopback() -> bool {
+    std::fs::read_to_string("/proc/net/if_inet6").is_ok_and(|interfaces| {
+        interfaces
+            .lines()
+            .any(|line| line.starts_with("00000000000000000000000000000001 "))
+    })
+}
+
+#[test]
+fn port_alone_listens_on_ipv6_and_ipv4() {
+    // `:PORT`, node_exporter's form: one port, answered on both families.
+    assert!(
+        has_ipv6_loopback(),
+        "this machine has no IPv6 loopback (::1 is not in /proc/net/if_inet6): \
+         the IPv6 half of --web.listen-address :PORT cannot be tested here"
+    );
+    let rig = Rig::new();
+    let mut command = rig.command();
+    command.args(["--web.listen-address", ":0"]);
+    let exporter = start(command);
+    assert_eq!(
+        exporter.address.ip(),
+        std::net::Ipv6Addr::UNSPECIFIED,
+        "{}",
+        exporter.log()
+    );
+    let port = exporter.address.port();
+    for loopback in ["127.0.0.1", "::1"] {
+        let address = std::net::SocketAddr::new(loopback.parse().unwrap(), port);
+        let response = http(address, "GET", "/metrics", &[]);
+        assert_eq!(response.status, 200, "{address}: {}", response.body);
+        assert_eq!(
+            Metrics::parse(&response.body).value("vram_nvml_up", &[]),
+            1.0,
+            "{address}"
+        );
+    }
+    assert!(
+        !exporter.log().contains("IPv4 interface only"),
+        "{}",
+        exporter.log()
+    );
+}
+
+/// A field of `/proc/PID/limits`: the soft limit of the line that starts with `name`.
+fn soft_limit(pid: u32, name: &str) -> f64 {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find_map(|line| line.strip_prefix(name))
+        .unwrap();
+    line.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// The host's boot time, `btime` of `/proc/stat`.
+fn boot_time() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let btime = stat.lines().find_map(|line| line.strip_prefix("btime "));
+    btime.unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn the_server_serves_its_own_process_series_and_textfile_does_not() {
+    let rig = Rig::new();
+    let exporter = rig.start(&[]);
+    let pid = exporter.child.id();
+    let metrics = exporter.scrape();
+    assert_promtool_clean(&metrics.text);
+    let value = |name: &str| metrics.value(name, &[]);
+    assert!(
+        metrics
+            .text
+            .contains("# TYPE process_cpu_seconds_total counter\n"),
+        "{}",
+        metrics.text
+    );
+    // The figures are the server's own, not the test's: its start time, its limit.
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let started = boot_time() + start_time_ticks(pid) as f64 / ticks_per_second;
+    assert!(
+        (value("process_start_time_seconds") - started).abs() < 0.011,
+        "{} against {started}",
+        value("process_start_time_seconds")
+    );
+    assert_eq!(value("process_max_fds"), soft_limit(pid, "Max open files"));
+    let open = value("process_open_fds");
+    assert!(open >= 3.0 && open <= value("process_max_fds"), "{open}");
+    let resident = value("process_resident_memory_bytes");
+    assert!(resident > 0.0, "{resident}");
+    assert!(value("process_virtual_memory_bytes") >= resident);
+    // CPU time only grows, and collecting costs some.
+    let first_cpu = value("process_cpu_seconds_total");
+    assert!(first_cpu >= 0.0);
+    let mut later = exporter.scrape();
+    wait_until("a scrape's CPU time shows", Duration::from_secs(20), || {
+        later = exporter.scrape();
+        later.value("process_cpu_seconds_total", &[]) > first_cpu
+    });
+
+    // A one-shot command's process is gone once its output is read: no such series.
+    let output = rig.dir.path().join("vram.prom");
+    let outcome = rig.run(&["textfile", "-o", output.to_str().unwrap()]);
+    assert_eq!(outcome.status, Some(0), "{}", outcome.stderr);
+    let written = std::fs::read_to_string(&output).unwrap();
+    assert!(written.contains("vram_nvml_up 1"), "{written}");
+    let own_process_series = written
+        .lines()
+        .filter(|line| line.starts_with("process_") || line.starts_with("# TYPE process_"))
+        .count();
+    assert_eq!(own_process_series, 0, "{written}");
 }

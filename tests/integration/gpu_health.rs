@@ -232,6 +232,64 @@ fn a_scrape_answers_while_the_event_thread_is_stuck_in_the_driver() {
     assert_eq!(waits_entered(&calls), 1);
 }
 
+#[test]
+fn a_fresh_exporter_says_its_gpus_are_watched_from_the_first_scrape() {
+    // Registering a GPU for Xid events takes the driver a while (here 300 ms each): the
+    // first scrape must read the watched state the exporter then keeps, not flap 0 -> 1.
+    const REGISTER: &str = "nvmlDeviceRegisterEvents";
+    let rig = Rig::new();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).delay(REGISTER, 300))
+            .gpu(Gpu::idle(1).delay(REGISTER, 300))
+            .into_json(),
+    );
+    let exporter = rig.start(&[]);
+    let first = exporter.scrape();
+    for gpu in ["0", "1"] {
+        assert_eq!(
+            first.value("vram_xid_watched", &[("gpu", gpu)]),
+            1.0,
+            "GPU {gpu} on the first scrape"
+        );
+    }
+    let second = exporter.scrape();
+    for gpu in ["0", "1"] {
+        assert_eq!(second.value("vram_xid_watched", &[("gpu", gpu)]), 1.0);
+    }
+}
+
+#[test]
+fn a_registration_that_hangs_holds_up_the_first_scrape_no_longer_than_its_bound() {
+    // The driver takes 6 s to register the GPU: the first scrape waits 2 s at most, says
+    // the GPU is not watched yet, and the log says why; once registered, it is watched.
+    let rig = Rig::new();
+    rig.write_scenario(
+        &Gpus::new()
+            .gpu(Gpu::idle(0).delay("nvmlDeviceRegisterEvents", 6_000))
+            .into_json(),
+    );
+    let exporter = rig.start(&[]);
+    let started = std::time::Instant::now();
+    let first = exporter.scrape();
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(5),
+        "the first scrape took {waited:?}"
+    );
+    assert_eq!(first.value("vram_xid_watched", &[("gpu", "0")]), 0.0);
+    assert!(
+        exporter
+            .log()
+            .contains("has not finished registering the GPUs for critical Xid events"),
+        "{}",
+        exporter.log()
+    );
+    scrape_until(&exporter, "GPU 0 is watched once registered", |metrics| {
+        metrics.value("vram_xid_watched", &[("gpu", "0")]) == 1.0
+    });
+}
+
 /// How many times the event thread has entered NVML's wait call.
 fn waits_entered(calls: &Path) -> usize {
     calls_made(calls, "nvmlEventSetWait_v2")

@@ -68,14 +68,43 @@ fn fork_orphan_example_replays_to_killing_the_child() {
     let rig = Rig::new();
     let outcome = replay(&rig, &example("fork-orphan-held-by-child.json"), &[]);
     assert_eq!(outcome.status, Some(1), "{outcome:?}");
-    // Recorded without the host's boot time: the start is given in clock ticks.
+    // The child started 48,213 ticks (482 s) after a boot at 13:30:00 UTC.
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
-        "GPU 0: 8.6 GiB (8,802 MiB) held for exited PID 503; still held by PID 524 (python3, sleeping, start time 48213 ticks after boot, user root, parent 1, holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, in the process group of exited PID 503) - killing 524 should free it."
+        "GPU 0: 8.6 GiB (8,802 MiB) held for exited PID 503; still held by PID 524 (python3, sleeping, started 2026-12-02 13:38:02 UTC, user root, parent 1, holds a context on GPU 0: maps its device file, inherited: NVML lists it on no GPU, in the process group of exited PID 503) - killing 524 should free it."
     );
     assert!(outcome.stdout.contains(
-        "\n  suggested: kill 524   # 524 is python3, start time 48213 ticks after boot; then: vram-exporter check --gpu 0 --wait 30s\n"
+        "\n  suggested: kill 524   # 524 is python3, started 2026-12-02 13:38:02 UTC; then: vram-exporter check --gpu 0 --wait 30s\n"
     ));
+
+    // The same snapshot without the boot time, as it was first recorded: the start is
+    // given in seconds after boot, never in the kernel's clock ticks.
+    let mut snapshot: Value =
+        serde_json::from_slice(&std::fs::read(example("fork-orphan-held-by-child.json")).unwrap())
+            .unwrap();
+    snapshot["observation"]
+        .as_object_mut()
+        .unwrap()
+        .remove("boot_time_unix_seconds")
+        .expect("the example records a boot time");
+    let without_boot_time = rig.dir.path().join("without-boot-time.json");
+    std::fs::write(&without_boot_time, snapshot.to_string()).unwrap();
+    let outcome = replay(&rig, &without_boot_time, &[]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
+    assert!(
+        verdict_line(&outcome.stdout, 0)
+            .contains("(python3, sleeping, started 482 s after boot, user root, parent 1,"),
+        "{}",
+        outcome.stdout
+    );
+    assert!(
+        outcome
+            .stdout
+            .contains("kill 524   # 524 is python3, started 482 s after boot; then:"),
+        "{}",
+        outcome.stdout
+    );
+    assert!(!outcome.stdout.contains("ticks"), "{}", outcome.stdout);
 }
 
 /// The shipped snapshots, relative to the repository root.
@@ -194,6 +223,43 @@ fn snapshot_of_another_format_is_a_clear_error() {
         outcome.stderr
     );
     assert!(!outcome.stderr.contains("panicked"), "{}", outcome.stderr);
+}
+
+#[test]
+fn a_snapshot_with_two_gpus_at_one_index_or_uuid_is_refused_in_one_line() {
+    // Hand-edited: a GPU copied, or renumbered onto another's index. Replayed, either
+    // would serve two GPUs under one label set, or say "GPU 0" of two GPUs.
+    let rig = Rig::new();
+    let story: Value =
+        serde_json::from_slice(&std::fs::read(example("story-gpu2-orphaned.json")).unwrap())
+            .unwrap();
+    // GPU 3 given GPU 2's index, or GPU 2's UUID.
+    let cases = [
+        ("index", "index 2"),
+        ("uuid", "UUID GPU-5ca1ab20-6000-4b1a-9c2e-0000b1ac3e13"),
+    ];
+    let file = rig.dir.path().join("edited.json");
+    for (field, shared) in cases {
+        let mut snapshot = story.clone();
+        let gpus = &mut snapshot["observation"]["nvml"]["gpus"];
+        gpus[3][field] = gpus[2][field].clone();
+        std::fs::write(&file, snapshot.to_string()).unwrap();
+        let expected = format!(
+            "vram-exporter: {} lists two GPUs with {shared}; a GPU's index and UUID are its own\n",
+            file.display()
+        );
+        for mode in [&["check"][..], &["textfile", "-o", "vram.prom"], &[]] {
+            let mut args = mode.to_vec();
+            args.extend(["--replay", file.to_str().unwrap()]);
+            let outcome = rig.run(&args);
+            assert_eq!(outcome.status, Some(2), "{args:?}: {outcome:?}");
+            assert_eq!(outcome.stderr, expected, "{args:?}");
+            assert_eq!(outcome.stdout, "", "{args:?}");
+        }
+    }
+    // The file as shipped replays.
+    let outcome = replay(&rig, &example("story-gpu2-orphaned.json"), &[]);
+    assert_eq!(outcome.status, Some(1), "{outcome:?}");
 }
 
 #[test]

@@ -5,6 +5,10 @@
 //! away) ends the old one at its next wake-up, and only the current generation may
 //! count, so an event is never counted twice. Counts live here, not in the watcher:
 //! they survive reloads, as a Prometheus counter should.
+//!
+//! Starting a watcher waits, at most [`REGISTRATION_WAIT`], until it has registered the
+//! GPUs: the collection that loaded NVML reads `vram_xid_watched` right after, and a
+//! fresh exporter would otherwise say 0 on its first scrape and 1 on the next.
 
 use super::reading::XidReading;
 use crate::sync::lock;
@@ -13,8 +17,8 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{EventSet, Nvml};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Longest single wait for an event: how long a superseded watcher can linger.
 const WAIT_MS: u32 = 1000;
@@ -23,32 +27,76 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(300);
 /// NVML's value for an Xid it cannot name.
 const UNKNOWN_XID: u64 = 999;
+/// Longest a start waits for the watcher to register the GPUs (a few milliseconds per GPU
+/// on an H200 host); a driver that hangs in registration holds up one collection no
+/// longer than this, and the GPUs read unwatched until the watcher gets through.
+const REGISTRATION_WAIT: Duration = Duration::from_secs(2);
 
 /// The counts, and which watcher may add to them.
 #[derive(Debug, Default)]
 pub(super) struct XidCounter {
     state: Mutex<State>,
+    /// Signalled when a watcher has registered the GPUs (or given up trying).
+    registered: Condvar,
 }
 
 #[derive(Debug, Default)]
 struct State {
     /// The generation of the watcher allowed to count; bumped by every start and stop.
     generation: u64,
+    /// The latest generation whose watcher has been through registering the GPUs.
+    registered: u64,
     /// Per GPU UUID.
     gpus: BTreeMap<String, XidReading>,
 }
 
 impl XidCounter {
-    /// Starts a watcher on `nvml`, superseding any earlier one.
+    /// Starts a watcher on `nvml`, superseding any earlier one, and waits until it has
+    /// registered the GPUs, [`REGISTRATION_WAIT`] at most.
     pub(super) fn start(self: &Arc<Self>, nvml: Arc<Nvml>) {
         let generation = self.supersede();
         let counter = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name("xid-events".into())
             .spawn(move || run(&nvml, &counter, generation));
-        if let Err(error) = spawned {
-            tracing::error!(error = %error, "cannot start the thread that counts critical Xid events");
+        match spawned {
+            Ok(_) => {
+                if !self.wait_for_registration(generation, REGISTRATION_WAIT) {
+                    tracing::warn!(
+                        waited = ?REGISTRATION_WAIT,
+                        "NVML has not finished registering the GPUs for critical Xid events; vram_xid_watched reads 0 until it does"
+                    );
+                }
+            }
+            Err(error) => {
+                tracing::error!(error = %error, "cannot start the thread that counts critical Xid events");
+            }
         }
+    }
+
+    /// Waits until the watcher of `generation` has been through registration, or has
+    /// been superseded, for `timeout` at most; whether it got there in time.
+    fn wait_for_registration(&self, generation: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = lock(&self.state);
+        while state.generation == generation && state.registered < generation {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            state = match self.registered.wait_timeout(state, left) {
+                Ok((state, _)) => state,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        true
+    }
+
+    /// The watcher of `generation` has registered what it could (or failed to).
+    fn registration_done(&self, generation: u64) {
+        let mut state = lock(&self.state);
+        state.registered = state.registered.max(generation);
+        self.registered.notify_all();
     }
 
     /// Ends the current watcher (NVML went away); the counts stay.
@@ -125,8 +173,12 @@ fn watch(
     generation: u64,
     backoff: &mut Duration,
 ) -> Result<(), NvmlError> {
-    let set = nvml.create_event_set()?;
-    let handles = register_all(nvml, &set, counter, generation)?;
+    // However registration ends, a start that waits for it may go on.
+    let registered = nvml
+        .create_event_set()
+        .and_then(|set| Ok((register_all(nvml, &set, counter, generation)?, set)));
+    counter.registration_done(generation);
+    let (handles, set) = registered?;
     if handles.is_empty() {
         tracing::info!("no GPU reports critical Xid events; not watching them");
         return Ok(());
@@ -256,5 +308,37 @@ mod tests {
         counter.stop();
         assert_eq!(counter.reading("GPU-0").counts[&79], 2);
         assert_eq!(counter.reading("GPU-1"), XidReading::default());
+    }
+
+    #[test]
+    fn a_start_waits_for_registration_within_its_bound() {
+        let counter = Arc::new(XidCounter::default());
+        let short = Duration::from_millis(50);
+
+        // Registration not done: the wait gives up at its bound.
+        let first = counter.supersede();
+        let started = Instant::now();
+        assert!(!counter.wait_for_registration(first, short));
+        assert!(started.elapsed() >= short);
+
+        // Done while a start waits: the start goes on.
+        let watcher = Arc::clone(&counter);
+        let registering = std::thread::spawn(move || {
+            watcher.update(first, "GPU-0", |gpu| gpu.watched = true);
+            watcher.registration_done(first);
+        });
+        assert!(counter.wait_for_registration(first, Duration::from_secs(20)));
+        assert!(counter.reading("GPU-0").watched);
+        registering.join().unwrap();
+
+        // Already done, or superseded (NVML went away): nothing to wait for.
+        assert!(counter.wait_for_registration(first, Duration::ZERO));
+        let second = counter.supersede();
+        counter.stop();
+        assert!(counter.wait_for_registration(second, Duration::from_secs(20)));
+        // A late watcher of an older generation does not count as a newer one's.
+        let third = counter.supersede();
+        counter.registration_done(second);
+        assert!(!counter.wait_for_registration(third, short));
     }
 }

@@ -14,11 +14,13 @@
 //! - `cgroup`: the container, pod and Slurm job step a process runs in
 //!   ([`CgroupAttribution`]).
 //! - `slurm`: which Slurm job steps still run, from their slurmstepd ([`SlurmReading`]).
+//! - `own_process`: the exporter's own CPU time, memory and descriptors ([`OwnProcess`]).
 //! - [`parse`]: the text formats, parsed by hand where procfs-core cannot serve.
 
 mod cgroup;
 mod looks;
 mod memory;
+mod own_process;
 pub mod parse;
 mod pidns;
 mod placement;
@@ -34,6 +36,7 @@ pub use cgroup::{
 };
 pub(crate) use looks::{look_at_owners, look_for_holders};
 pub use memory::{Memory, Remembered};
+pub use own_process::{OwnProcess, OwnProcessReading};
 pub use placement::Placement;
 pub(crate) use reader::OwnersRead;
 pub use reader::{Looked, Reader};

@@ -1,0 +1,247 @@
+//! The exporter's own process, for the `process_*` series every exporter of the
+//! Prometheus ecosystem serves (CPU time, memory, descriptors, start time), read from
+//! `/proc/self` of the procfs the exporter itself runs under: `--path.procfs` names where
+//! the host's processes are, which may not show this one as `self`.
+
+use super::root::ProcRoot;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Longest one reading may take. The files are read one after another and the budget is
+/// checked between them and while counting descriptors; what is left when it runs out
+/// (the limits, the count) is left out rather than waited for.
+const BUDGET: Duration = Duration::from_millis(100);
+/// Descriptors counted between two looks at the clock.
+const FDS_PER_CHECK: usize = 64;
+
+/// What `/proc/self` says of the exporter's process at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnProcessReading {
+    /// CPU time spent in user and kernel mode, in clock ticks.
+    pub cpu_ticks: u64,
+    /// Clock ticks per second (`USER_HZ`), the unit of `cpu_ticks` and start times.
+    pub ticks_per_second: u64,
+    /// Resident memory, in bytes.
+    pub resident_bytes: u64,
+    /// Virtual memory, in bytes.
+    pub virtual_bytes: u64,
+    /// When the process started, in clock ticks after boot.
+    pub start_time_ticks: u64,
+    /// When the host booted, in seconds since the Unix epoch; `None` when unreadable.
+    pub boot_time_unix_seconds: Option<u64>,
+    /// Open descriptors; `None` when they could not be counted in time.
+    pub open_fds: Option<u64>,
+    /// The soft limit of open descriptors; `None` when unlimited or unreadable.
+    pub max_fds: Option<u64>,
+}
+
+/// Reads the exporter's own process; the boot time and the system's units are read once.
+#[derive(Debug, Clone)]
+pub struct OwnProcess {
+    /// `/proc/self`, or its stand-in in tests.
+    own: PathBuf,
+    boot_time_unix_seconds: Option<u64>,
+    ticks_per_second: u64,
+    page_size: u64,
+}
+
+impl OwnProcess {
+    /// Reads `self` of the procfs mounted at `root` (the system's `/proc` outside tests).
+    pub fn new(root: &Path) -> OwnProcess {
+        let proc_root = ProcRoot {
+            root: root.to_path_buf(),
+            device_prefix: Vec::new(),
+        };
+        // SAFETY: sysconf has no preconditions.
+        let (ticks, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_CLK_TCK),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        OwnProcess {
+            own: root.join("self"),
+            boot_time_unix_seconds: proc_root.boot_time(),
+            ticks_per_second: u64::try_from(ticks).ok().filter(|&t| t > 0).unwrap_or(100),
+            page_size: u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096),
+        }
+    }
+
+    /// One reading, within a budget of 100 ms; `None` when `stat` cannot be read.
+    pub fn read(&self) -> Option<OwnProcessReading> {
+        let deadline = Instant::now() + BUDGET;
+        let stat = own_stat(&fs::read(self.own.join("stat")).ok()?)?;
+        let max_fds = in_time(deadline)
+            .then(|| fs::read(self.own.join("limits")).ok())
+            .flatten()
+            .and_then(|limits| max_open_files(&limits));
+        let open_fds = in_time(deadline)
+            .then(|| count_entries(&self.own.join("fd"), deadline))
+            .flatten();
+        Some(OwnProcessReading {
+            cpu_ticks: stat.user_ticks.saturating_add(stat.system_ticks),
+            ticks_per_second: self.ticks_per_second,
+            resident_bytes: stat.resident_pages.saturating_mul(self.page_size),
+            virtual_bytes: stat.virtual_bytes,
+            start_time_ticks: stat.start_time_ticks,
+            boot_time_unix_seconds: self.boot_time_unix_seconds,
+            open_fds,
+            max_fds,
+        })
+    }
+}
+
+fn in_time(deadline: Instant) -> bool {
+    Instant::now() < deadline
+}
+
+/// The fields of the exporter's own stat line that its `process_*` series need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OwnStat {
+    user_ticks: u64,
+    system_ticks: u64,
+    start_time_ticks: u64,
+    virtual_bytes: u64,
+    resident_pages: u64,
+}
+
+/// Reads utime (field 14), stime (15), starttime (22), vsize (23) and rss (24) of a stat
+/// line; the fields start after the last `) `, which ends the command name.
+fn own_stat(line: &[u8]) -> Option<OwnStat> {
+    let close = line.windows(2).rposition(|pair| pair == b") ")?;
+    let text = std::str::from_utf8(&line[close + 2..]).ok()?;
+    // Field 3 (the state) is the first after the name.
+    let fields: Vec<&str> = text.split_ascii_whitespace().collect();
+    let field = |number: usize| fields.get(number - 3)?.parse::<u64>().ok();
+    Some(OwnStat {
+        user_ticks: field(14)?,
+        system_ticks: field(15)?,
+        start_time_ticks: field(22)?,
+        virtual_bytes: field(23)?,
+        resident_pages: field(24)?,
+    })
+}
+
+/// The soft limit of the `Max open files` line of a limits file; `None` when unlimited.
+fn max_open_files(limits: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(limits).ok()?;
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))?;
+    line.split_ascii_whitespace().next()?.parse().ok()
+}
+
+/// How many entries `folder` has, or `None` when it cannot be read or `deadline` passes.
+fn count_entries(folder: &Path, deadline: Instant) -> Option<u64> {
+    let mut count = 0u64;
+    for (seen, entry) in fs::read_dir(folder).ok()?.enumerate() {
+        if seen % FDS_PER_CHECK == 0 && !in_time(deadline) {
+            return None;
+        }
+        entry.ok()?;
+        count += 1;
+    }
+    Some(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stat line as the kernel writes it, for a name with `) ` inside.
+    const STAT: &[u8] = b"4242 (vram) (x) S 1 4242 4242 0 -1 4194560 2390 0 0 0 150 25 0 0 20 0 6 0 48213 1073741824 5000 18446744073709551615 1 1 0 0 0 0 0 4096 0 0 0 0 17 1 0 0 0 0 0\n";
+
+    #[test]
+    fn the_stat_line_gives_cpu_time_memory_and_start() {
+        assert_eq!(
+            own_stat(STAT),
+            Some(OwnStat {
+                user_ticks: 150,
+                system_ticks: 25,
+                start_time_ticks: 48_213,
+                virtual_bytes: 1 << 30,
+                resident_pages: 5_000,
+            })
+        );
+        for bad in [&b""[..], b"1 (x) S 1 2", b"1 (x) S 1 2 3 4 5 6 7 8 9 x 25"] {
+            assert_eq!(own_stat(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn the_limits_file_gives_the_soft_limit_of_open_files() {
+        let limits = b"Limit                     Soft Limit           Hard Limit           Units     \nMax processes             63432                63432                processes \nMax open files            1024                 524288               files     \n";
+        assert_eq!(max_open_files(limits), Some(1024));
+        let unlimited =
+            b"Max open files            unlimited            unlimited            files     \n";
+        assert_eq!(max_open_files(unlimited), None);
+        assert_eq!(max_open_files(b"Max processes 5 5\n"), None);
+    }
+
+    #[test]
+    fn a_procfs_tree_reads_to_its_figures() {
+        let root = tempfile::tempdir().unwrap();
+        let own = root.path().join("self");
+        fs::create_dir_all(own.join("fd")).unwrap();
+        fs::write(own.join("stat"), STAT).unwrap();
+        fs::write(
+            own.join("limits"),
+            "Max open files            4096                 524288               files\n",
+        )
+        .unwrap();
+        for fd in ["0", "1", "2", "7"] {
+            fs::write(own.join("fd").join(fd), "").unwrap();
+        }
+        fs::write(
+            root.path().join("stat"),
+            "cpu  1 2 3 4 5 6 7 0 0 0\ncpu0 1 2 3 4 5 6 7 0 0 0\nintr 5\nctxt 88\nbtime 1796218200\nprocesses 9\nprocs_running 1\nprocs_blocked 0\n",
+        )
+        .unwrap();
+        let process = OwnProcess::new(root.path());
+        let reading = process.read().unwrap();
+        assert_eq!(
+            reading,
+            OwnProcessReading {
+                cpu_ticks: 175,
+                ticks_per_second: process.ticks_per_second,
+                resident_bytes: 5_000 * process.page_size,
+                virtual_bytes: 1 << 30,
+                start_time_ticks: 48_213,
+                boot_time_unix_seconds: Some(1_796_218_200),
+                open_fds: Some(4),
+                max_fds: Some(4096),
+            }
+        );
+        // Without the limits and descriptors, the rest is still read; without stat, nothing.
+        fs::remove_file(own.join("limits")).unwrap();
+        fs::remove_dir_all(own.join("fd")).unwrap();
+        let reading = process.read().unwrap();
+        assert_eq!((reading.open_fds, reading.max_fds), (None, None));
+        fs::remove_file(own.join("stat")).unwrap();
+        assert_eq!(process.read(), None);
+    }
+
+    #[test]
+    fn counting_stops_at_the_deadline() {
+        let folder = tempfile::tempdir().unwrap();
+        fs::write(folder.path().join("0"), "").unwrap();
+        assert_eq!(count_entries(folder.path(), Instant::now()), None);
+        let later = Instant::now() + Duration::from_secs(60);
+        assert_eq!(count_entries(folder.path(), later), Some(1));
+    }
+
+    #[test]
+    fn this_process_reads_as_itself() {
+        let reading = OwnProcess::new(Path::new("/proc")).read().unwrap();
+        let open = reading.open_fds.unwrap();
+        assert!(open >= 3, "{reading:?}");
+        assert!(open <= reading.max_fds.unwrap_or(u64::MAX), "{reading:?}");
+        assert!(reading.resident_bytes > 0, "{reading:?}");
+        assert!(
+            reading.virtual_bytes >= reading.resident_bytes,
+            "{reading:?}"
+        );
+        assert!(reading.boot_time_unix_seconds.is_some(), "{reading:?}");
+    }
+}
