@@ -244,7 +244,7 @@ def install_nvitop(wheels, target):
     """Install the carried wheels into `target` without the network; None, or why not."""
     found = sorted(glob.glob(os.path.join(wheels, "*.whl")))
     if not found:
-        return f"no wheels in {wheels}"
+        return f"no wheels in {shown_path(wheels)}"
     # --no-deps: dependencies the Python already has (psutil, prometheus_client) need no
     # wheel; what is still missing shows as an import error below, by name.
     result = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps",
@@ -257,12 +257,20 @@ def install_nvitop(wheels, target):
 
 def nvitop_import_error(env):
     """Why nvitop-exporter cannot be imported with `env`, or None."""
-    result = subprocess.run([sys.executable, "-c", "import nvitop_exporter, psutil, prometheus_client"],
-                            capture_output=True, text=True, env=env, timeout=60)
-    if result.returncode == 0:
+    probe = ("import importlib, sys\n"
+             "missing = []\n"
+             "for name in ('psutil', 'prometheus_client', 'pynvml', 'nvitop', 'nvitop_exporter'):\n"
+             "    try:\n"
+             "        importlib.import_module(name)\n"
+             "    except Exception as error:\n"
+             "        missing.append(f'{name} ({type(error).__name__}: {error})')\n"
+             "print('; '.join(missing))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env=env, timeout=60)
+    missing = result.stdout.strip() or result.stderr.strip()[-300:]
+    if result.returncode == 0 and not missing:
         return None
-    last = (result.stderr.strip().splitlines() or ["(no message)"])[-1]
-    return f"cannot import it: {last} (carry the missing package's wheel in the wheels folder)"
+    return f"cannot import {missing}: carry the missing packages' wheels in the wheels folder"
 
 
 def version_of(argv, env):
@@ -300,7 +308,7 @@ def make_peers(args, gpu, out, wheel_dir):
                    all_smi_env, out)
     all_smi.version_argv = [all_smi_binary, "--version"]
     if not os.access(all_smi_binary, os.X_OK):
-        all_smi.fail(f"no executable all-smi in {os.path.join(peers_dir, 'bin')}")
+        all_smi.fail(f"no executable all-smi in {shown_path(os.path.join(peers_dir, 'bin'))}")
     return [vram, nvitop, all_smi]
 
 
@@ -502,16 +510,18 @@ def machine():
     return facts
 
 
+def shown_path(path):
+    """A path as peers.md shows it: relative to the checkout when inside it, DIR when it
+    is some other absolute path of this host (peers.md goes into the docs)."""
+    if not os.path.isabs(path):
+        return path
+    inside = os.path.relpath(path, ROOT)
+    return "DIR" if inside.startswith("..") else inside
+
+
 def shown_command(argv):
-    """The command line as peers.md shows it: paths inside the checkout relative to it,
-    other absolute paths (an output folder of this host) as DIR."""
-    shown = ["python3", "tests/gpu/peers.py"]
-    for part in argv:
-        if os.path.isabs(part):
-            inside = os.path.relpath(part, ROOT)
-            part = "DIR" if inside.startswith("..") else inside
-        shown.append(part)
-    return shlex.join(shown)
+    """The command line as peers.md shows it."""
+    return shlex.join(["python3", "tests/gpu/peers.py", *map(shown_path, argv)])
 
 
 # --- peers.md -----------------------------------------------------------------------
@@ -580,7 +590,7 @@ def render(result):
     if episode:
         lines += [
             "",
-            "#### During a fork orphan",
+            "### During a fork orphan",
             "",
             f"An owner allocated {run['owner_gib']} GiB, forked a child that never touches CUDA "
             f"and exited: NVML charges dead PID {episode['dead_pid']} "
