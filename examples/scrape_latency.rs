@@ -43,7 +43,9 @@ fn usage() -> ExitCode {
 
 fn measure(address: &str, count: usize, warm_up: usize) -> Result<String, String> {
     let stream = TcpStream::connect(address).map_err(|error| error.to_string())?;
-    stream.set_nodelay(true).map_err(|error| error.to_string())?;
+    stream
+        .set_nodelay(true)
+        .map_err(|error| error.to_string())?;
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .map_err(|error| error.to_string())?;
@@ -107,9 +109,7 @@ fn read_response(reader: &mut BufReader<TcpStream>, body: &mut Vec<u8>) -> Resul
     }
     let length = length.ok_or("a response without Content-Length")?;
     body.resize(length, 0);
-    reader
-        .read_exact(body)
-        .map_err(|error| error.to_string())?;
+    reader.read_exact(body).map_err(|error| error.to_string())?;
     match status.as_deref() {
         Some("200") => Ok(()),
         other => Err(format!(
