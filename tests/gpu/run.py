@@ -1456,9 +1456,9 @@ def rss_kib(pid):
     return None
 
 
-def compiled_client_latency(suite, exporter, figures, soak=100_000):
+def compiled_client_latency(suite, exporter, figures):
     """The same scrapes timed by a compiled client (examples/scrape_latency.rs), whose own
-    cost per request is a few microseconds where Python's is about 0.1 ms; then `soak`
+    cost per request is a few microseconds where Python's is about 0.1 ms; then --soak-scrapes
     scrapes more, with the exporter's resident memory before and after them."""
     client = suite.latency_client
     if not client:
@@ -1478,6 +1478,7 @@ def compiled_client_latency(suite, exporter, figures, soak=100_000):
     measured = run(1000, 100)
     figures["compiled_client_p50_ms"] = round(measured["p50_us"] / 1e3, 3)
     figures["compiled_client_p99_ms"] = round(measured["p99_us"] / 1e3, 3)
+    soak = suite.soak_scrapes
     rss_before = rss_kib(exporter.proc.pid)
     started = time.monotonic()
     run(soak, 0)
@@ -1529,6 +1530,8 @@ def main(argv=None, gpu=None):
     parser.add_argument("--latency-client", default=next((b for b in built if os.path.exists(b)), None),
                         help="examples/scrape_latency built (default: target/release or "
                              "target/debug's, when there)")
+    parser.add_argument("--soak-scrapes", type=int, default=100_000,
+                        help="scrapes between the two readings of the exporter's resident memory")
     parser.add_argument("--owners", type=int, default=64,
                         help="live CUDA owners of the many-owner latency figure")
     args = parser.parse_args(argv)
@@ -1542,6 +1545,7 @@ def main(argv=None, gpu=None):
             os.unlink(os.path.join(args.out, log))
     suite = Suite(binary, args.out, gpu or Gpu())
     suite.many_owners = args.owners
+    suite.soak_scrapes = args.soak_scrapes
     suite.latency_client = args.latency_client and os.path.abspath(args.latency_client)
     global EVERYTHING
     EVERYTHING = Spawned()
