@@ -42,7 +42,9 @@ pub fn of_written(written: Written) -> u8 {
     }
 }
 
-/// What an exit status of `snapshot` and `textfile` means, in words.
+/// What an exit status of `snapshot` and `textfile` means, in words: the help's table
+/// (`--help` of both), which a test holds to these codes.
+#[cfg(test)]
 pub fn written_meaning(code: u8) -> &'static str {
     match code {
         SUCCESS => "written",

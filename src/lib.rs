@@ -7,17 +7,17 @@
 #![warn(missing_docs)]
 
 pub mod classify;
-pub mod cli;
-pub mod commands;
-pub mod dates;
-pub mod exit_codes;
+pub(crate) mod cli;
+pub(crate) mod commands;
+pub(crate) mod dates;
+pub(crate) mod exit_codes;
 pub mod exporter;
-pub mod logging;
+pub(crate) mod logging;
 pub mod observe;
 pub mod render;
-pub mod sync;
-pub mod units;
-pub mod web;
+pub(crate) mod sync;
+pub(crate) mod units;
+pub(crate) mod web;
 
 use cli::{Cli, CliError, Config, Mode};
 use exporter::Exporter;

@@ -124,7 +124,8 @@ dry_run_gpu_suite() {
     local out
     out=$(mktemp -d -p "$logs")
     python3 tests/gpu/dry_run.py --binary target/debug/vram-exporter \
-        --library target/debug/deps/libfake_nvml.so --out "$out" 2>&1 |
+        --library target/debug/deps/libfake_nvml.so \
+        --latency-client target/debug/examples/scrape_latency --out "$out" 2>&1 |
         tee "$logs/dry-run"
 }
 

@@ -8,9 +8,9 @@ mod exporter_process;
 pub(crate) mod fixtures;
 mod mps;
 mod owners;
-pub mod pods;
+pub(crate) mod pods;
 mod sentence;
-pub mod slurm;
+pub(crate) mod slurm;
 mod suspects;
 #[cfg(test)]
 mod tests;

@@ -18,11 +18,11 @@
 //! that does not answer by then is reported as such, with what it is stuck in, and the
 //! others are served as on a healthy host.
 
-pub mod containers;
+pub(crate) mod containers;
 mod error_line;
-pub mod kubernetes;
+pub(crate) mod kubernetes;
 mod lifespan;
-pub mod nvml;
+pub(crate) mod nvml;
 mod pod_uid;
 pub mod procfs;
 mod snapshot;

@@ -68,11 +68,6 @@ impl Users {
     pub fn len(&self) -> usize {
         self.hashes.len()
     }
-
-    /// Whether there are none (never: an empty section turns authentication off).
-    pub fn is_empty(&self) -> bool {
-        self.hashes.is_empty()
-    }
 }
 
 /// Checks credentials, remembering successes across requests and config reloads.

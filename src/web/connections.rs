@@ -224,6 +224,7 @@ impl Slots {
     }
 
     /// Open connections (evicted ones are no longer counted).
+    #[cfg(test)]
     pub fn open(&self) -> usize {
         lock(&self.open).len()
     }

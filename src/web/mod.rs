@@ -5,10 +5,10 @@
 //! headers, a rate limit), reloaded when it or a file it names changes, and the cap on
 //! open connections. Metrics come from [`crate::exporter`], the one door to the rest.
 
-pub mod auth;
+pub(crate) mod auth;
 mod collections;
 mod config;
-pub mod connections;
+pub(crate) mod connections;
 mod endpoints;
 mod error;
 mod file;
@@ -17,7 +17,5 @@ mod server;
 mod settings;
 mod tls;
 
-pub use error::ConfigError;
 pub use reload::WebConfig;
-pub use server::{run, ServeConfig, ServeError};
-pub use settings::{RateLimiter, WebSettings};
+pub use server::{run, ServeConfig};

@@ -297,6 +297,9 @@ def main():
         raise SystemExit(f"no fake NVML at {args.library}: cargo build --release -p fake-nvml")
     if not any(arg.startswith("--owners") for arg in rest):
         rest += ["--owners", "8"]
+    # The soak is for the real GPU's figure; here it only proves the plumbing.
+    if not any(arg.startswith("--soak-scrapes") for arg in rest):
+        rest += ["--soak-scrapes", "2000"]
     return suite.main(rest, gpu=DryGpu(args.library))
 
 

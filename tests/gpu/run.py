@@ -1439,12 +1439,57 @@ def latency(suite, exporter, scrapes=1000, runs=20):
         nvidia_smi_pair_p50_ms=round(statistics.median(smi) * 1e3, 3),
     )
     figures["ratio"] = round(figures["nvidia_smi_pair_p50_ms"] / figures["exporter_p50_ms"], 1)
+    compiled_client_latency(suite, exporter, figures)
     suite.facts["latency"] = figures
     suite.expect("scrape p50 faster than nvidia-smi", "> 1x",
                  f"{figures['ratio']}x: {figures['exporter_p50_ms']} vs "
                  f"{figures['nvidia_smi_pair_p50_ms']} ms, CPU {cpu_ms} ms",
                  ok=figures["ratio"] > 1)
     print(f"latency: {figures}", flush=True)
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return None
+
+
+def compiled_client_latency(suite, exporter, figures):
+    """The same scrapes timed by a compiled client (examples/scrape_latency.rs), whose own
+    cost per request is a few microseconds where Python's is about 0.1 ms; then --soak-scrapes
+    scrapes more, with the exporter's resident memory before and after them."""
+    client = suite.latency_client
+    if not client:
+        figures["compiled_client"] = ("not measured: build it with `cargo build --release "
+                                      "--example scrape_latency`")
+        print(f"latency: {figures['compiled_client']}", flush=True)
+        return
+    address = f"127.0.0.1:{exporter.port}"
+
+    def run(count, warm_up):
+        done = subprocess.run([client, address, str(count), str(warm_up)],
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise SystemExit(f"{client}: {done.stderr.strip()}")
+        return json.loads(done.stdout)
+
+    measured = run(1000, 100)
+    figures["compiled_client_p50_ms"] = round(measured["p50_us"] / 1e3, 3)
+    figures["compiled_client_p99_ms"] = round(measured["p99_us"] / 1e3, 3)
+    soak = suite.soak_scrapes
+    rss_before = rss_kib(exporter.proc.pid)
+    started = time.monotonic()
+    run(soak, 0)
+    figures["soak_scrapes"] = soak
+    figures["soak_seconds"] = round(time.monotonic() - started, 1)
+    figures["rss_kib_before_soak"] = rss_before
+    figures["rss_kib_after_soak"] = rss_kib(exporter.proc.pid)
+    grew = figures["rss_kib_after_soak"] - rss_before
+    suite.expect(f"resident memory flat over {soak:,} scrapes", "< 1024 KiB more",
+                 f"{grew:+} KiB ({rss_before} -> {figures['rss_kib_after_soak']})",
+                 ok=grew < 1024)
 
 
 def selected(only):
@@ -1479,6 +1524,14 @@ def main(argv=None, gpu=None):
     parser.add_argument("--only", metavar="NAME[,NAME]",
                         help="run only these scenarios (names or numbers: "
                              + ", ".join(f"{e['number']} {e['name']}" for e in SCENARIOS) + ")")
+    here = os.path.dirname(os.path.abspath(__file__))
+    built = [os.path.join(here, "..", "..", "target", kind, "examples", "scrape_latency")
+             for kind in ("release", "debug")]
+    parser.add_argument("--latency-client", default=next((b for b in built if os.path.exists(b)), None),
+                        help="examples/scrape_latency built (default: target/release or "
+                             "target/debug's, when there)")
+    parser.add_argument("--soak-scrapes", type=int, default=100_000,
+                        help="scrapes between the two readings of the exporter's resident memory")
     parser.add_argument("--owners", type=int, default=64,
                         help="live CUDA owners of the many-owner latency figure")
     args = parser.parse_args(argv)
@@ -1492,6 +1545,8 @@ def main(argv=None, gpu=None):
             os.unlink(os.path.join(args.out, log))
     suite = Suite(binary, args.out, gpu or Gpu())
     suite.many_owners = args.owners
+    suite.soak_scrapes = args.soak_scrapes
+    suite.latency_client = args.latency_client and os.path.abspath(args.latency_client)
     global EVERYTHING
     EVERYTHING = Spawned()
     # A SIGTERM ends the run like Ctrl-C: every process is killed, the results written.

@@ -430,6 +430,25 @@ garbage\n";
     }
 
     #[test]
+    fn odd_mappings_beside_a_context_hide_nothing() {
+        // Any process may map a file whose name is not UTF-8, or a short `/SYSV` name
+        // (procfs-core's `MemoryMaps` fails the whole file on the one and panics on the
+        // other): the GPU mapping after them is still found, and so are they.
+        let maps = b"7f0000000000-7f0000001000 rw-s 00000000 00:05 77 /tmp/\xff\xfe-shard\n\
+7f0000001000-7f0000002000 rw-s 00000000 00:01 6 /SYSV\n\
+7f0000002000-7f0000003000 rw-s 00000000 00:05 1071 /dev/nvidia3\n";
+        let paths: Vec<&[u8]> = shared_mappings(maps).map(|m| m.path).collect();
+        assert_eq!(
+            paths,
+            [&b"/tmp/\xff\xfe-shard"[..], b"/SYSV", b"/dev/nvidia3"]
+        );
+        assert_eq!(
+            nvidia_node(paths[2], b"/dev/nvidia"),
+            Some(NvidiaNode::Gpu(3))
+        );
+    }
+
+    #[test]
     fn the_access_of_the_mps_control_daemons_mappings() {
         // The MPS control daemon on the H200: GPU 0's node write-only, nvidiactl read-only.
         let maps = b"7f3c28000000-7f3c28001000 -w-s 00000000 00:05 1071                       /dev/nvidia0\n\

@@ -270,13 +270,6 @@ pub struct HolderScan {
     pub duration_seconds: f64,
 }
 
-impl HolderScan {
-    /// True when every process was looked at: no holder can be missing from the list.
-    pub fn complete(&self) -> bool {
-        !self.cut_short && self.permission_errors == 0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
