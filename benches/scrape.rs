@@ -21,7 +21,7 @@
 //! Prometheus server beside a load test; 0: wrk alone) and
 //! `SCRAPE_BASELINE_BINARY` (an earlier build of the exporter: the wrk section then
 //! measures it the same way, alternating with this build over two rounds, for a
-//! before-and-after in one run; the targets section too). `SCRAPE_TARGET_SECONDS`
+//! before-and-after in one run; the targets and latency sections too). `SCRAPE_TARGET_SECONDS`
 //! (default 20) is how long each wrk run of the targets section lasts. A positional
 //! argument filters the sections by name: latency, breakdown, soak, interval, wrk,
 //! targets.
@@ -407,11 +407,20 @@ fn latency(rig: &Rig, all: &mut Owners, samples: usize, measure: bool) -> Vec<La
     let mut medians = Vec::new();
     let warm_up = if measure { 200 } else { 2 };
     println!("\n## scrape latency, keep-alive connection, request to last byte ({samples} scrapes per scenario, after {warm_up} warm-up)");
-    println!("| GPUs | owners | body bytes | median us | p90 us | p99 us | max us | mean us | in-exporter median us | new connection median us | new connection p99 us | bodies equal to the previous |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    for (gpus, owners) in SHAPES {
+    // With a baseline build, each scenario runs it right before this build, so that both
+    // see the same machine.
+    let mut builds = vec![("this build", exporter_binary())];
+    if let (true, Some(baseline)) = (measure, std::env::var_os("SCRAPE_BASELINE_BINARY")) {
+        builds.insert(0, ("baseline", baseline.into()));
+    }
+    println!("| GPUs | owners | build | body bytes | median us | p90 us | p99 us | max us | mean us | in-exporter median us | new connection median us | new connection p99 us | bodies equal to the previous |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for ((gpus, owners), (build, binary)) in SHAPES
+        .into_iter()
+        .flat_map(|shape| builds.iter().map(move |build| (shape, build)))
+    {
         let pids = all.pids(rig, gpus);
-        let exporter = start(rig, gpus, &pids[..owners]);
+        let exporter = start_binary(rig, binary, gpus, &pids[..owners]);
         let mut connection = Connection::open(exporter.address);
         let mut body = Vec::new();
         for _ in 0..warm_up {
@@ -451,7 +460,7 @@ fn latency(rig: &Rig, all: &mut Owners, samples: usize, measure: bool) -> Vec<La
         let inside = summarize(inside);
         let fresh = summarize(fresh);
         println!(
-            "| {gpus} | {owners} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {shared} |",
+            "| {gpus} | {owners} | {build} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {shared} |",
             body.len(),
             micros(timed.median),
             micros(timed.p90),
@@ -462,12 +471,14 @@ fn latency(rig: &Rig, all: &mut Owners, samples: usize, measure: bool) -> Vec<La
             micros(fresh.median),
             micros(fresh.p99),
         );
-        medians.push(Latency {
-            gpus,
-            owners,
-            median: timed.median,
-            inside: inside.median,
-        });
+        if *build == "this build" {
+            medians.push(Latency {
+                gpus,
+                owners,
+                median: timed.median,
+                inside: inside.median,
+            });
+        }
         drop(exporter);
     }
     medians

@@ -167,6 +167,52 @@ fn owner_pid_that_no_longer_exists_is_gone() {
     );
 }
 
+/// How many times each of the three process-list calls is in the fake NVML's call log.
+fn list_calls(calls: &std::path::Path) -> [usize; 3] {
+    let log = std::fs::read_to_string(calls).unwrap_or_default();
+    PROCESS_LIST_CALLS.map(|call| log.lines().filter(|line| *line == call).count())
+}
+
+#[test]
+fn each_process_list_is_one_nvml_call_a_scrape() {
+    // nvml-wrapper's safe API asks for a non-empty list twice (its length, then its
+    // entries); the exporter reads each list once, into a buffer it keeps.
+    let rig = Rig::new();
+    let calls = rig.dir.path().join("calls.log");
+    let listed = |processes: u32| {
+        let mut gpu = Gpu::idle(0).used(u64::from(processes) * CHARGED);
+        for offset in 0..processes {
+            gpu = gpu.process(nonexistent_pid() + offset, Some(CHARGED));
+        }
+        gpu.0["graphics_processes"] =
+            serde_json::json!([{ "pid": nonexistent_pid(), "used_bytes": CHARGED }]);
+        gpu.0["mps_processes"] =
+            serde_json::json!([{ "pid": nonexistent_pid() + 1, "used_bytes": CHARGED }]);
+        Gpus::new().gpu(gpu).into_json()
+    };
+    rig.write_scenario(&listed(3));
+    let mut command = rig.command();
+    command
+        .env("FAKE_NVML_CALL_LOG", &calls)
+        .args(["--web.listen-address", "127.0.0.1:0"]);
+    let exporter = start(command);
+    for scrape in 1..=3 {
+        only_state(&exporter.scrape(), "gone", 3.0);
+        assert_eq!(list_calls(&calls), [scrape; 3], "after {scrape} scrapes");
+    }
+    // A list longer than the buffer so far: one more call to learn its length, the
+    // buffer grows, and every process is there.
+    rig.write_scenario(&listed(100));
+    let before = list_calls(&calls);
+    only_state(&exporter.scrape(), "gone", 100.0);
+    let after = list_calls(&calls);
+    assert!(
+        (1..=2).contains(&(after[0] - before[0])),
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!([after[1] - before[1], after[2] - before[2]], [1, 1]);
+}
+
 #[test]
 fn reused_pid_without_the_device_is_gone() {
     let rig = Rig::new();

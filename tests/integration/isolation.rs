@@ -698,3 +698,30 @@ fn a_proc_read_that_blocks_leaves_the_scan_incomplete_and_stalls_nothing() {
                 .is_empty()
     });
 }
+
+#[test]
+fn a_gpu_hung_in_a_process_list_is_reported_in_that_list() {
+    // The process lists are read through NVML's raw calls, one call each into a kept
+    // buffer; each is named before it is made, so a hang in one says which.
+    let rig = Rig::new();
+    let hang_ends = rig.dir.path().join("the-lists-answer-again");
+    let lists = [
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    ];
+    let mut gpus = Gpus::new();
+    for (index, list) in (0..).zip(lists) {
+        gpus = gpus.gpu(Gpu::idle(index).hang(list, &hang_ends));
+    }
+    rig.write_scenario(&gpus.into_json());
+    let outcome = rig.run(&["check", "--json", "--timeout", "3s"]);
+    fs::write(&hang_ends, "").unwrap();
+    assert_eq!(outcome.status, Some(3), "{outcome:?}");
+    let document = outcome.json();
+    for (index, list) in lists.iter().enumerate() {
+        let gpu = &document["gpus"][index];
+        assert_eq!(gpu["status"], "not_answering", "{gpu}");
+        assert_eq!(gpu["not_answering"]["call"], *list, "{gpu}");
+    }
+}

@@ -3,6 +3,7 @@
 
 use super::parse::{self, Stat};
 use super::reading::ProcessFacts;
+use super::references::FdDirectory;
 use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
@@ -19,11 +20,14 @@ pub struct Remembered {
     /// Whether it lives in a PID namespace nested in the procfs's: only then is its
     /// container's PID 1 looked up again (`None`: not known yet).
     pub(super) nested: Option<bool>,
-    /// Its descriptor count at the last scan; with the start time, what tells the scan
-    /// that a process without NVIDIA files still has none.
-    pub(super) open_files: Option<u64>,
+    /// Its descriptor directory at the last scan (which process it is, and how many
+    /// descriptors it had): what tells the scan that a process without NVIDIA files still
+    /// has none, without reading anything else of it.
+    pub(super) fd_directory: Option<FdDirectory>,
     /// Whether the last scan found NVIDIA files among its descriptors.
     pub(super) held_nvidia: bool,
+    /// Whether it is a kernel thread, which never holds a file.
+    pub(super) kernel_thread: bool,
     /// An owner's stat file, held open: reading it again is one system call instead of
     /// three, and once the process is gone a read fails (ESRCH) rather than show another
     /// process that got its PID.
@@ -34,6 +38,44 @@ impl Remembered {
     /// Whether it lives in a PID namespace nested in the procfs's (`None`: not known).
     pub(super) fn nested(&self) -> Option<bool> {
         self.nested
+    }
+
+    /// Whether the scan may take this process as it was without reading it again: it
+    /// held no NVIDIA file, and its descriptor directory is the one seen then (the same
+    /// process: a process that gets the PID later gets a directory of its own) with as
+    /// many descriptors, and some (a count of 0 says nothing on kernels before 6.2), or
+    /// it is a kernel thread. A process that opens one file and closes another in between
+    /// is not seen: the price of not listing every process's descriptors on every scan.
+    pub(super) fn holds_no_nvidia_file_still(&self, now: FdDirectory) -> bool {
+        !self.held_nvidia && (now.size > 0 || self.kernel_thread) && self.fd_directory == Some(now)
+    }
+
+    /// This entry with a newer full reading of the same process (without copying the
+    /// reading it replaces).
+    pub(super) fn with_facts(&self, facts: ProcessFacts) -> Remembered {
+        Remembered {
+            start_time_ticks: self.start_time_ticks,
+            facts: Some(facts),
+            nested: self.nested,
+            fd_directory: self.fd_directory,
+            held_nvidia: self.held_nvidia,
+            kernel_thread: self.kernel_thread,
+            stat_file: self.stat_file.clone(),
+        }
+    }
+
+    /// This entry without its reading and held file, for a look that read neither
+    /// again: merged into the memory, it keeps the reading and file the memory has.
+    pub(super) fn unchanged(&self) -> Remembered {
+        Remembered {
+            start_time_ticks: self.start_time_ticks,
+            facts: None,
+            nested: self.nested,
+            fd_directory: self.fd_directory,
+            held_nvidia: self.held_nvidia,
+            kernel_thread: self.kernel_thread,
+            stat_file: None,
+        }
     }
 
     /// Close the held stat file of a process that is no longer an owner.
@@ -50,7 +92,7 @@ impl Remembered {
         Remembered {
             facts: newer.facts.or(self.facts),
             nested: newer.nested.or(self.nested),
-            open_files: newer.open_files.or(self.open_files),
+            fd_directory: newer.fd_directory.or(self.fd_directory),
             stat_file: newer.stat_file.or(self.stat_file),
             ..newer
         }

@@ -11,7 +11,7 @@ use super::parse::{self, Stat, Status};
 use super::pidns::NamespaceInits;
 use super::placement::{Placement, Position};
 use super::reading::{HolderScan, NodeSet, ProcessFacts, ProcfsView, References};
-use super::references::{self, Descriptors, OpenFile};
+use super::references::{self, Descriptors, FdDirectory, OpenFile};
 use super::root::{gone, ProcRoot, Unread};
 use std::collections::HashMap;
 use std::fs;
@@ -25,8 +25,12 @@ const CLOCK_CHECK_EVERY: usize = 64;
 /// Most threads one scan uses. The scan is one system call per open file (a `readlink`
 /// costs 2-4 us in a VM), so it spreads over cores; more would crowd a busy GPU host.
 const MAX_SCAN_THREADS: usize = 4;
-/// Fewest processes worth a thread of their own (starting one costs tens of microseconds).
+/// Fewest processes not seen before worth a thread of their own (starting and joining
+/// one costs about 100 us in a VM): each is one system call per open file.
 const MIN_PROCESSES_PER_THREAD: usize = 32;
+/// How many processes seen before (one `statx` each, when nothing changed) weigh as
+/// much as one not seen before.
+const KNOWN_PER_NEW_PROCESS: usize = 25;
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags.
 const PF_KTHREAD: u32 = 0x0020_0000;
@@ -206,8 +210,10 @@ impl<'a> Reader<'a> {
     }
 
     fn read_owner_with(&self, pid: u32, dir: &Path, stat: Stat, gpus: &[u32]) -> Looked {
-        let known = self.remembered(pid, &stat);
-        let Some(mut facts) = known.and_then(|known| known.facts.clone()) else {
+        let Some((known, mut facts)) = self
+            .remembered(pid, &stat)
+            .and_then(|known| Some((known, known.facts.clone()?)))
+        else {
             return self.read_afresh(pid, dir, stat, None);
         };
         let stale = stat.state == b'Z'
@@ -227,15 +233,11 @@ impl<'a> Reader<'a> {
             }
         }
         facts.wchan = self.wchan(dir, &stat);
-        let nested = known.and_then(|known| known.nested);
         Looked {
-            remember: Some(Remembered {
-                facts: Some(facts.clone()),
-                ..known.cloned().expect("a remembered process")
-            }),
+            remember: Some(known.with_facts(facts.clone())),
             facts: Ok(facts),
             errors,
-            nested,
+            nested: known.nested,
         }
     }
 
@@ -252,7 +254,6 @@ impl<'a> Reader<'a> {
             Ok(status) => status,
             Err(error) => return Looked::failed(Unread::from_error(error)),
         };
-        let open_files = descriptors.as_ref().map(|found| found.open_files as u64);
         let (descriptor_refs, mappings, mut errors) = match self.references(dir, &stat, descriptors)
         {
             Ok(references) => references,
@@ -287,9 +288,10 @@ impl<'a> Reader<'a> {
                     .descriptors
                     .nodes()
                     .is_some_and(|nodes| !nodes.is_empty()),
+                kernel_thread: false,
                 facts: Some(facts.clone()),
                 nested,
-                open_files,
+                fd_directory: None,
                 stat_file: None,
             }),
             facts: Ok(facts),
@@ -383,32 +385,43 @@ impl<'a> Reader<'a> {
     /// file, the same start time and as many descriptors as then is not listed again.
     fn scan_one(&self, pid: u32) -> Scanned {
         if let Some((known, facts)) = self.owner_reading(pid) {
-            return Scanned::Holder(Box::new(facts.clone()), known.clone());
+            return Scanned::Holder(Box::new(facts.clone()), known.unchanged());
         }
         let dir = self.root.pid_dir(pid);
+        // One system call tells a process remembered without NVIDIA files, which still
+        // has as many descriptors, from one to read (most of a later scan's processes).
+        let fd_directory = references::fd_directory(&dir).ok();
+        if let (Some(known), Some(now)) = (self.previous.get(&pid), fd_directory) {
+            if known.holds_no_nvidia_file_still(now) {
+                return Scanned::Nothing(known.unchanged());
+            }
+        }
         let stat = match self.root.stat(&dir) {
             Ok(stat) => stat,
             Err(error) if gone(&error) => return Scanned::Gone,
             Err(_) => return Scanned::Denied,
         };
         let known = self.remembered(pid, &stat);
-        let remember = |open_files: Option<u64>| Remembered {
+        let kernel_thread = stat.flags & PF_KTHREAD != 0;
+        let remember = |fd_directory: Option<FdDirectory>| Remembered {
             start_time_ticks: stat.start_time_ticks,
             facts: None,
             nested: known.and_then(|known| known.nested),
-            open_files,
+            fd_directory,
             held_nvidia: false,
+            kernel_thread,
             stat_file: None,
         };
         // A kernel thread holds no file, ever.
-        if stat.flags & PF_KTHREAD != 0 {
-            return Scanned::Nothing(remember(None));
+        if kernel_thread {
+            return Scanned::Nothing(remember(fd_directory));
         }
-        // The descriptor count, from the size the kernel gives the fd directory.
-        let open_files = fs::metadata(dir.join("fd")).ok().map(|meta| meta.len());
-        if let (Some(known), Some(count)) = (known, open_files) {
-            if !known.held_nvidia && known.open_files == Some(count) && count > 0 {
-                return Scanned::Nothing(remember(open_files));
+        // The same process (by its start time) with as many descriptors, seen through a
+        // directory the kernel made anew since.
+        if let (Some(known), Some(now)) = (known, fd_directory) {
+            let count = known.fd_directory.map(|then| then.size);
+            if !known.held_nvidia && count == Some(now.size) && now.size > 0 {
+                return Scanned::Nothing(remember(fd_directory));
             }
         }
         // An empty list is looked behind only when the main thread is a zombie.
@@ -417,12 +430,18 @@ impl<'a> Reader<'a> {
             Ok(found) if found.any() => {
                 let looked = self.read_afresh(pid, &dir, stat, Some(found));
                 match (looked.facts, looked.remember) {
-                    (Ok(facts), Some(remember)) => Scanned::Holder(Box::new(facts), remember),
+                    (Ok(facts), Some(remember)) => Scanned::Holder(
+                        Box::new(facts),
+                        Remembered {
+                            fd_directory,
+                            ..remember
+                        },
+                    ),
                     (Err(Unread::Missing), _) => Scanned::Gone,
                     _ => Scanned::Denied,
                 }
             }
-            Ok(_) => Scanned::Nothing(remember(open_files)),
+            Ok(_) => Scanned::Nothing(remember(fd_directory)),
             Err(error) if self.exited(&dir, &stat, &error) => Scanned::Gone,
             Err(error) if error.kind() == io::ErrorKind::PermissionDenied => Scanned::Denied,
             Err(_) => Scanned::Gone,
@@ -469,10 +488,14 @@ impl<'a> Reader<'a> {
                 return (scan, Vec::new());
             }
         };
-        let threads = std::thread::available_parallelism()
-            .map_or(1, usize::from)
+        let known = pids
+            .iter()
+            .filter(|pid| self.previous.contains_key(pid))
+            .count();
+        let work = (pids.len() - known) + known / KNOWN_PER_NEW_PROCESS;
+        let threads = cores()
             .min(MAX_SCAN_THREADS)
-            .min(pids.len() / MIN_PROCESSES_PER_THREAD)
+            .min(work / MIN_PROCESSES_PER_THREAD)
             .max(1);
         // Threads take every `threads`-th PID, so kernel threads (low PIDs, no files)
         // and busy processes spread evenly over them.
@@ -562,6 +585,14 @@ impl<'a> Reader<'a> {
             .as_deref()
             .and_then(|passwd| parse::passwd_user(passwd, uid))
     }
+}
+
+/// The cores this process may use, asked once: the standard library reads the cgroup's
+/// CPU quota files each time it is asked (six system calls), which a scan a scrape
+/// during an orphan episode would pay on every scrape.
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 /// What the scan found of one process.
@@ -776,5 +807,53 @@ mod tests {
         // A new start time under the PID is listed afresh.
         proc.process(200, 900, 'S', &[0]);
         assert!(matches!(reader.scan_one(200), Scanned::Holder(..)));
+    }
+
+    #[test]
+    fn a_later_scan_knows_an_unchanged_process_by_its_descriptor_directory_alone() {
+        let proc = FakeProc::new();
+        let dir = proc.dir.path().join("300");
+        proc.process(300, 500, 'S', &[]);
+        fs::remove_file(dir.join("fd/3")).unwrap();
+        symlink("/dev/null", dir.join("fd/3")).unwrap();
+        let placement = proc.placement();
+        let empty = Memory::new();
+        let first = Reader::with_memory(&proc.root, placement, &empty);
+        let Scanned::Nothing(remember) = first.scan_one(300) else {
+            panic!("no NVIDIA file")
+        };
+        let memory: Memory = [(300, remember)].into();
+        // Its stat is not read again: were it, this line would make it unreadable.
+        fs::write(dir.join("stat"), "not a stat line").unwrap();
+        let reader = Reader::with_memory(&proc.root, placement, &memory);
+        assert!(matches!(reader.scan_one(300), Scanned::Nothing(_)));
+        // Another directory under the PID is another process: read, and unreadable here.
+        fs::rename(dir.join("fd"), dir.join("fd-then")).unwrap();
+        fs::create_dir(dir.join("fd")).unwrap();
+        symlink("/dev/null", dir.join("fd/3")).unwrap();
+        assert!(matches!(reader.scan_one(300), Scanned::Denied));
+    }
+
+    #[test]
+    fn a_kernel_thread_is_known_by_its_descriptor_directory_too() {
+        let proc = FakeProc::new();
+        let dir = proc.dir.path().join("2");
+        fs::create_dir_all(dir.join("fd")).unwrap();
+        // kthreadd's line: PF_KTHREAD (0x200000) among its flags, no descriptors.
+        fs::write(
+            dir.join("stat"),
+            "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 3 0",
+        )
+        .unwrap();
+        let placement = proc.placement();
+        let empty = Memory::new();
+        let first = Reader::with_memory(&proc.root, placement, &empty);
+        let Scanned::Nothing(remember) = first.scan_one(2) else {
+            panic!("a kernel thread holds nothing")
+        };
+        let memory: Memory = [(2, remember)].into();
+        fs::write(dir.join("stat"), "not a stat line").unwrap();
+        let reader = Reader::with_memory(&proc.root, placement, &memory);
+        assert!(matches!(reader.scan_one(2), Scanned::Nothing(_)));
     }
 }

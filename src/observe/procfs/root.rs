@@ -9,9 +9,13 @@ use std::fs;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The inode of the initial PID namespace, fixed by the kernel (`PROC_PID_INIT_INO`).
 const HOST_PID_NAMESPACE: &str = "pid:[4026531836]";
+
+/// Bytes of a stat line read at once; a longer line (fields of 20 digits) is read whole.
+const STAT_LINE_BYTES: usize = 1024;
 
 /// The device-node prefix NVIDIA's driver uses; only tests point it elsewhere.
 pub const DEVICE_PREFIX: &[u8] = b"/dev/nvidia";
@@ -95,13 +99,23 @@ impl ProcRoot {
         parse::pid_name(link.as_os_str().as_bytes())
     }
 
-    /// Which PID namespace we run in.
+    /// Which PID namespace we run in. A process never changes its PID namespace, so the
+    /// first answer read through a procfs holds for as long as we run: every scrape asks,
+    /// and only the first reads the link (while it cannot be read, each asks again).
     pub(crate) fn own_pid_namespace(&self) -> PidNamespace {
-        match fs::read_link(self.root.join("self/ns/pid")) {
+        static READ: OnceLock<(PathBuf, PidNamespace)> = OnceLock::new();
+        if let Some((root, namespace)) = READ.get() {
+            if *root == self.root {
+                return *namespace;
+            }
+        }
+        let namespace = match fs::read_link(self.root.join("self/ns/pid")) {
             Ok(link) if link.as_os_str() == HOST_PID_NAMESPACE => PidNamespace::Host,
             Ok(_) => PidNamespace::Other,
-            Err(_) => PidNamespace::Unreadable,
-        }
+            Err(_) => return PidNamespace::Unreadable,
+        };
+        let _ = READ.set((self.root.clone(), namespace));
+        namespace
     }
 
     /// When the host booted, in seconds since the Unix epoch (`btime` of `/proc/stat`).
@@ -115,9 +129,17 @@ impl ProcRoot {
         Some(name.trim().to_string()).filter(|name| !name.is_empty())
     }
 
-    /// The stat line of a process or thread directory.
+    /// The stat line of a process or thread directory, in one `read` where it fits the
+    /// buffer (the kernel writes the whole line at the first read): three system calls
+    /// instead of the five of reading a file of unknown size to its end.
     pub(super) fn stat(&self, dir: &Path) -> io::Result<Stat> {
-        parse::stat(&fs::read(dir.join("stat"))?).ok_or_else(malformed)
+        let path = dir.join("stat");
+        let mut line = [0u8; STAT_LINE_BYTES];
+        let length = fs::File::open(&path)?.read(&mut line)?;
+        if length == line.len() {
+            return parse::stat(&fs::read(&path)?).ok_or_else(malformed);
+        }
+        parse::stat(&line[..length]).ok_or_else(malformed)
     }
 
     /// The status file of a process or thread directory.
