@@ -154,6 +154,7 @@ class Peer:
         self.conn = None
         self.error = None
         self.kept_alive = True
+        self.reconnects = 0
         self.figures = {}
 
     def fail(self, why):
@@ -204,13 +205,28 @@ class Peer:
         """One GET /metrics on the kept-alive connection: (body, seconds). An exporter
         that closes the connection after each answer gets a new one per scrape (as
         Prometheus would), and `kept_alive` turns False."""
+        reused = self.conn is not None
         if self.conn is None:
             self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         started = time.perf_counter()
         try:
-            self.conn.request("GET", "/metrics")
-            response = self.conn.getresponse()
-            body = response.read()
+            try:
+                self.conn.request("GET", "/metrics")
+                response = self.conn.getresponse()
+                body = response.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                # A server may close a connection that sat idle (vram-exporter after 10 s
+                # without a request); Prometheus's client then asks again on a new one,
+                # and so does this one, once.
+                if not reused:
+                    raise
+                self.conn.close()
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                self.reconnects += 1
+                started = time.perf_counter()
+                self.conn.request("GET", "/metrics")
+                response = self.conn.getresponse()
+                body = response.read()
         except (OSError, http.client.HTTPException) as error:
             self.conn.close()
             self.conn = None
@@ -374,7 +390,7 @@ def latency(peer, scrapes, warmup=10):
     same = sum(1 for a, b in zip(bodies, bodies[1:]) if a == b) / (len(bodies) - 1)
     figures = latency_figures(times)
     figures.update(body_bytes=len(bodies[-1].encode()), series=len(samples(bodies[-1])),
-                   kept_alive=peer.kept_alive, same_body_in_a_row=round(same, 3),
+                   kept_alive=peer.kept_alive, reconnects_after_idle=peer.reconnects, same_body_in_a_row=round(same, 3),
                    collects="in the background, serves a cache" if same > 0.5 else "on each scrape")
     return figures
 
