@@ -4,6 +4,8 @@
 //! the host's processes are, which may not show this one as `self`.
 
 use super::root::ProcRoot;
+use procfs_core::process::{LimitValue, Limits};
+use procfs_core::FromRead;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -123,13 +125,14 @@ fn own_stat(line: &[u8]) -> Option<OwnStat> {
     })
 }
 
-/// The soft limit of the `Max open files` line of a limits file; `None` when unlimited.
+/// The soft limit of open files of a limits file, parsed by procfs-core (the kernel
+/// writes this process's file whole, which its parser needs); `None` when unlimited or
+/// unreadable.
 fn max_open_files(limits: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(limits).ok()?;
-    let line = text
-        .lines()
-        .find_map(|line| line.strip_prefix("Max open files"))?;
-    line.split_ascii_whitespace().next()?.parse().ok()
+    match Limits::from_read(limits).ok()?.max_open_files.soft_limit {
+        LimitValue::Value(limit) => Some(limit),
+        LimitValue::Unlimited => None,
+    }
 }
 
 /// How many entries `folder` has, or `None` when it cannot be read or `deadline` passes.
@@ -169,14 +172,36 @@ mod tests {
         }
     }
 
+    /// A limits file as the kernel writes it, with `open_files` as the soft limit of open
+    /// files.
+    fn limits(open_files: &str) -> String {
+        format!(
+            "Limit                     Soft Limit           Hard Limit           Units     \n\
+             Max cpu time              unlimited            unlimited            seconds   \n\
+             Max file size             unlimited            unlimited            bytes     \n\
+             Max data size             unlimited            unlimited            bytes     \n\
+             Max stack size            8388608              unlimited            bytes     \n\
+             Max core file size        0                    unlimited            bytes     \n\
+             Max resident set          unlimited            unlimited            bytes     \n\
+             Max processes             63432                63432                processes \n\
+             Max open files            {open_files:<20} 524288               files     \n\
+             Max locked memory         8388608              8388608              bytes     \n\
+             Max address space         unlimited            unlimited            bytes     \n\
+             Max file locks            unlimited            unlimited            locks     \n\
+             Max pending signals       63432                63432                signals   \n\
+             Max msgqueue size         819200               819200               bytes     \n\
+             Max nice priority         0                    0                    \n\
+             Max realtime priority     0                    0                    \n\
+             Max realtime timeout      unlimited            unlimited            us        \n"
+        )
+    }
+
     #[test]
     fn the_limits_file_gives_the_soft_limit_of_open_files() {
-        let limits = b"Limit                     Soft Limit           Hard Limit           Units     \nMax processes             63432                63432                processes \nMax open files            1024                 524288               files     \n";
-        assert_eq!(max_open_files(limits), Some(1024));
-        let unlimited =
-            b"Max open files            unlimited            unlimited            files     \n";
-        assert_eq!(max_open_files(unlimited), None);
+        assert_eq!(max_open_files(limits("1024").as_bytes()), Some(1024));
+        assert_eq!(max_open_files(limits("unlimited").as_bytes()), None);
         assert_eq!(max_open_files(b"Max processes 5 5\n"), None);
+        assert_eq!(max_open_files(b""), None);
     }
 
     #[test]
@@ -185,11 +210,7 @@ mod tests {
         let own = root.path().join("self");
         fs::create_dir_all(own.join("fd")).unwrap();
         fs::write(own.join("stat"), STAT).unwrap();
-        fs::write(
-            own.join("limits"),
-            "Max open files            4096                 524288               files\n",
-        )
-        .unwrap();
+        fs::write(own.join("limits"), limits("4096")).unwrap();
         for fd in ["0", "1", "2", "7"] {
             fs::write(own.join("fd").join(fd), "").unwrap();
         }

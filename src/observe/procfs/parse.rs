@@ -1,7 +1,8 @@
 //! The `/proc` and `/etc` text formats read on every scrape, parsed by hand: pure and
 //! total, so any bytes give an answer (and the fuzz targets in `fuzz/` can say so). One
 //! parser per format, shared by every reader of it. The cgroup file has its own module,
-//! `cgroup`; `/proc/stat`'s boot time, read once at start, goes through procfs-core.
+//! `cgroup`; `/proc/stat`'s boot time, read once at start, and the exporter's own limits
+//! file (`own_process`), which the kernel writes whole for it, go through procfs-core.
 //!
 //! procfs-core offers parsers of `stat`, `status` and `maps` too. Each was tried on the
 //! inputs of this module's tests and timed against these on real inputs (a 2-core VM);
