@@ -123,6 +123,11 @@ dry_run_gpu_suite() {
     step="GPU suite dry run"
     local out
     out=$(mktemp -d -p "$logs")
+    # The scripts that run only on a GPU host (peers.py, where_it_goes.py, ...) are at
+    # least parsed here, so that none is found broken on the day a GPU is lent.
+    python3 -c 'import ast, sys
+for path in sys.argv[1:]:
+    ast.parse(open(path).read(), path)' tests/gpu/*.py
     python3 tests/gpu/dry_run.py --binary target/debug/vram-exporter \
         --library target/debug/deps/libfake_nvml.so \
         --latency-client target/debug/examples/scrape_latency --out "$out" 2>&1 |
