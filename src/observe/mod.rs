@@ -308,7 +308,7 @@ impl LiveHost {
         let containers = self
             .containers
             .as_ref()
-            .map(|watch| watch.reading(wanted_containers(cgroups_of(&owners))));
+            .map(|watch| watch.reading(wanted_containers(cgroups_of(&owners)), deadlines.owners));
         // Where a slow scrape's time went, for whoever profiles one.
         tracing::debug!(
             nvml_seconds = nvml_read.as_secs_f64(),
@@ -597,7 +597,7 @@ impl Source {
             }
             if let (Some(watch), Some(reading)) = (&host.containers, &mut observation.containers) {
                 let cgroups = scan.holders.iter().map(|holder| &holder.cgroup);
-                watch.add_names(reading, wanted_containers(cgroups));
+                watch.add_names(reading, wanted_containers(cgroups), deadlines.scan_waited);
             }
             // Holders in Slurm jobs, with the owners: whether their steps run, as of now.
             if scan

@@ -111,16 +111,22 @@ impl ContainerWatch {
     }
 
     /// The engines' health and the names of the `wanted` containers known now; a
-    /// one-shot command first waits (within its budget) for those never asked for.
-    pub(crate) fn reading(&self, wanted: Vec<Wanted>) -> ContainersReading {
+    /// one-shot command first waits (within its budget, and never past `until`, the
+    /// look's deadline) for those never asked for.
+    pub(crate) fn reading(&self, wanted: Vec<Wanted>, until: Instant) -> ContainersReading {
         let mut reading = ContainersReading::default();
-        self.add_names(&mut reading, wanted);
+        self.add_names(&mut reading, wanted, until);
         reading
     }
 
     /// Adds the names of the `wanted` containers to `reading`, and the engines' health
-    /// as it is now.
-    pub(crate) fn add_names(&self, reading: &mut ContainersReading, wanted: Vec<Wanted>) {
+    /// as it is now; a one-shot command waits for new ones until `until` at the latest.
+    pub(crate) fn add_names(
+        &self,
+        reading: &mut ContainersReading,
+        wanted: Vec<Wanted>,
+        until: Instant,
+    ) {
         let wanted: Vec<Wanted> = wanted
             .into_iter()
             .filter(|(id, engines)| is_id(id) && !engines.is_empty())
@@ -158,7 +164,8 @@ impl ContainerWatch {
             };
             if lock(&self.requests).send(request).is_ok() {
                 if let Some(wait) = self.wait {
-                    let _ = heard.recv_timeout(wait);
+                    let left = until.saturating_duration_since(Instant::now());
+                    let _ = heard.recv_timeout(wait.min(left));
                 }
             }
         }
@@ -346,6 +353,47 @@ mod tests {
         (socket, inspects)
     }
 
+    /// A deadline no test reaches.
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    /// Accepts connections on `socket` and never answers, until the test ends.
+    fn hung_engine(socket: &std::path::Path) -> std::thread::JoinHandle<()> {
+        let listener = UnixListener::bind(socket).unwrap();
+        std::thread::spawn(move || {
+            let mut open = Vec::new();
+            for stream in listener.incoming().take(8) {
+                open.push(stream);
+            }
+            std::thread::sleep(Duration::from_secs(5));
+        })
+    }
+
+    /// An engine that answers `/_ping` and never answers a lookup.
+    fn engine_hung_in_lookups(socket: &std::path::Path) {
+        let listener = UnixListener::bind(socket).unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut request = Vec::new();
+                let mut byte = [0u8; 1];
+                while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                    request.push(byte[0]);
+                }
+                if request.starts_with(b"GET /_ping ") {
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nOK"
+                    );
+                } else {
+                    held.push(stream);
+                }
+            }
+        });
+    }
+
     fn config(docker: PathBuf, podman: PathBuf) -> ContainersConfig {
         ContainersConfig {
             docker_socket: docker,
@@ -364,7 +412,7 @@ mod tests {
             Lifespan::OneShot,
         );
         let wanted = || vec![(ID.to_string(), vec![Engine::Docker, Engine::Podman])];
-        let reading = watch.reading(wanted());
+        let reading = watch.reading(wanted(), later());
         assert_eq!(reading.names[ID].name, "trainer");
         assert_eq!(reading.names[ID].image.as_deref(), Some("model:1"));
         assert!(reading.engines[&Engine::Docker].up());
@@ -375,7 +423,7 @@ mod tests {
             reading.engines[&Engine::Podman].error,
             Some(EngineError::Absent)
         );
-        let again = watch.reading(wanted());
+        let again = watch.reading(wanted(), later());
         assert_eq!(again.names, reading.names);
         assert_eq!(
             *lock(&inspects),
@@ -388,19 +436,11 @@ mod tests {
     fn an_engine_that_never_answers_is_down_and_holds_up_no_server() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("hung.sock");
-        // Accepts connections and never answers.
-        let listener = UnixListener::bind(&socket).unwrap();
-        let held = std::thread::spawn(move || {
-            let mut open = Vec::new();
-            for stream in listener.incoming().take(8) {
-                open.push(stream);
-            }
-            std::thread::sleep(Duration::from_secs(5));
-        });
+        let held = hung_engine(&socket);
         let started = Instant::now();
         let watch = ContainerWatch::start(config(socket, PathBuf::new()), Lifespan::Serving);
         let wanted = || vec![(ID.to_string(), vec![Engine::Docker])];
-        let mut reading = watch.reading(wanted());
+        let mut reading = watch.reading(wanted(), later());
         assert!(
             started.elapsed() < Duration::from_millis(200),
             "{:?}",
@@ -411,11 +451,37 @@ mod tests {
         while reading.engines[&Engine::Docker].error != Some(EngineError::Timeout) {
             assert!(started.elapsed() < Duration::from_secs(5), "{reading:?}");
             std::thread::sleep(Duration::from_millis(20));
-            reading = watch.reading(wanted());
+            reading = watch.reading(wanted(), later());
         }
         assert!(reading.names.is_empty());
         // An empty path leaves the engine out.
         assert!(!reading.engines.contains_key(&Engine::Podman));
         drop(held);
+    }
+
+    #[test]
+    fn a_one_shot_look_waits_for_a_hung_engine_no_longer_than_its_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("slow.sock");
+        engine_hung_in_lookups(&socket);
+        // A one-shot watch waits for new names as long as the engine's call may take (3 s
+        // here, up to five such calls), but never past the look's own deadline.
+        let config = ContainersConfig {
+            timeout: Duration::from_secs(3),
+            ..config(socket, PathBuf::new())
+        };
+        let watch = ContainerWatch::start(config, Lifespan::OneShot);
+        assert!(watch.reading(Vec::new(), later()).engines[&Engine::Docker].up());
+        let started = Instant::now();
+        let reading = watch.reading(
+            vec![(ID.to_string(), vec![Engine::Docker])],
+            started + Duration::from_millis(150),
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited {:?}",
+            started.elapsed()
+        );
+        assert!(reading.names.is_empty());
     }
 }
