@@ -11,12 +11,13 @@ use super::reading::{NarrowAccess, NodeSet};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CStr;
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::linux::fs::MetadataExt;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Bytes of a descriptor's target read at first: enough to tell an NVIDIA node (whose
 /// paths are short) from anything else, which needs no more.
@@ -262,8 +263,14 @@ pub(super) fn mappings(
                 .add(mapping.read, mapping.write);
         }
     };
-    if zombie_leader || !query_shared_mappings(&dir.join("maps"), &mut add)? {
-        let mut maps = fs::read(dir.join("maps"))?;
+    let mut file = fs::File::open(dir.join("maps"))?;
+    let asked = !zombie_leader
+        && !KERNEL_LACKS_PROCMAP_QUERY.load(Ordering::Relaxed)
+        && query_shared_mappings(&file, &mut add)?;
+    if !asked {
+        // The query moves no file position: the file reads from its start.
+        let mut maps = Vec::new();
+        file.read_to_end(&mut maps)?;
         if maps.is_empty() && zombie_leader {
             if let Ok(tasks) = fs::read_dir(dir.join("task")) {
                 for task in tasks.flatten() {
@@ -362,10 +369,9 @@ const MAPPING_NAME_BYTES: usize = 4096;
 /// job, about a microsecond each). `Ok(false)` when the kernel cannot answer so: the
 /// caller reads the maps file instead.
 fn query_shared_mappings(
-    maps: &Path,
+    file: &fs::File,
     add: &mut impl FnMut(parse::SharedMapping),
 ) -> io::Result<bool> {
-    let file = fs::File::open(maps)?;
     let mut name = [0u8; MAPPING_NAME_BYTES];
     let mut address = 0;
     loop {
@@ -388,8 +394,12 @@ fn query_shared_mappings(
                 // No address space (the process exited since the open): nothing mapped,
                 // as its maps file would read empty.
                 Some(libc::ESRCH) => true,
-                // A kernel without the query (ENOTTY), or a path longer than the buffer:
-                // the maps file says it all.
+                // A kernel without the query: it will not have it next time either.
+                Some(libc::ENOTTY) => {
+                    KERNEL_LACKS_PROCMAP_QUERY.store(true, Ordering::Relaxed);
+                    false
+                }
+                // A path longer than the buffer: the maps file says it all.
                 _ => false,
             });
         }
@@ -414,6 +424,10 @@ fn query_shared_mappings(
         address = query.vma_end;
     }
 }
+
+/// Set once the kernel has answered `PROCMAP_QUERY` with ENOTTY (before Linux 6.11): every
+/// later read goes straight to the maps file instead of asking again.
+static KERNEL_LACKS_PROCMAP_QUERY: AtomicBool = AtomicBool::new(false);
 
 /// `readlinkat(2)` of `name` in `directory` into `buffer`: how many bytes it wrote (as
 /// many as the buffer holds when the target is longer).
@@ -529,15 +543,18 @@ mod tests {
         let proc_self = Path::new("/proc/self");
         // Each mapping of ours as the kernel answers it, and as the maps file lists it.
         let mut asked = Vec::new();
-        let answered = query_shared_mappings(&proc_self.join("maps"), &mut |mapping| {
-            if mapping.path.starts_with(&prefix) {
-                asked.push((
-                    String::from_utf8_lossy(mapping.path).into_owned(),
-                    mapping.read,
-                    mapping.write,
-                ));
-            }
-        })
+        let answered = query_shared_mappings(
+            &fs::File::open(proc_self.join("maps")).unwrap(),
+            &mut |mapping| {
+                if mapping.path.starts_with(&prefix) {
+                    asked.push((
+                        String::from_utf8_lossy(mapping.path).into_owned(),
+                        mapping.read,
+                        mapping.write,
+                    ));
+                }
+            },
+        )
         .unwrap();
         let maps = fs::read(proc_self.join("maps")).unwrap();
         let mut listed: Vec<_> = parse::shared_mappings(&maps)
