@@ -431,6 +431,9 @@ pub struct KillTarget {
     /// When it started, in seconds since the Unix epoch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub started_unix_seconds: Option<u64>,
+    /// When it started, as the verdict says it (JSON has both figures above).
+    #[serde(skip)]
+    pub started: Started,
     /// Command name.
     pub comm: String,
 }
@@ -442,6 +445,7 @@ impl KillTarget {
             pid: process.pid,
             start_time_ticks: process.start_time_ticks,
             started_unix_seconds: process.started_unix_seconds,
+            started: process.started,
             comm: process.comm.clone(),
         }
     }
@@ -1238,11 +1242,15 @@ impl Report {
 
     /// Total orphaned bytes over all GPUs.
     pub fn orphaned_bytes(&self) -> u64 {
-        self.gpus
-            .iter()
-            .map(GpuVerdict::orphaned_bytes)
-            .fold(0, u64::saturating_add)
+        orphaned_bytes_of(self.gpus.iter())
     }
+}
+
+/// Total orphaned bytes of `gpus` (those `check --gpu` chose, or all).
+pub fn orphaned_bytes_of<'a>(gpus: impl IntoIterator<Item = &'a GpuVerdict>) -> u64 {
+    gpus.into_iter()
+        .map(GpuVerdict::orphaned_bytes)
+        .fold(0, u64::saturating_add)
 }
 
 /// Classify a whole observation.

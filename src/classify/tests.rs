@@ -538,6 +538,9 @@ fn a_forked_child_mapping_the_gpu_is_the_culprit_with_its_evidence() {
                 pid: 524,
                 start_time_ticks: 150_000,
                 started_unix_seconds: Some(BOOT + 1_500),
+                started: Started::At {
+                    unix_seconds: BOOT + 1_500
+                },
                 comm: "python3".into(),
             }]
         }

@@ -9,9 +9,9 @@
 
 use super::text::{instance_verdict, verdict, Verdict};
 use crate::classify::{
-    AssignedPod, CheckStatus, Finding, GpuError, GpuVerdict, InstanceVerdict, MemoryReading, Note,
-    NvmlFailure, Owner, OwnerState, ProcfsView, Remedy, Report, ScanSummary, StuckCall, StuckRead,
-    Suspect,
+    orphaned_bytes_of, AssignedPod, CheckStatus, Finding, GpuError, GpuVerdict, InstanceVerdict,
+    MemoryReading, Note, NvmlFailure, Owner, OwnerState, ProcfsView, Remedy, Report, ScanSummary,
+    StuckCall, StuckRead, Suspect,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -154,10 +154,7 @@ pub fn check_document<'a>(report: &'a Report, gpus: &[&'a GpuVerdict]) -> CheckD
         host_pid_namespace: report.host_pid_namespace,
         procfs_view: report.procfs_view,
         holder_scan: report.holder_scan,
-        orphaned_bytes: gpus
-            .iter()
-            .map(|gpu| gpu.orphaned_bytes())
-            .fold(0, u64::saturating_add),
+        orphaned_bytes: orphaned_bytes_of(gpus.iter().copied()),
         gpus: gpus.iter().map(|gpu| gpu_document(gpu)).collect(),
     }
 }

@@ -62,11 +62,6 @@ fn started_words(started: Started) -> String {
     }
 }
 
-/// `python3, started 2026-12-03 09:31:02 UTC`.
-fn identity_words(process: &Process) -> String {
-    format!("{}, {}", process.comm, started_words(process.started))
-}
-
 /// `PID 564 (python3, sleeping, started ..., user root, parent 1, container ...)`.
 fn process_words(process: &Process, extra: &[String]) -> String {
     let mut words = format!("PID {} ({}", process.pid, process.comm);
@@ -455,7 +450,7 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
             Some(format!(
                 "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
                 target_pids(targets),
-                who_they_are(targets, account).join("; ")
+                who_they_are(targets).join("; ")
             ))
         }
         Remedy::CancelJobs { jobs, targets } => {
@@ -488,11 +483,11 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
                         job.job_id,
                         if job.culprits.len() == 1 { "" } else { "s" },
                         if job.culprits.len() == 1 { "s" } else { "" },
-                        who_they_are(&job.culprits, account).join(", ")
+                        who_they_are(&job.culprits).join(", ")
                     )
                 })
                 .collect();
-            why.extend(who_they_are(targets, account));
+            why.extend(who_they_are(targets));
             Some(format!(
                 "{command}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
                 why.join("; ")
@@ -589,19 +584,19 @@ fn target_pids(targets: &[KillTarget]) -> String {
     pids.join(" ")
 }
 
-/// `795 is python3, started ...` for the first few targets, from the culprits' records.
-fn who_they_are(targets: &[KillTarget], account: &GpuAccount) -> Vec<String> {
+/// `795 is python3, started ...` for the first few targets: each names itself with its
+/// start time.
+fn who_they_are(targets: &[KillTarget]) -> Vec<String> {
     targets
         .iter()
         .take(MAX_PIDS_NAMED)
         .map(|target| {
-            let process = account
-                .culprits
-                .iter()
-                .find(|culprit| culprit.process.pid == target.pid)
-                .map(|culprit| identity_words(&culprit.process))
-                .unwrap_or_else(|| target.comm.clone());
-            format!("{} is {process}", target.pid)
+            format!(
+                "{} is {}, {}",
+                target.pid,
+                target.comm,
+                started_words(target.started)
+            )
         })
         .collect()
 }
