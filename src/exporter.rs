@@ -104,18 +104,25 @@ impl Exporter {
         let started = Instant::now();
         let deadlines = Deadlines::between(started, until);
         let mut observation = self.source.observe(&deadlines)?;
-        let mut report = classify(&observation, &self.settings);
-        let scan = match policy {
-            HolderScanPolicy::Always => true,
-            HolderScanPolicy::WhenOrphaned => report.orphaned_bytes() > 0,
+        // Whether to scan is a verdict of its own only when it depends on one.
+        let before_scan = match policy {
+            HolderScanPolicy::Always => None,
+            HolderScanPolicy::WhenOrphaned => Some(classify(&observation, &self.settings)),
         };
+        let scan = observation.holder_scan.is_none()
+            && before_scan
+                .as_ref()
+                .is_none_or(|report| report.orphaned_bytes() > 0);
         let mut scan_seconds = None;
-        if scan && observation.holder_scan.is_none() {
+        if scan {
             let started = Instant::now();
             self.source.scan_holders(&mut observation, &deadlines);
-            report = classify(&observation, &self.settings);
             scan_seconds = Some(started.elapsed().as_secs_f64());
         }
+        let report = match before_scan {
+            Some(report) if !scan => report,
+            _ => classify(&observation, &self.settings),
+        };
         let collected = Collected {
             observation,
             report,
