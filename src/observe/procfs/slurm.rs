@@ -62,8 +62,9 @@ impl SlurmReading {
 pub(crate) struct Slurmstepds {
     /// Each slurmstepd seen running, by PID, with the step its title names.
     known: Vec<(u32, RunningStep)>,
-    /// Steps a complete walk found no slurmstepd for, and when.
-    ended: HashMap<RunningStep, Instant>,
+    /// Wanted steps (a step `None`: any step of the job) a complete walk found no
+    /// slurmstepd for, and when.
+    ended: HashMap<WantedStep, Instant>,
 }
 
 impl Slurmstepds {
@@ -73,7 +74,7 @@ impl Slurmstepds {
     pub(crate) fn look(
         &mut self,
         root: &ProcRoot,
-        wanted: &[(u64, Option<String>)],
+        wanted: &[WantedStep],
         deadline: Instant,
     ) -> SlurmReading {
         let now = Instant::now();
@@ -81,28 +82,14 @@ impl Slurmstepds {
             .retain(|(pid, step)| still_runs(&root.pid_dir(*pid), step));
         self.ended
             .retain(|_, found| now.duration_since(*found) < ENDED_FOR);
-        let settled = |(job_id, step): &(u64, Option<String>)| match step {
-            Some(step) => {
-                let step = RunningStep {
-                    job_id: *job_id,
-                    step: step.clone(),
-                };
-                self.known.iter().any(|(_, known)| *known == step) || self.ended.contains_key(&step)
-            }
-            None => self.known.iter().any(|(_, known)| known.job_id == *job_id),
-        };
+        let settled =
+            |step: &WantedStep| is_among(step, &self.known) || self.ended.contains_key(step);
         if !wanted.iter().all(settled) {
             let walk = walk(root, deadline);
             if walk.complete {
-                for (job_id, step) in wanted {
-                    if let Some(step) = step {
-                        let step = RunningStep {
-                            job_id: *job_id,
-                            step: step.clone(),
-                        };
-                        if !walk.found.iter().any(|(_, found)| *found == step) {
-                            self.ended.insert(step, now);
-                        }
+                for step in wanted {
+                    if !is_among(step, &walk.found) {
+                        self.ended.insert(step.clone(), now);
                     }
                 }
                 self.known = walk.found;
@@ -130,6 +117,16 @@ impl Slurmstepds {
     }
 }
 
+/// A step a look asks about: a job, and its step (`None`: any step of the job).
+type WantedStep = (u64, Option<String>);
+
+/// Whether `wanted` is among the `running` slurmstepds' steps.
+fn is_among((job_id, step): &WantedStep, running: &[(u32, RunningStep)]) -> bool {
+    running.iter().any(|(_, running)| {
+        running.job_id == *job_id && step.as_ref().is_none_or(|step| running.step == *step)
+    })
+}
+
 /// What one walk over the processes found.
 struct Walk {
     found: Vec<(u32, RunningStep)>,
@@ -138,28 +135,21 @@ struct Walk {
 
 /// Every slurmstepd under `root`, looking until `deadline`.
 fn walk(root: &ProcRoot, deadline: Instant) -> Walk {
-    let Ok(entries) = fs::read_dir(&root.root) else {
+    let Ok(pids) = root.pids() else {
         return Walk {
             found: Vec::new(),
             complete: false,
         };
     };
     let mut found = Vec::new();
-    for entry in entries.flatten() {
+    for pid in pids {
         if Instant::now() >= deadline {
             return Walk {
                 found,
                 complete: false,
             };
         }
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Some(step) = slurmstepd_at(&entry.path()) {
+        if let Some(step) = slurmstepd_at(&root.pid_dir(pid)) {
             found.push((pid, step));
         }
     }
@@ -316,6 +306,11 @@ mod tests {
         fs::write(dir.path().join("10/cmdline"), b"").unwrap();
         let reading = stepds.look(&root(&dir), &wanted(&[(7, "0")]), soon());
         assert!(reading.complete && !reading.runs(7, None));
+        // A job whose cgroup names no step, found without a slurmstepd, is remembered as
+        // ended too: the next look past its deadline needs no walk.
+        assert!(stepds.look(&root(&dir), &[(11, None)], soon()).complete);
+        let reading = stepds.look(&root(&dir), &[(11, None)], Instant::now());
+        assert!(reading.complete && !reading.runs(11, None));
         // A step never seen needs a walk: one past its deadline is incomplete.
         let reading = stepds.look(&root(&dir), &wanted(&[(9, "batch")]), Instant::now());
         assert!(!reading.complete);
