@@ -3,6 +3,7 @@
 //! `/proc/self` of the procfs the exporter itself runs under: `--path.procfs` names where
 //! the host's processes are, which may not show this one as `self`.
 
+use super::parse;
 use super::root::ProcRoot;
 use procfs_core::process::{LimitValue, Limits};
 use procfs_core::FromRead;
@@ -73,7 +74,7 @@ impl OwnProcess {
     /// One reading, within a budget of 100 ms; `None` when `stat` cannot be read.
     pub fn read(&self) -> Option<OwnProcessReading> {
         let deadline = Instant::now() + BUDGET;
-        let stat = own_stat(&fs::read(self.own.join("stat")).ok()?)?;
+        let stat = parse::stat_usage(&fs::read(self.own.join("stat")).ok()?)?;
         let max_fds = in_time(deadline)
             .then(|| fs::read(self.own.join("limits")).ok())
             .flatten()
@@ -96,33 +97,6 @@ impl OwnProcess {
 
 fn in_time(deadline: Instant) -> bool {
     Instant::now() < deadline
-}
-
-/// The fields of the exporter's own stat line that its `process_*` series need.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct OwnStat {
-    user_ticks: u64,
-    system_ticks: u64,
-    start_time_ticks: u64,
-    virtual_bytes: u64,
-    resident_pages: u64,
-}
-
-/// Reads utime (field 14), stime (15), starttime (22), vsize (23) and rss (24) of a stat
-/// line; the fields start after the last `) `, which ends the command name.
-fn own_stat(line: &[u8]) -> Option<OwnStat> {
-    let close = line.windows(2).rposition(|pair| pair == b") ")?;
-    let text = std::str::from_utf8(&line[close + 2..]).ok()?;
-    // Field 3 (the state) is the first after the name.
-    let fields: Vec<&str> = text.split_ascii_whitespace().collect();
-    let field = |number: usize| fields.get(number - 3)?.parse::<u64>().ok();
-    Some(OwnStat {
-        user_ticks: field(14)?,
-        system_ticks: field(15)?,
-        start_time_ticks: field(22)?,
-        virtual_bytes: field(23)?,
-        resident_pages: field(24)?,
-    })
 }
 
 /// The soft limit of open files of a limits file, parsed by procfs-core (the kernel
@@ -158,8 +132,8 @@ mod tests {
     #[test]
     fn the_stat_line_gives_cpu_time_memory_and_start() {
         assert_eq!(
-            own_stat(STAT),
-            Some(OwnStat {
+            parse::stat_usage(STAT),
+            Some(parse::Usage {
                 user_ticks: 150,
                 system_ticks: 25,
                 start_time_ticks: 48_213,
@@ -168,7 +142,12 @@ mod tests {
             })
         );
         for bad in [&b""[..], b"1 (x) S 1 2", b"1 (x) S 1 2 3 4 5 6 7 8 9 x 25"] {
-            assert_eq!(own_stat(bad), None, "{:?}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                parse::stat_usage(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

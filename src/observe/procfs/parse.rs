@@ -62,13 +62,8 @@ pub struct Stat {
 /// Reads a stat line. The command name in parentheses may itself contain `) ` and
 /// spaces, so the name ends at the last `) ` and the fields start after it.
 pub fn stat(line: &[u8]) -> Option<Stat> {
-    let open = line.iter().position(|&byte| byte == b'(')?;
-    let close = line.windows(2).rposition(|pair| pair == b") ")?;
-    if close < open {
-        return None;
-    }
-    let comm = String::from_utf8_lossy(&line[open + 1..close]).into_owned();
-    let mut fields = line[close + 2..].split(|&byte| byte == b' ');
+    let (name, mut fields) = stat_fields(line)?;
+    let comm = String::from_utf8_lossy(name).into_owned();
     let state = *fields.next()?.first()?;
     let ppid = small(fields.next()?)?;
     let pgrp = group(fields.next()?)?;
@@ -88,6 +83,50 @@ pub fn stat(line: &[u8]) -> Option<Stat> {
         flags,
         threads,
         start_time_ticks,
+    })
+}
+
+/// A stat line's command name, and its fields from the state (field 3) on.
+fn stat_fields(line: &[u8]) -> Option<(&[u8], impl Iterator<Item = &[u8]>)> {
+    let open = line.iter().position(|&byte| byte == b'(')?;
+    let close = line.windows(2).rposition(|pair| pair == b") ")?;
+    if close < open {
+        return None;
+    }
+    let fields = line[close + 2..].split(|&byte| byte == b' ');
+    Some((&line[open + 1..close], fields))
+}
+
+/// What a process has used, from its stat line: the `process_*` series of the
+/// exporter's own process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time in user mode, in clock ticks (field 14).
+    pub user_ticks: u64,
+    /// CPU time in kernel mode, in clock ticks (field 15).
+    pub system_ticks: u64,
+    /// Start time in clock ticks after boot (field 22).
+    pub start_time_ticks: u64,
+    /// Virtual memory, in bytes (field 23).
+    pub virtual_bytes: u64,
+    /// Resident memory, in pages (field 24).
+    pub resident_pages: u64,
+}
+
+/// Reads what a process has used from its stat line.
+pub fn stat_usage(line: &[u8]) -> Option<Usage> {
+    let (_, mut fields) = stat_fields(line)?;
+    // The state (field 3) first: utime is 11 fields after it.
+    let user_ticks = number(fields.nth(11)?)?;
+    let system_ticks = number(fields.next()?)?;
+    // cutime .. itrealvalue, then starttime (field 22).
+    let start_time_ticks = number(fields.nth(6)?)?;
+    Some(Usage {
+        user_ticks,
+        system_ticks,
+        start_time_ticks,
+        virtual_bytes: number(fields.next()?)?,
+        resident_pages: number(fields.next()?)?,
     })
 }
 
