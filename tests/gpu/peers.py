@@ -504,9 +504,16 @@ def orphan_episode(s, peers, gib, binary, limit):
                                         if shows_orphan(body, dead) else None)
         episode["exporters"][peer.name] = story
         suite.write_capped(os.path.join(s.out, f"orphan-{peer.name}.prom"), body)
+        # The table is published as evidence: vram-exporter missing the orphan it exists to
+        # report fails the run rather than sitting in a row.
+        if peer.name == VRAM and story["seconds_until_shown"] is None:
+            peer.fail(f"did not report the orphan of dead PID {dead} within {limit} s")
     check = subprocess.run([binary, "check", *s.gpu.exporter_args()], capture_output=True,
                            text=True, timeout=90, env=s.gpu.env())
     episode["check"] = dict(exit=check.returncode, stdout=check.stdout[-3000:])
+    vram = next((peer for peer in peers if peer.name == VRAM), None)
+    if vram and check.returncode != 1:
+        vram.fail(f"check exited {check.returncode} during the orphan, not 1 (orphaned)")
     return episode
 
 
@@ -774,6 +781,8 @@ def main(argv=None, gpu=None):
         print(f"peers: stopped early: {problem}", file=sys.stderr)
         return 2
     failed = [peer.name for peer in peers if peer.error]
+    if "error" in (result.get("nvidia_smi_pair") or {}):
+        failed.append(SMI_PAIR)
     if failed:
         print(f"peers: failed: {', '.join(failed)} (the others were measured)", file=sys.stderr)
     return 1 if failed else 0

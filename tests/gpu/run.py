@@ -1461,10 +1461,11 @@ def compiled_client_latency(suite, exporter, figures):
     cost per request is a few microseconds where Python's is about 0.1 ms; then --soak-scrapes
     scrapes more, with the exporter's resident memory before and after them."""
     client = suite.latency_client
+    suite.expect("compiled latency client given (--latency-client)", True, bool(client),
+                 ok=bool(client))
     if not client:
-        figures["compiled_client"] = ("not measured: build it with `cargo build --release "
-                                      "--example scrape_latency`")
-        print(f"latency: {figures['compiled_client']}", flush=True)
+        print("latency: no compiled client, so no soak either: build it with "
+              "`cargo build --release --example scrape_latency`", flush=True)
         return
     address = f"127.0.0.1:{exporter.port}"
 
