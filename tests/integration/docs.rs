@@ -16,9 +16,10 @@ fn documents() -> Vec<PathBuf> {
     let mut folders = vec![root.join("docs"), root.join("examples"), root.join("tests")];
     folders.extend(["deploy", "fake-nvml", "charts", "alerts"].map(|name| root.join(name)));
     while let Some(folder) = folders.pop() {
-        let Ok(entries) = std::fs::read_dir(&folder) else {
-            continue;
-        };
+        // Every folder named above, and every one found below them, is read: a renamed
+        // folder fails here instead of leaving the check.
+        let entries = std::fs::read_dir(&folder)
+            .unwrap_or_else(|error| panic!("{}: {error}", folder.display()));
         for entry in entries.flatten() {
             let path = entry.path();
             if path.is_dir() {

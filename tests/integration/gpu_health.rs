@@ -343,9 +343,21 @@ fn xid_counts_survive_an_nvml_reload_and_counting_resumes() {
         "NVML is reloaded and GPU 0 watched again",
         |metrics| metrics.value("vram_nvml_up", &[]) == 1.0 && watched(metrics),
     );
-    // The counter kept its value across the reload, and the old event is not recounted.
+    // The counter kept its value across the reload.
     assert_eq!(xid_count(&metrics, "0", "79"), 1.0);
-    rig.write_scenario(&with_xid_events(gpus(), &[(1, 0, 79), (2, 0, 79)]));
+    // A later event of another Xid: once it is counted, the event thread has read past
+    // the old one since the reload, so the old one was not recounted.
+    rig.write_scenario(&with_xid_events(gpus(), &[(1, 0, 79), (2, 0, 48)]));
+    let metrics = scrape_until(
+        &exporter,
+        "the Xid 48 after the reload is counted",
+        |metrics| xid_count(metrics, "0", "48") == 1.0,
+    );
+    assert_eq!(xid_count(&metrics, "0", "79"), 1.0);
+    rig.write_scenario(&with_xid_events(
+        gpus(),
+        &[(1, 0, 79), (2, 0, 48), (3, 0, 79)],
+    ));
     scrape_until(&exporter, "the second Xid 79 is counted", |metrics| {
         xid_count(metrics, "0", "79") == 2.0
     });
