@@ -179,11 +179,15 @@ impl Owners {
     }
 }
 
+/// The whole number `name` says, or `default` when it is not set; anything else stops
+/// the bench with the variable's name rather than measure what nobody asked for.
 fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
+    match std::env::var(name) {
+        Err(_) => default,
+        Ok(value) => value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value:?} is not a whole number")),
+    }
 }
 
 /// The machine the figures come from.
