@@ -3,12 +3,13 @@
 //! inside another repository, no repository at all), and the binary these tests run
 //! reporting the revision of the checkout it was built from.
 
+use crate::helpers::repository;
 #[path = "../../build/revision.rs"]
 mod revision;
 
 use crate::helpers::*;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// `git -C dir args...` for setting up a scratch repository; fails the test on error.
@@ -141,10 +142,6 @@ fn a_package_inside_another_repository_does_not_take_its_revision() {
     package(&vendored);
     commit_all(outer, "vendor it");
     assert_eq!(revision::find(&vendored, None).value, "unknown");
-}
-
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! deploy/generate.sh
 //! ```
 
+use crate::helpers::repository;
 use crate::helpers::*;
 use serde_norway::Value;
 use std::fs;
@@ -20,10 +21,6 @@ use std::process::Command;
 const CAPABILITIES: [&str; 2] = ["DAC_READ_SEARCH", "SYS_PTRACE"];
 /// Highest `systemd-analyze security` exposure (0-10) the long-running unit may reach.
 const MAX_EXPOSURE: f64 = 2.5;
-
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn systemd_dir() -> PathBuf {
     repository().join("deploy/systemd")

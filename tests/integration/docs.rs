@@ -3,11 +3,8 @@
 //! file, a heading it has (as GitHub names headings).
 
 use crate::alerts::markdown_anchors;
+use crate::helpers::repository;
 use std::path::{Path, PathBuf};
-
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The Markdown files people read: the README, `docs/`, and every README below the root.
 fn documents() -> Vec<PathBuf> {

@@ -15,6 +15,7 @@
 //!
 //! Prometheus and Alertmanager are required: a machine without them fails, never skips.
 
+use crate::helpers::free_port;
 use crate::helpers::*;
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -558,14 +559,6 @@ fn unix_seconds(timestamp: &str) -> f64 {
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
     let days = era * 146_097 + day_of_era - 719_468;
     days as f64 * 86_400.0 + clock[0] * 3600.0 + clock[1] * 60.0 + clock[2] - offset_seconds
-}
-
-/// A loopback port that was free a moment ago.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("bind a loopback port")
-        .port()
 }
 
 /// A Prometheus or Alertmanager process on loopback, killed when dropped; its log is

@@ -11,6 +11,7 @@
 //! Debian's runc and the cgroupfs manager. Needs root.
 
 use crate::containers::Cgroup;
+use crate::helpers::said;
 use crate::helpers::*;
 use crate::image::{podman, ulimits};
 use std::fs;
@@ -22,15 +23,6 @@ use std::time::{Duration, Instant};
 /// How long podman may take to start its service or a container.
 const PODMAN_TIMEOUT: Duration = Duration::from_secs(60);
 const CONTAINER: &str = "a7bf71c4eb3968e1ee96f65a135da712aebd7f7a68d3fcd9622cec36048bbf31";
-
-fn said(output: &std::process::Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
 
 /// `podman system service` on a socket in `dir`, stopped when dropped.
 struct Service {

@@ -11,28 +11,16 @@
 //! templates in the annotations never pass through Helm's. Each test only compares.
 
 use crate::helpers::promtool;
+use crate::helpers::{repository, said};
 use serde_norway::{Mapping, Value};
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const CHART: &str = "charts/vram-exporter";
 /// The chart's base URL of the runbook, a placeholder until a site sets its own.
 const PLACEHOLDER_RUNBOOK: &str = "https://replace-with-your-runbook-url.invalid/docs/runbook.md";
-
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn said(output: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
 
 /// The command line `tests/tools.sh path NAME` prints: a program and its fixed arguments.
 fn tool(name: &str) -> Command {

@@ -12,6 +12,7 @@
 
 use crate::containers::Cgroup;
 use crate::helpers::*;
+use crate::helpers::{repository, said};
 use crate::kubelet::{Behaviour, Pod, StandInKubelet};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -26,21 +27,8 @@ const CONTAINER: &str = "f45298cd514d1930c4fe3afc4412e59547f7e3148fddd22ca33cefc
 /// x86-64 image.
 const TOOLKIT_NVML: &str = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
 
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn said(output: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        text(&output.stdout),
-        text(&output.stderr)
-    )
 }
 
 /// podman with Debian's runc and cgroupfs, as on a host with a hybrid cgroup layout.

@@ -4,13 +4,9 @@
 //! a size in GiB must be one the program prints, a size in MiB one the replayed
 //! snapshot holds (as `nvidia-smi` would show it, or as used or reserved).
 
+use crate::helpers::repository;
 use crate::helpers::*;
 use serde_json::Value;
-use std::path::PathBuf;
-
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The quick start section of the README: its prose and its one `console` block.
 struct QuickStart {

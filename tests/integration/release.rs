@@ -3,23 +3,11 @@
 //! image build that labels its source truthfully and leaves the developer's release
 //! build as it was.
 
+use crate::helpers::{repository, said};
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn said(output: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
+use std::path::Path;
+use std::process::Command;
 
 #[test]
 fn the_license_is_the_apache_license_the_manifest_declares() {

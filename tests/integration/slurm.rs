@@ -12,10 +12,10 @@
 //! work the test fails, saying why and what fixes it. Needs root (Slurm's daemons and a
 //! job run as another user).
 
+use crate::helpers::free_port;
 use crate::helpers::*;
 use serde_json::Value;
 use std::fs;
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -39,14 +39,6 @@ fn slurm_tool(program: &str) -> PathBuf {
     found.unwrap_or_else(|| {
         panic!("{program} is not installed; install it with: apt-get install -y {PACKAGES}")
     })
-}
-
-/// A loopback TCP port nobody listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -2,14 +2,11 @@
 //! examples under `examples/` replay to the verdicts they were made for, and
 //! `examples/README.md` quotes what `check` prints for each of them.
 
+use crate::helpers::repository;
 use crate::helpers::*;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn example(name: &str) -> PathBuf {
     repository().join("examples").join(name)

@@ -19,7 +19,7 @@ pub use exporter::{
 pub use model::{model_program, Model, Mps};
 pub use output::{
     assert_per_gpu_series_carry_no_workload_labels, assert_promtool_clean, columns, kill_line,
-    pids_of, promtool, suggestion, verdict_line, Metrics,
+    pids_of, promtool, said, suggestion, verdict_line, Metrics,
 };
 pub use processes::{
     children_of, effective_uid, holds, nonexistent_pid, proc_comm, proc_state,
@@ -108,4 +108,17 @@ pub fn require_tool(program: &str, package: &str) -> PathBuf {
         }
     }
     panic!("{program} is not installed; install it with: apt-get install -y {package}");
+}
+
+/// The repository's root: where the documents, charts and deployment files are.
+pub fn repository() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("bind a loopback port")
+        .port()
 }

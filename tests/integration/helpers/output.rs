@@ -225,3 +225,14 @@ pub fn pids_of(list: &Value) -> Vec<u64> {
         .map(|process| process["pid"].as_u64().unwrap())
         .collect()
 }
+
+/// What a command said: its exit status, standard output and standard error, for the
+/// message of an assertion about it.
+pub fn said(output: &std::process::Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
