@@ -36,6 +36,7 @@ use suspects::Scene;
 // What the verdict carries of the observation, named here so that the renderers need
 // nothing from `observe`.
 pub use crate::observe::containers::{ContainerName, Engine, EngineError, EngineHealth};
+pub use crate::observe::health::CallHealth;
 pub use crate::observe::kubernetes::{KubeletSource, SourceError, SourceHealth};
 pub use crate::observe::procfs::short_container_id;
 pub use crate::observe::{

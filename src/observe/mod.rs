@@ -20,6 +20,7 @@
 
 pub(crate) mod containers;
 mod error_line;
+pub(crate) mod health;
 pub(crate) mod kubernetes;
 mod lifespan;
 pub(crate) mod nvml;

@@ -4,10 +4,10 @@
 //! the classifier.
 
 use crate::classify::{
-    Engine, EngineError, EngineHealth, ExporterProcess, GoneReason, GpuAccount, GpuError,
-    GpuVerdict, InstanceVerdict, KubeletSource, KubernetesView, MemoryReading, NvmlFailure,
-    OrphanReason, OwnerState, PodName, Process, ProcfsView, RecoveryAction, Report, Role,
-    StateTally,
+    CallHealth, Engine, EngineError, EngineHealth, ExporterProcess, GoneReason, GpuAccount,
+    GpuError, GpuVerdict, InstanceVerdict, KubeletSource, KubernetesView, MemoryReading,
+    NvmlFailure, OrphanReason, OwnerState, PodName, Process, ProcfsView, RecoveryAction, Report,
+    Role, StateTally,
 };
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -888,42 +888,18 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         KubeletSource::PodResources => &kubernetes.pod_resources,
         KubeletSource::PodLogs => &kubernetes.pod_logs,
     };
-    let source_label = |source: KubeletSource| SourceLabel {
-        source: source.as_str(),
-    };
-    gauge(
+    encode_health(
         encoder,
-        "vram_kubelet_up",
-        "1 when the last read of this kubelet source (pod_resources: the pod-resources API; pod_logs: the pod log directories) succeeded, 0 when it failed or the source is absent.",
-        KubeletSource::iter()
-            .map(|source| (source_label(source), flag(health(source).up()))),
-    )?;
-    gauge(
-        encoder,
-        "vram_kubelet_error",
-        "1 for the kind of failure of this kubelet source's last read (absent: nothing at its path, no kubelet or not mounted; unavailable, timeout, rpc_error, malformed, unreadable), else 0.",
-        KubeletSource::iter().flat_map(|source| {
-            let failure = health(source).error;
-            source.errors().iter().map(move |&kind| {
-                let labels = (
-                    source_label(source),
-                    ErrorLabel {
-                        error: kind.as_str(),
-                    },
-                );
-                (labels, flag(failure == Some(kind)))
-            })
-        }),
-    )?;
-    gauge(
-        encoder,
-        "vram_kubelet_last_success_timestamp_seconds",
-        "When the answer of this kubelet source in use was read, in seconds since the Unix epoch; 0 when it never answered. A failing source keeps serving its last good answer.",
+        [
+            ("vram_kubelet_up", "1 when the last read of this kubelet source (pod_resources: the pod-resources API; pod_logs: the pod log directories) succeeded, 0 when it failed or the source is absent."),
+            ("vram_kubelet_error", "1 for the kind of failure of this kubelet source's last read (absent: nothing at its path, no kubelet or not mounted; unavailable, timeout, rpc_error, malformed, unreadable), else 0."),
+            ("vram_kubelet_last_success_timestamp_seconds", "When the answer of this kubelet source in use was read, in seconds since the Unix epoch; 0 when it never answered. A failing source keeps serving its last good answer."),
+        ],
         KubeletSource::iter().map(|source| {
-            (
-                source_label(source),
-                health(source).last_success_unix_seconds.unwrap_or(0.0),
-            )
+            let label = SourceLabel {
+                source: source.as_str(),
+            };
+            (label, health(source), source.errors())
         }),
     )?;
     gauge(
@@ -939,43 +915,58 @@ fn encode_container_engines(
     encoder: &mut DescriptorEncoder,
     engines: &BTreeMap<Engine, EngineHealth>,
 ) -> fmt::Result {
-    let label = |engine: &Engine| EngineLabel {
-        engine: engine.as_str(),
-    };
+    encode_health(
+        encoder,
+        [
+            ("vram_container_engine_up", "1 when the last call to this container engine's socket (docker, podman) succeeded, 0 when it failed or the socket is absent."),
+            ("vram_container_engine_error", "1 for the kind of failure of this container engine's last call (absent: no socket at its path; unavailable, timeout, http_error, malformed), else 0."),
+            ("vram_container_engine_last_success_timestamp_seconds", "When a call to this container engine last succeeded, in seconds since the Unix epoch; 0 when none has. Containers it named stay named."),
+        ],
+        engines.iter().map(|(engine, health)| {
+            let label = EngineLabel {
+                engine: engine.as_str(),
+            };
+            (label, health, &EngineError::ALL[..])
+        }),
+    )
+}
+
+/// The three families of sources asked on a thread of their own (name and help each):
+/// whether the last call succeeded, the kind of its failure (one series per kind the
+/// source can have), and when one last succeeded (0 for never).
+fn encode_health<'a, L, E>(
+    encoder: &mut DescriptorEncoder,
+    [up, error, last_success]: [(&str, &str); 3],
+    sources: impl Iterator<Item = (L, &'a CallHealth<E>, &'a [E])> + Clone,
+) -> fmt::Result
+where
+    L: EncodeLabelSet + Clone,
+    E: Copy + PartialEq + Into<&'static str> + 'a,
+{
     gauge(
         encoder,
-        "vram_container_engine_up",
-        "1 when the last call to this container engine's socket (docker, podman) succeeded, 0 when it failed or the socket is absent.",
-        engines
-            .iter()
-            .map(|(engine, health)| (label(engine), flag(health.up()))),
+        up.0,
+        up.1,
+        sources
+            .clone()
+            .map(|(label, health, _)| (label, flag(health.up()))),
     )?;
     gauge(
         encoder,
-        "vram_container_engine_error",
-        "1 for the kind of failure of this container engine's last call (absent: no socket at its path; unavailable, timeout, http_error, malformed), else 0.",
-        engines.iter().flat_map(|(engine, health)| {
-            EngineError::ALL.iter().map(move |&kind| {
-                let labels = (
-                    label(engine),
-                    ErrorLabel {
-                        error: kind.as_str(),
-                    },
-                );
+        error.0,
+        error.1,
+        sources.clone().flat_map(|(label, health, kinds)| {
+            kinds.iter().map(move |&kind| {
+                let labels = (label.clone(), ErrorLabel { error: kind.into() });
                 (labels, flag(health.error == Some(kind)))
             })
         }),
     )?;
     gauge(
         encoder,
-        "vram_container_engine_last_success_timestamp_seconds",
-        "When a call to this container engine last succeeded, in seconds since the Unix epoch; 0 when none has. Containers it named stay named.",
-        engines.iter().map(|(engine, health)| {
-            (
-                label(engine),
-                health.last_success_unix_seconds.unwrap_or(0.0),
-            )
-        }),
+        last_success.0,
+        last_success.1,
+        sources.map(|(label, health, _)| (label, health.last_success_unix_seconds.unwrap_or(0.0))),
     )
 }
 

@@ -1,6 +1,7 @@
 //! What the container engines said: plain data, serialisable, so a snapshot taken on one
 //! machine replays to the same names on another.
 
+use crate::observe::health::CallHealth;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use strum::{EnumIter, IntoStaticStr};
@@ -72,25 +73,7 @@ impl EngineError {
 }
 
 /// How an engine's last call went, and when one last succeeded.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct EngineHealth {
-    /// Why the last call failed; `None` when it succeeded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<EngineError>,
-    /// The failure in words.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// When a call last succeeded, in seconds since the Unix epoch; `None` if never.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_success_unix_seconds: Option<f64>,
-}
-
-impl EngineHealth {
-    /// Whether the last call succeeded.
-    pub fn up(&self) -> bool {
-        self.error.is_none()
-    }
-}
+pub type EngineHealth = CallHealth<EngineError>;
 
 /// A container as its engine names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,12 +7,13 @@ use super::config::ContainersConfig;
 use super::engine::{self, is_id};
 use super::reading::{ContainerName, ContainersReading, Engine, EngineError, EngineHealth};
 use crate::observe::error_line::one_line;
+use crate::observe::health::unix_seconds_now;
 use crate::observe::lifespan::Lifespan;
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// Most container ids remembered; a host runs at most a few hundred containers at once.
 const MAX_REMEMBERED: usize = 4096;
@@ -269,7 +270,7 @@ impl Thread {
             None => {
                 health.error = None;
                 health.message = None;
-                health.last_success_unix_seconds = Some(unix_seconds());
+                health.last_success_unix_seconds = Some(unix_seconds_now());
             }
             Some(error) => {
                 health.error = Some(error.kind());
@@ -296,12 +297,6 @@ impl Thread {
             ),
         }
     }
-}
-
-fn unix_seconds() -> f64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0.0, |elapsed| elapsed.as_secs_f64())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! What the kubelet's sources said: plain data, serialisable, so a snapshot taken on one
 //! machine replays to the same verdict on another.
 
+use crate::observe::health::CallHealth;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use strum::{EnumIter, IntoStaticStr};
@@ -67,26 +68,8 @@ impl SourceError {
     }
 }
 
-/// How a source's last refresh went, and when it last succeeded.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct SourceHealth {
-    /// Why the last refresh failed; `None` when it succeeded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<SourceError>,
-    /// The failure in words.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// When the answer in use was taken, in seconds since the Unix epoch; `None` if never.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_success_unix_seconds: Option<f64>,
-}
-
-impl SourceHealth {
-    /// Whether the last refresh succeeded.
-    pub fn up(&self) -> bool {
-        self.error.is_none()
-    }
-}
+/// How a kubelet source's last refresh went, and when the answer in use was taken.
+pub type SourceHealth = CallHealth<SourceError>;
 
 /// One NVIDIA device the kubelet has assigned to a container.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -10,12 +10,13 @@ use super::reading::{
     DeviceAssignment, KubeletSource, KubernetesReading, SourceError, SourceHealth,
 };
 use crate::observe::error_line::one_line;
+use crate::observe::health::unix_seconds_now;
 use crate::observe::lifespan::Lifespan;
 use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// The longest one call to the kubelet may take (less when the refresh interval is shorter).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -149,7 +150,7 @@ fn refresh(
 ) {
     let answer = runtime.block_on(pod_resources::list(&config.pod_resources_socket, timeout));
     let listing = read_pod_log_dirs(&config.pod_logs);
-    let now = unix_seconds();
+    let now = unix_seconds_now();
     let mut latest = lock(latest);
     let previous = latest.pod_resources.clone();
     match answer {
@@ -243,10 +244,4 @@ fn log_change(
             "kubelet source failing; serving its last good answer (logged again when it changes)"
         ),
     }
-}
-
-fn unix_seconds() -> f64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0.0, |elapsed| elapsed.as_secs_f64())
 }
