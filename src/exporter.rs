@@ -281,6 +281,9 @@ impl Collector for ScrapeCollector {
         let exporter = &self.exporter;
         let mut collected =
             exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned, self.until);
+        // Read here, not on the /proc reader thread: only this process's own stat, limits
+        // and descriptor directory, which no other process and no call stuck in the driver
+        // can hold a lock on, within a budget of their own (see `OwnProcess::read`).
         collected.report.exporter_process = exporter
             .own_process
             .as_ref()
