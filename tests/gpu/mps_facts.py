@@ -49,17 +49,6 @@ time.sleep(600)
 """
 
 
-class Proc(ctypes.Structure):
-    _fields_ = [("pid", ctypes.c_uint), ("used", ctypes.c_ulonglong),
-                ("gpu_instance", ctypes.c_uint), ("compute_instance", ctypes.c_uint)]
-
-
-class Mem2(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong),
-                ("reserved", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
-                ("used", ctypes.c_ulonglong)]
-
-
 def nvml_lists():
     """used memory and each of NVML's three lists, pid -> bytes, in a fresh process so
     that this one holds no NVML descriptors while the others are described."""
@@ -87,7 +76,9 @@ for name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRu
 print(json.dumps(out))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-500:]}
+    if done.returncode != 0:
+        raise SystemExit(f"NVML could not be asked for its process lists: {done.stderr[-500:]}")
+    return json.loads(done.stdout)
 
 
 def read(path):
@@ -189,6 +180,10 @@ def main():
     work = tempfile.mkdtemp(prefix="mps-")
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=f"{work}/pipe", CUDA_MPS_LOG_DIRECTORY=f"{work}/log")
     os.makedirs(env["CUDA_MPS_PIPE_DIRECTORY"]), os.makedirs(env["CUDA_MPS_LOG_DIRECTORY"])
+    # The daemon and server are found by name: another MPS on this host would be described
+    # in their place.
+    if pids_of("nvidia-cuda-mps-control") or pids_of("nvidia-cuda-mps-server"):
+        raise SystemExit("an MPS control daemon or server already runs here: stop it first")
     facts = dict(before=nvml_lists())
     started = []
     try:
@@ -210,7 +205,8 @@ def main():
         forker.stdin.flush()
         forker.wait(timeout=60)
         wait_for("the dead client to be gone", lambda: not os.path.exists(f"/proc/{dead_client}"))
-        time.sleep(0.5)
+        wait_for("NVML to list the dead client",
+                 lambda: str(dead_client) in json.dumps(nvml_lists()), limit=20)
         facts["with_orphan"] = nvml_lists()
         sockets = unix_sockets()
         facts["processes"] = dict(
