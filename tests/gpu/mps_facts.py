@@ -19,7 +19,6 @@ and prints a summary. It never resets the GPU or changes its settings.
 """
 
 import argparse
-import ctypes
 import json
 import os
 import shutil
