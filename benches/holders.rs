@@ -11,7 +11,7 @@
 //! measures the others too. The largest tree is therefore also measured in CPU time
 //! (user and system, of every thread of this process, from `getrusage`): what the scan
 //! itself costs, whatever else runs. On an idle machine the wall time is about the CPU
-//! time divided by the scan's threads (up to four, one per core).
+//! time divided by the scan's threads (up to eight, one per core).
 
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,

@@ -5,10 +5,14 @@
 
 use super::parse;
 use super::root::ProcRoot;
+use crate::sync::lock;
 use procfs_core::process::{LimitValue, Limits};
 use procfs_core::FromRead;
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Longest one reading may take. The files are read one after another and the budget is
@@ -39,14 +43,30 @@ pub struct OwnProcessReading {
     pub max_fds: Option<u64>,
 }
 
+/// How long a reading of the limit of open files is served before it is read again: it
+/// changes only when someone runs `prlimit` on the exporter.
+const LIMITS_FOR: Duration = Duration::from_secs(60);
+
 /// Reads the exporter's own process; the boot time and the system's units are read once.
-#[derive(Debug, Clone)]
+///
+/// A scrape reads it each time, so each reading costs as few system calls as it can:
+/// `stat` is held open and read with `pread` (the kernel writes it afresh for each read),
+/// the descriptors are counted from the size `/proc` gives their folder (Linux 6.2 and
+/// later; one `statx` instead of listing them), and the limits file is read once a minute.
+#[derive(Debug)]
 pub struct OwnProcess {
     /// `/proc/self`, or its stand-in in tests.
     own: PathBuf,
     boot_time_unix_seconds: Option<u64>,
     ticks_per_second: u64,
     page_size: u64,
+    /// `own`'s `stat`, once opened.
+    stat: Mutex<Option<fs::File>>,
+    /// The soft limit of open files and when it was read.
+    limits: Mutex<Option<(Instant, Option<u64>)>>,
+    /// Whether `own` is on a procfs, whose descriptor folder's size is its count (a stand-in
+    /// folder's size is not).
+    on_procfs: bool,
 }
 
 impl OwnProcess {
@@ -63,25 +83,24 @@ impl OwnProcess {
                 libc::sysconf(libc::_SC_PAGESIZE),
             )
         };
+        let own = root.join("self");
         OwnProcess {
-            own: root.join("self"),
+            on_procfs: on_procfs(&own),
+            own,
             boot_time_unix_seconds: proc_root.boot_time(),
             ticks_per_second: u64::try_from(ticks).ok().filter(|&t| t > 0).unwrap_or(100),
             page_size: u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096),
+            stat: Mutex::new(None),
+            limits: Mutex::new(None),
         }
     }
 
     /// One reading, within a budget of 100 ms; `None` when `stat` cannot be read.
     pub fn read(&self) -> Option<OwnProcessReading> {
         let deadline = Instant::now() + BUDGET;
-        let stat = parse::stat_usage(&fs::read(self.own.join("stat")).ok()?)?;
-        let max_fds = in_time(deadline)
-            .then(|| fs::read(self.own.join("limits")).ok())
-            .flatten()
-            .and_then(|limits| max_open_files(&limits));
-        let open_fds = in_time(deadline)
-            .then(|| count_entries(&self.own.join("fd"), deadline))
-            .flatten();
+        let stat = parse::stat_usage(&self.stat_line()?)?;
+        let max_fds = in_time(deadline).then(|| self.max_fds()).flatten();
+        let open_fds = in_time(deadline).then(|| self.open_fds(deadline)).flatten();
         Some(OwnProcessReading {
             cpu_ticks: stat.user_ticks.saturating_add(stat.system_ticks),
             ticks_per_second: self.ticks_per_second,
@@ -93,6 +112,74 @@ impl OwnProcess {
             max_fds,
         })
     }
+}
+
+impl OwnProcess {
+    /// `stat`'s line, read through the file held open; opened again when a read fails.
+    fn stat_line(&self) -> Option<Vec<u8>> {
+        let mut held = lock(&self.stat);
+        let mut line = vec![0; STAT_BYTES];
+        for _ in 0..2 {
+            if held.is_none() {
+                *held = Some(fs::File::open(self.own.join("stat")).ok()?);
+            }
+            match held.as_ref()?.read_at(&mut line, 0) {
+                Ok(read) if read > 0 && read < line.len() => {
+                    line.truncate(read);
+                    return Some(line);
+                }
+                // Longer than the buffer (not seen) or unreadable: read it whole by path.
+                Ok(read) if read > 0 => return fs::read(self.own.join("stat")).ok(),
+                _ => *held = None,
+            }
+        }
+        None
+    }
+
+    /// The soft limit of open files, read at most once every [`LIMITS_FOR`].
+    fn max_fds(&self) -> Option<u64> {
+        let mut limits = lock(&self.limits);
+        if let Some((read_at, max_fds)) = *limits {
+            if read_at.elapsed() < LIMITS_FOR {
+                return max_fds;
+            }
+        }
+        let max_fds = fs::read(self.own.join("limits"))
+            .ok()
+            .and_then(|limits| max_open_files(&limits));
+        *limits = Some((Instant::now(), max_fds));
+        max_fds
+    }
+
+    /// The open descriptors: the size of their folder on a procfs that gives it, else
+    /// counted.
+    fn open_fds(&self, deadline: Instant) -> Option<u64> {
+        let folder = self.own.join("fd");
+        if self.on_procfs {
+            match fs::metadata(&folder).map(|meta| meta.len()) {
+                Ok(count) if count > 0 => return Some(count),
+                Err(_) => return None,
+                Ok(_) => {} // Linux before 6.2 says 0: count them.
+            }
+        }
+        count_entries(&folder, deadline)
+    }
+}
+
+/// Bytes `stat` is read into: its line is about 300.
+const STAT_BYTES: usize = 1024;
+
+/// Whether `path` is on a procfs (`PROC_SUPER_MAGIC`).
+fn on_procfs(path: &Path) -> bool {
+    const PROC_SUPER_MAGIC: libc::c_long = 0x9fa0;
+    let Ok(path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut fs_stats = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: the path is NUL-terminated and the kernel writes one statfs into memory we
+    // own; it is read only when the call succeeded.
+    let answered = unsafe { libc::statfs(path.as_ptr(), fs_stats.as_mut_ptr()) } == 0;
+    answered && unsafe { fs_stats.assume_init() }.f_type as libc::c_long == PROC_SUPER_MAGIC
 }
 
 fn in_time(deadline: Instant) -> bool {
@@ -213,13 +300,24 @@ mod tests {
                 max_fds: Some(4096),
             }
         );
+        // Counted on a stand-in: its folder's size is not the count.
+        fs::write(own.join("fd").join("9"), "").unwrap();
+        assert_eq!(process.read().unwrap().open_fds, Some(5));
+        // The limit is served for a minute; a new reader reads it again.
+        fs::write(own.join("limits"), limits("8192")).unwrap();
+        assert_eq!(process.read().unwrap().max_fds, Some(4096));
+        assert_eq!(
+            OwnProcess::new(root.path()).read().unwrap().max_fds,
+            Some(8192)
+        );
         // Without the limits and descriptors, the rest is still read; without stat, nothing.
         fs::remove_file(own.join("limits")).unwrap();
         fs::remove_dir_all(own.join("fd")).unwrap();
+        let process = OwnProcess::new(root.path());
         let reading = process.read().unwrap();
         assert_eq!((reading.open_fds, reading.max_fds), (None, None));
         fs::remove_file(own.join("stat")).unwrap();
-        assert_eq!(process.read(), None);
+        assert_eq!(OwnProcess::new(root.path()).read(), None);
     }
 
     #[test]
@@ -233,7 +331,29 @@ mod tests {
 
     #[test]
     fn this_process_reads_as_itself() {
-        let reading = OwnProcess::new(Path::new("/proc")).read().unwrap();
+        let process = OwnProcess::new(Path::new("/proc"));
+        assert!(process.on_procfs);
+        let reading = process.read().unwrap();
+        // The stat line comes from the file held open, read again for each reading.
+        let again = process.read().unwrap();
+        assert!(again.cpu_ticks >= reading.cpu_ticks, "{again:?}");
+        assert_eq!(again.start_time_ticks, reading.start_time_ticks);
+        // The size of /proc's folder is the count where the kernel gives it: it agrees
+        // with a listing (which holds one descriptor more, the folder's own) whenever no
+        // other test opened or closed a file meanwhile.
+        let counts = || {
+            let before = process.open_fds(Instant::now() + BUDGET).unwrap();
+            let listed = fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+            let after = process.open_fds(Instant::now() + BUDGET).unwrap();
+            (before, listed, after)
+        };
+        let tries: Vec<_> = (0..50).map(|_| counts()).collect();
+        assert!(
+            tries
+                .iter()
+                .any(|&(before, listed, after)| before == after && listed.abs_diff(before) <= 1),
+            "{tries:?}"
+        );
         let open = reading.open_fds.unwrap();
         assert!(open >= 3, "{reading:?}");
         assert!(open <= reading.max_fds.unwrap_or(u64::MAX), "{reading:?}");

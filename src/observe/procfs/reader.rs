@@ -22,9 +22,12 @@ use std::time::{Duration, Instant};
 
 /// How many processes to look at between two checks of the clock.
 const CLOCK_CHECK_EVERY: usize = 64;
-/// Most threads one scan uses. The scan is one system call per open file (a `readlink`
-/// costs 2-4 us in a VM), so it spreads over cores; more would crowd a busy GPU host.
-const MAX_SCAN_THREADS: usize = 4;
+/// Most threads one scan uses. The first scan of an episode is one system call per open
+/// file (a `readlink` costs 1-4 us in a VM: 0.5 s of CPU for 10,000 processes of 50
+/// files), and the verdict waits for it, so it spreads over cores; GPU hosts have dozens,
+/// and eight for the tenth of a second it then takes leave most of them to the jobs.
+/// Later scans are one `statx` a process and rarely need more than one.
+const MAX_SCAN_THREADS: usize = 8;
 /// Fewest processes not seen before worth a thread of their own (starting and joining
 /// one costs about 100 us in a VM): each is one system call per open file.
 const MIN_PROCESSES_PER_THREAD: usize = 32;
