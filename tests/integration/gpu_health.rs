@@ -416,3 +416,44 @@ fn what_a_gpu_cannot_answer_and_its_mig_mode_are_not_asked_on_every_scrape() {
     assert_eq!(count("nvmlDeviceGetMigMode"), asked[1]);
     assert_eq!(count("nvmlDeviceGetMemoryInfo_v2"), asked[2] + 3);
 }
+
+#[test]
+fn a_healthy_host_is_asked_the_library_calls_once_and_a_driver_gone_is_down_at_the_next_scrape() {
+    // The device count and driver version do not change while NVML stays loaded: a look
+    // of a healthy host reads the GPUs without asking them again (for 30 s).
+    let rig = Rig::new();
+    rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0)).gpu(Gpu::idle(1)).into_json());
+    let (exporter, calls) = start_logging_calls(&rig);
+    // Loading NVML and watching its events ask the count too; counted from here.
+    assert_eq!(exporter.scrape().value("vram_nvml_up", &[]), 1.0);
+    let asked = |symbol| calls_made(&calls, symbol);
+    let (counts, versions, memory) = (
+        asked("nvmlDeviceGetCount_v2"),
+        asked("nvmlSystemGetDriverVersion"),
+        asked("nvmlDeviceGetMemoryInfo_v2"),
+    );
+    for _ in 0..4 {
+        let metrics = exporter.scrape();
+        assert_eq!(metrics.value("vram_nvml_up", &[]), 1.0);
+        assert_eq!(metrics.value("vram_gpu_up", &[("gpu", "1")]), 1.0);
+    }
+    assert_eq!(
+        asked("nvmlDeviceGetMemoryInfo_v2"),
+        memory + 8,
+        "each scrape reads both GPUs"
+    );
+    assert_eq!(asked("nvmlDeviceGetCount_v2"), counts);
+    assert_eq!(asked("nvmlSystemGetDriverVersion"), versions);
+
+    // The driver goes away and every call fails: the GPUs' failures make the same look
+    // ask the library, so the very next scrape says NVML is down, not that both GPUs
+    // failed on their own.
+    fs::remove_file(&rig.scenario).unwrap();
+    let metrics = exporter.scrape();
+    assert_eq!(metrics.value("vram_nvml_up", &[]), 0.0);
+    assert!(
+        metrics.find("vram_gpu_up", &[]).is_empty(),
+        "no GPU is reported while NVML is down"
+    );
+    assert_eq!(asked("nvmlDeviceGetCount_v2"), counts + 1);
+}

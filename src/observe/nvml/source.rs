@@ -35,6 +35,11 @@ const MAX_RETRY: Duration = Duration::from_secs(300);
 /// The library NVML is loaded from when no path is given.
 const SYSTEM_LIBRARY: &str = "libnvidia-ml.so.1";
 
+/// How long the library-level answers (the device count, the driver version) are served
+/// without asking again while every GPU answers. Neither changes while NVML stays loaded
+/// (NVML counts the devices at init), and a GPU that fails makes the look ask at once.
+const LIBRARY_ANSWERS_FOR: Duration = Duration::from_secs(30);
+
 /// What a library-level job says before its first call: loading is init.
 const LOADING: &str = "nvmlInit_v2";
 
@@ -73,6 +78,16 @@ struct LibraryState {
     library: Option<Library>,
     /// Counts the loads, so that a GPU's thread forgets what another library answered.
     generation: u64,
+}
+
+/// What the library-level calls answered last while NVML was up, and when.
+#[derive(Debug, Clone)]
+struct LibraryUp {
+    nvml: Arc<Nvml>,
+    generation: u64,
+    count: u32,
+    driver_version: String,
+    asked_at: Instant,
 }
 
 /// What the library-level calls answered.
@@ -132,6 +147,8 @@ pub(crate) struct NvmlSource {
     library: Worker<LibraryState>,
     /// Whether the library was stuck at the last look, so that it is logged once.
     library_stuck: Mutex<bool>,
+    /// The library's last answers while it was up; `None` once it was not.
+    library_up: Mutex<Option<LibraryUp>>,
     /// By device index; grows with the device count.
     gpus: Mutex<Vec<Arc<GpuSlot>>>,
     /// Read the GPUs side by side (`true`, what the exporter does) or one after another
@@ -152,6 +169,7 @@ impl NvmlSource {
             },
             library: Worker::start("nvml-library", LibraryState::default()),
             library_stuck: Mutex::new(false),
+            library_up: Mutex::new(None),
             gpus: Mutex::new(Vec::new()),
             side_by_side: true,
         }
@@ -176,13 +194,49 @@ impl NvmlSource {
     /// Read every GPU, waiting for NVML until `until`; NVML's own failures become a
     /// `Down` reading, a GPU that does not answer by then a `NotAnswering` one, never a
     /// panic.
+    ///
+    /// The library-level calls are made when their last answers are older than
+    /// [`LIBRARY_ANSWERS_FOR`], and after the GPUs whenever one of them did not answer
+    /// well: a driver that went away fails every GPU's calls, and is then reported as
+    /// NVML down in the same look, as if the library had been asked first. A look of a
+    /// healthy host thus hands work to one thread fewer.
     pub(crate) fn read(&self, until: Instant) -> NvmlReading {
+        let recent = lock(&self.library_up)
+            .clone()
+            .filter(|up| up.asked_at.elapsed() < LIBRARY_ANSWERS_FOR);
+        let asked_first = recent.is_none();
+        let up = match recent {
+            Some(up) => up,
+            None => match self.ask_library(until) {
+                Ok(up) => up,
+                Err(down) => return down,
+            },
+        };
+        let gpus = self.read_gpus(&up, until);
+        if !asked_first
+            && gpus
+                .iter()
+                .any(|gpu| !matches!(gpu.state, GpuState::Ok { .. }))
+        {
+            if let Err(down) = self.ask_library(until) {
+                return down;
+            }
+        }
+        NvmlReading::Up {
+            driver_version: up.driver_version,
+            gpus,
+        }
+    }
+
+    /// The library-level answers, asked of its thread until `until` (loading NVML if it
+    /// is not loaded); the `Down` reading to serve when NVML is not up.
+    fn ask_library(&self, until: Instant) -> Result<LibraryUp, NvmlReading> {
         let loading = self.loading.clone();
         let answer = self
             .library
             .run(LOADING, until, move |state| state.look(&loading));
         let looked_at = Instant::now();
-        let (nvml, generation, count, driver_version) = match answer {
+        let up = match answer {
             Ok(LibraryAnswer::Up {
                 nvml,
                 generation,
@@ -190,17 +244,25 @@ impl NvmlSource {
                 driver_version,
             }) => {
                 self.library_answers();
-                (nvml, generation, count, driver_version)
+                LibraryUp {
+                    nvml,
+                    generation,
+                    count,
+                    driver_version,
+                    asked_at: looked_at,
+                }
             }
             Ok(LibraryAnswer::Down { error, reason }) => {
                 self.library_answers();
-                return NvmlReading::Down {
+                *lock(&self.library_up) = None;
+                return Err(NvmlReading::Down {
                     error,
                     reason,
                     stuck: None,
-                };
+                });
             }
             Err(NoAnswer::Stuck(in_call)) => {
+                *lock(&self.library_up) = None;
                 let stuck = stuck_call(in_call, looked_at);
                 if !std::mem::replace(&mut *lock(&self.library_stuck), true)
                     && self.loading.lifespan == Lifespan::Serving
@@ -211,23 +273,31 @@ impl NvmlSource {
                         "NVML does not answer; serving vram_nvml_up 0 and asking it nothing more until the call returns"
                     );
                 }
-                return NvmlReading::Down {
+                return Err(NvmlReading::Down {
                     error: format!("NVML does not answer: {} has not returned", stuck.call),
                     reason: NvmlFailure::NotAnswering,
                     stuck: Some(stuck),
-                };
+                });
             }
             Err(NoAnswer::Failed(why)) => {
-                return NvmlReading::Down {
+                *lock(&self.library_up) = None;
+                return Err(NvmlReading::Down {
                     error: why,
                     reason: NvmlFailure::Failed,
                     stuck: None,
-                }
+                });
             }
         };
+        *lock(&self.library_up) = Some(up.clone());
+        Ok(up)
+    }
+
+    /// Each GPU's reading, from its own thread, waited for until `until`.
+    fn read_gpus(&self, up: &LibraryUp, until: Instant) -> Vec<GpuReading> {
+        let (count, generation) = (up.count, up.generation);
         let slots = self.slots(count);
         let job = |index: u32, slot: &GpuSlot| {
-            let (nvml, known) = (Arc::clone(&nvml), Arc::clone(&slot.identity));
+            let (nvml, known) = (Arc::clone(&up.nvml), Arc::clone(&slot.identity));
             slot.worker.submit(
                 "nvmlDeviceGetHandleByIndex_v2",
                 move |memo: &mut GpuMemo| {
@@ -255,7 +325,7 @@ impl NvmlSource {
                 .collect()
         };
         let looked_at = Instant::now();
-        let gpus = (0..count)
+        (0..count)
             .zip(&slots)
             .zip(answers)
             .map(|((index, slot), answer)| {
@@ -263,11 +333,7 @@ impl NvmlSource {
                 gpu.health.xid = self.loading.xid.as_ref().map(|xid| xid.reading(&gpu.uuid));
                 gpu
             })
-            .collect();
-        NvmlReading::Up {
-            driver_version,
-            gpus,
-        }
+            .collect()
     }
 
     /// The reading of GPU `index` from its thread's answer, logging when it stops and
