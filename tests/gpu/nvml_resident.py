@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Which NVML call makes NVML's resident memory: RSS after each call a scrape makes, in order.
+
+usage: python3 tests/gpu/nvml_resident.py [--library libnvidia-ml.so.1] [--out DIR]
+
+A fresh Python process loads libnvidia-ml.so.1 through ctypes and makes, one after
+another, the calls the exporter makes (init, the library-level calls, one GPU's calls of
+a scrape, the process lists, the Xid event registration and a wait), reading its own
+VmRSS, RssAnon and RssFile after each, and which NVIDIA libraries are mapped by then. The
+interpreter's own memory is there from the start, so the figures to read are the steps'
+differences. Then it makes the scrape's calls 1,000 times more, to show whether anything
+grows. Writes nvml-resident.json into DIR.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+
+NVML_SUCCESS = 0
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+XID_CRITICAL_ERROR = 0x8
+
+
+def status():
+    with open("/proc/self/status") as lines:
+        fields = dict(line.split(":", 1) for line in lines)
+    return {key: int(fields[key].split()[0]) for key in ("VmRSS", "RssAnon", "RssFile")}
+
+
+def nvidia_mappings():
+    """{library or device file: resident KiB} of NVIDIA's mappings, and the largest
+    anonymous mapping's resident KiB."""
+    found, largest_anonymous, name = {}, 0, None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and all(c in "0123456789abcdef-" for c in head[0]):
+                path = head[5] if len(head) > 5 else ""
+                base = os.path.basename(path)
+                name = base if ("nvidia" in base or base.startswith("libcuda")) else ("" if not path else None)
+            elif head and head[0] == "Rss:":
+                if name:
+                    found[name] = found.get(name, 0) + int(head[1])
+                elif name == "":
+                    largest_anonymous = max(largest_anonymous, int(head[1]))
+    return found, largest_anonymous
+
+
+class Probe:
+    def __init__(self, library):
+        self.steps = []
+        self.before = status()
+        self.record("start (Python, nothing of NVIDIA's loaded)")
+        self.nvml = ctypes.CDLL(library)
+        self.record(f"dlopen {library}")
+
+    def record(self, step, answer=None):
+        now = status()
+        mapped, largest_anonymous = nvidia_mappings()
+        previous = self.steps[-1] if self.steps else None
+        self.steps.append(dict(
+            step=step, answer=answer, vm_rss_kib=now["VmRSS"], rss_anon_kib=now["RssAnon"],
+            rss_file_kib=now["RssFile"],
+            vm_rss_delta_kib=now["VmRSS"] - (previous["vm_rss_kib"] if previous else now["VmRSS"]),
+            largest_anonymous_kib=largest_anonymous, nvidia_mapped_kib=mapped))
+
+    def call(self, step, function, *args, record=True):
+        answer = getattr(self.nvml, function)(*args)
+        if record:
+            self.record(step or function, answer)
+        return answer
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--library", default="libnvidia-ml.so.1")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--repeat", type=int, default=1000)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    probe = Probe(args.library)
+    if probe.call(None, "nvmlInit_v2") != NVML_SUCCESS:
+        print("nvmlInit_v2 failed: no NVML to measure", file=sys.stderr)
+        return 1
+    count = ctypes.c_uint(0)
+    probe.call(None, "nvmlDeviceGetCount_v2", ctypes.byref(count))
+    version = ctypes.create_string_buffer(96)
+    probe.call(None, "nvmlSystemGetDriverVersion", version, 96)
+    handle = ctypes.c_void_p()
+    if probe.call(None, "nvmlDeviceGetHandleByIndex_v2", 0, ctypes.byref(handle)) != NVML_SUCCESS:
+        print("no GPU 0", file=sys.stderr)
+        return 1
+    buffer = ctypes.create_string_buffer(4096)
+
+    def scrape(record):
+        probe.call(None, "nvmlDeviceGetUUID", handle, buffer, 96, record=record)
+        probe.call(None, "nvmlDeviceGetName", handle, buffer, 96, record=record)
+        probe.call(None, "nvmlDeviceGetPciInfo_v3", handle, buffer, record=record)
+        probe.call(None, "nvmlDeviceGetMinorNumber", handle, buffer, record=record)
+        # nvmlMemory_v2_t: its version word first (struct size 40 | 2 << 24).
+        ctypes.memmove(buffer, ctypes.byref(ctypes.c_uint(40 | (2 << 24))), 4)
+        probe.call(None, "nvmlDeviceGetMemoryInfo_v2", handle, buffer, record=record)
+        probe.call(None, "nvmlDeviceGetMigMode", handle, buffer,
+                   ctypes.byref(ctypes.c_uint()), record=record)
+        probe.call(None, "nvmlDeviceGetRemappedRows", handle, buffer,
+                   ctypes.byref(ctypes.c_uint()), ctypes.byref(ctypes.c_uint()),
+                   ctypes.byref(ctypes.c_uint()), record=record)
+        for kind in ("Compute", "Graphics", "MPSCompute"):
+            entries = ctypes.c_uint(64)
+            probe.call(None, f"nvmlDeviceGet{kind}RunningProcesses_v3", handle,
+                       ctypes.byref(entries), buffer, record=record)
+
+    scrape(True)
+    event_set = ctypes.c_void_p()
+    probe.call(None, "nvmlEventSetCreate", ctypes.byref(event_set))
+    probe.call("nvmlDeviceRegisterEvents (critical Xid)", "nvmlDeviceRegisterEvents", handle,
+               ctypes.c_ulonglong(XID_CRITICAL_ERROR), event_set)
+    probe.call("nvmlEventSetWait_v2 (0 ms)", "nvmlEventSetWait_v2", event_set, buffer, 0)
+    for _ in range(args.repeat):
+        scrape(False)
+    probe.record(f"the scrape's calls {args.repeat} times more")
+    found = dict(library=args.library, driver_version=version.value.decode(), gpus=count.value,
+                 steps=probe.steps)
+    for step in probe.steps:
+        print(f"{step['vm_rss_kib']:>8} KiB  {step['vm_rss_delta_kib']:>+7}  anon {step['rss_anon_kib']:>7}"
+              f"  largest anon {step['largest_anonymous_kib']:>6}  {step['step']}"
+              f"  [{', '.join(sorted(step['nvidia_mapped_kib']))}]")
+    with open(os.path.join(args.out, "nvml-resident.json"), "w") as out:
+        json.dump(found, out, indent=1)
+        out.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
