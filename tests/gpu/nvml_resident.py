@@ -78,10 +78,16 @@ def main():
     parser.add_argument("--library", default="libnvidia-ml.so.1")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--repeat", type=int, default=1000)
+    parser.add_argument("--init-flags", type=lambda text: int(text, 0), default=None,
+                        help="init with nvmlInitWithFlags(FLAGS) instead of nvmlInit_v2 "
+                             "(NVML_INIT_FLAG_NO_GPUS 1, NVML_INIT_FLAG_NO_ATTACH 2)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     probe = Probe(args.library)
-    if probe.call(None, "nvmlInit_v2") != NVML_SUCCESS:
+    init = (probe.call(None, "nvmlInit_v2") if args.init_flags is None else
+            probe.call(f"nvmlInitWithFlags({args.init_flags:#x})", "nvmlInitWithFlags",
+                       ctypes.c_uint(args.init_flags)))
+    if init != NVML_SUCCESS:
         print("nvmlInit_v2 failed: no NVML to measure", file=sys.stderr)
         return 1
     count = ctypes.c_uint(0)
@@ -121,7 +127,7 @@ def main():
     for _ in range(args.repeat):
         scrape(False)
     probe.record(f"the scrape's calls {args.repeat} times more")
-    found = dict(library=args.library, driver_version=version.value.decode(), gpus=count.value,
+    found = dict(library=args.library, init_flags=args.init_flags, driver_version=version.value.decode(), gpus=count.value,
                  steps=probe.steps)
     for step in probe.steps:
         print(f"{step['vm_rss_kib']:>8} KiB  {step['vm_rss_delta_kib']:>+7}  anon {step['rss_anon_kib']:>7}"
