@@ -31,8 +31,11 @@
 #[path = "../tests/integration/helpers/mod.rs"]
 #[allow(dead_code, unused_imports)]
 mod helpers;
+// What the benches read from the environment.
+mod settings;
 
 use helpers::{exporter_binary, Exporter, Gpu, Gpus, Holder, Rig};
+use settings::env_number;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -176,17 +179,6 @@ impl Owners {
             .iter()
             .map(|owner| owner.pid)
             .collect()
-    }
-}
-
-/// The whole number `name` says, or `default` when it is not set; anything else stops
-/// the bench with the variable's name rather than measure what nobody asked for.
-fn env_number(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Err(_) => default,
-        Ok(value) => value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value:?} is not a whole number")),
     }
 }
 

@@ -14,57 +14,46 @@ grows. Writes nvml-resident.json into DIR.
 
 import argparse
 import ctypes
+import importlib.util
 import json
 import os
 import sys
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 NVML_SUCCESS = 0
-NVML_ERROR_INSUFFICIENT_SIZE = 7
 XID_CRITICAL_ERROR = 0x8
 
 
-def status():
-    with open("/proc/self/status") as lines:
-        fields = dict(line.split(":", 1) for line in lines)
-    return {key: int(fields[key].split()[0]) for key in ("VmRSS", "RssAnon", "RssFile")}
+def load(name, file):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, file))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def nvidia_mappings():
-    """{library or device file: resident KiB} of NVIDIA's mappings, and the largest
-    anonymous mapping's resident KiB."""
-    found, largest_anonymous, name = {}, 0, None
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5 and all(c in "0123456789abcdef-" for c in head[0]):
-                path = head[5] if len(head) > 5 else ""
-                base = os.path.basename(path)
-                name = base if ("nvidia" in base or base.startswith("libcuda")) else ("" if not path else None)
-            elif head and head[0] == "Rss:":
-                if name:
-                    found[name] = found.get(name, 0) + int(head[1])
-                elif name == "":
-                    largest_anonymous = max(largest_anonymous, int(head[1]))
-    return found, largest_anonymous
+where = load("where_it_goes", "where_it_goes.py")
 
 
 class Probe:
     def __init__(self, library):
         self.steps = []
-        self.before = status()
         self.record("start (Python, nothing of NVIDIA's loaded)")
         self.nvml = ctypes.CDLL(library)
         self.record(f"dlopen {library}")
 
     def record(self, step, answer=None):
-        now = status()
-        mapped, largest_anonymous = nvidia_mappings()
+        now = where.resident(os.getpid())
         previous = self.steps[-1] if self.steps else None
+        largest = now["largest_anonymous_kib"]
         self.steps.append(dict(
-            step=step, answer=answer, vm_rss_kib=now["VmRSS"], rss_anon_kib=now["RssAnon"],
-            rss_file_kib=now["RssFile"],
-            vm_rss_delta_kib=now["VmRSS"] - (previous["vm_rss_kib"] if previous else now["VmRSS"]),
-            largest_anonymous_kib=largest_anonymous, nvidia_mapped_kib=mapped))
+            step=step, answer=answer, vm_rss_kib=now["vm_rss_kib"],
+            rss_anon_kib=now["rss_anon_kib"], rss_file_kib=now["rss_file_kib"],
+            vm_rss_delta_kib=now["vm_rss_kib"] - (previous or now)["vm_rss_kib"],
+            largest_anonymous_kib=largest[0]["resident"] if largest else 0,
+            nvidia_mapped_kib={name.removeprefix("NVIDIA: "): kib
+                               for name, kib in now["by_mapping_kib"].items()
+                               if name.startswith("NVIDIA: ")}))
 
     def call(self, step, function, *args, record=True):
         answer = getattr(self.nvml, function)(*args)

@@ -317,11 +317,7 @@ mod tests {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { return };
-                let mut request = Vec::new();
-                let mut byte = [0u8; 1];
-                while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
-                    request.push(byte[0]);
-                }
+                let request = request_head(&mut stream);
                 let request = String::from_utf8_lossy(&request);
                 let (status, body) = if request.starts_with("GET /_ping ") {
                     ("200 OK", "OK".to_string())
@@ -348,6 +344,17 @@ mod tests {
         (socket, inspects)
     }
 
+    /// A request's head, read up to its blank line (or what came before the client
+    /// stopped sending).
+    fn request_head(stream: &mut impl Read) -> Vec<u8> {
+        let mut request = Vec::new();
+        let mut byte = [0u8; 1];
+        while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+            request.push(byte[0]);
+        }
+        request
+    }
+
     /// A deadline no test reaches.
     fn later() -> Instant {
         Instant::now() + Duration::from_secs(60)
@@ -372,11 +379,7 @@ mod tests {
             let mut held = Vec::new();
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { return };
-                let mut request = Vec::new();
-                let mut byte = [0u8; 1];
-                while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
-                    request.push(byte[0]);
-                }
+                let request = request_head(&mut stream);
                 if request.starts_with(b"GET /_ping ") {
                     let _ = write!(
                         stream,
