@@ -250,11 +250,15 @@ impl LiveHost {
         // the scan's budget, as it always has, or sooner when the look must be done.
         let until = scan_deadline(Instant::now(), self.scan_budget, Some(deadlines.owners));
         let (root, placement) = (self.proc_root.clone(), self.placement);
-        // The driver's table of MIG capability minors is read on the /proc reader too; a
-        // reader that does not answer leaves the capabilities unknown.
-        let (mut with_capabilities, mig_minors) = (nvml.clone(), self.mig_minors.clone());
+        // The driver's table of MIG capability minors is read on the /proc reader too,
+        // for a reading with MIG devices (a copy of it goes there); a reader that does not
+        // answer leaves the capabilities unknown.
+        let mut with_capabilities = nvml::has_mig_devices(&nvml).then(|| nvml.clone());
+        let mig_minors = self.mig_minors.clone();
         let job = move |memory: &mut Memory| {
-            nvml::attach_capabilities(&mut with_capabilities, &mig_minors);
+            if let Some(reading) = with_capabilities.as_mut() {
+                nvml::attach_capabilities(reading, &mig_minors);
+            }
             let owners = procfs::look_at_owners(&root, placement, memory, &listed, until);
             (with_capabilities, owners)
         };
@@ -262,7 +266,9 @@ impl LiveHost {
         let mut procfs_stuck = None;
         let (lookups, mut procfs_errors, procfs_view) = match looked {
             Ok((with_capabilities, looked)) => {
-                nvml = with_capabilities;
+                if let Some(with_capabilities) = with_capabilities {
+                    nvml = with_capabilities;
+                }
                 (looked.lookups, looked.errors, looked.view)
             }
             Err(no_answer) => {

@@ -63,19 +63,27 @@ fn parse_capability(path: &str) -> Option<Capability> {
     }
 }
 
+/// Whether some GPU of `reading` has MIG devices, whose capabilities
+/// [`attach_capabilities`] would attach: a reading without any need not go to the `/proc`
+/// reader for them.
+pub(crate) fn has_mig_devices(reading: &NvmlReading) -> bool {
+    let NvmlReading::Up { gpus, .. } = reading else {
+        return false;
+    };
+    gpus.iter()
+        .any(|gpu| gpu.mig.as_ref().is_some_and(|mig| !mig.devices.is_empty()))
+}
+
 /// Fills in the capability minors of every MIG device of `reading` from the file at
 /// `path`. A missing file (no MIG-capable GPU, no driver) leaves them unknown; so does an
 /// unreadable one, which is logged once per observation at debug level.
 pub(crate) fn attach_capabilities(reading: &mut NvmlReading, path: &Path) {
+    if !has_mig_devices(reading) {
+        return;
+    }
     let NvmlReading::Up { gpus, .. } = reading else {
         return;
     };
-    let any_mig = gpus
-        .iter()
-        .any(|gpu| gpu.mig.as_ref().is_some_and(|mig| !mig.devices.is_empty()));
-    if !any_mig {
-        return;
-    }
     let minors = match std::fs::read_to_string(path) {
         Ok(text) => parse_mig_minors(&text),
         Err(error) => {

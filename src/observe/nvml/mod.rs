@@ -16,7 +16,7 @@ mod reading;
 mod source;
 mod xid;
 
-pub(crate) use mig::{attach_capabilities, MIG_MINORS};
+pub(crate) use mig::{attach_capabilities, has_mig_devices, MIG_MINORS};
 pub use reading::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigCapabilities, MigDeviceReading,
     MigReading, NvmlFailure, NvmlLists, NvmlProcess, NvmlReading, ProcessList, RecoveryAction,
