@@ -29,6 +29,8 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_owned_bytes",
     "vram_orphaned_bytes",
     "vram_unattributed_bytes",
+    "vram_left_behind_bytes",
+    "vram_left_behind_since_timestamp_seconds",
     "vram_owner_processes_usage_unavailable",
     "vram_holder_processes",
     "vram_gone_owner_processes",
