@@ -44,12 +44,13 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
         print!("{}", check_text(&report, &select(&report, config)?));
         println!();
     }
+    // What the wait waits for is named as the first look found it.
+    let word = held_word(&report, config)?;
     let started = Instant::now();
     let mut progress = Progress::new();
     loop {
         let polled = look(exporter, HolderScanPolicy::WhenOrphaned, config.timeout)?;
         let still = selected_to_free_bytes(&polled, config)?;
-        let word = held_word(&polled, config)?;
         // Memory on a GPU that does not answer (or with NVML down) is not freed: it is
         // not seen.
         let freed = still == 0 && !unseen(&polled, config)?;
