@@ -251,6 +251,7 @@ fn blindness_words(reason: Blindness) -> String {
             if processes == 1 { "its" } else { "their" }
         ),
         Blindness::CulpritsNotVisible => "the processes that hold it live in another PID namespace than this one, where kill cannot reach them: run check on the host".into(),
+        Blindness::WorkersNotVisible => "they live in another PID namespace than this one, where kill cannot reach them: run check on the host".into(),
         Blindness::ScanCutShort => {
             "the scan for holders ran out of time before it saw every process".into()
         }
@@ -641,6 +642,16 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
                 "; the driver asks for a reboot of the node: no kill or GPU reset frees it.",
             );
             Some("systemctl reboot   # after draining the node's workloads".to_string())
+        }
+        Remedy::CannotTell {
+            reason: reason @ Blindness::WorkersNotVisible,
+        } => {
+            let _ = write!(
+                sentence,
+                "; no kill is suggested: {}.",
+                blindness_words(*reason)
+            );
+            None
         }
         Remedy::CannotTell { reason } => {
             let _ = write!(
