@@ -51,10 +51,14 @@ inventory() {
         cat "$root/etc/$database"
     done
 }
+# The test's own files in the root, made before the first inventory so that it counts
+# them on both sides.
+inside=/srv/package-test
+mkdir -p "$root$inside"
+cp "$work/v1.deb" "$work/v2.deb" "$repository/examples/story-gpu2-orphaned.json" "$root$inside/"
 inventory >"$work/before"
 
-cp "$work/v1.deb" "$work/v2.deb" "$repository/examples/story-gpu2-orphaned.json" "$root/tmp/"
-in_root dpkg --install /tmp/v1.deb >"$work/dpkg-install.log" 2>&1 || {
+in_root dpkg --install "$inside/v1.deb" >"$work/dpkg-install.log" 2>&1 || {
     cat "$work/dpkg-install.log" >&2
     fail "dpkg --install v1.deb"
 }
@@ -80,7 +84,7 @@ ok "the install enables no unit"
 ok "vram-exporter --version: $(in_root vram-exporter --version)"
 
 status=0
-in_root vram-exporter check --replay /tmp/story-gpu2-orphaned.json >"$work/check-root" 2>&1 || status=$?
+in_root vram-exporter check --replay "$inside/story-gpu2-orphaned.json" >"$work/check-root" 2>&1 || status=$?
 expected=0
 "$release" check --replay "$repository/examples/story-gpu2-orphaned.json" >"$work/check-host" 2>&1 || expected=$?
 ((status == 1 && expected == 1)) || fail "check --replay exited $status in the root, $expected on the host (1: orphaned memory)"
@@ -100,7 +104,7 @@ flags=$root/etc/default/vram-exporter
 sed -i 's|^VRAM_EXPORTER_ARGS=.*|VRAM_EXPORTER_ARGS="--web.listen-address=:9177 --log.level=debug"|' "$flags"
 echo "# edited by the package test" >>"$flags"
 cp "$flags" "$work/flags-edited"
-in_root dpkg --install /tmp/v2.deb >"$work/dpkg-upgrade.log" 2>&1 || {
+in_root dpkg --install "$inside/v2.deb" >"$work/dpkg-upgrade.log" 2>&1 || {
     cat "$work/dpkg-upgrade.log" >&2
     fail "dpkg --install v2.deb over v1"
 }
@@ -113,7 +117,7 @@ ok "the upgrade to $version kept the edited /etc/default/vram-exporter"
 
 # The exporter running as its user, as the service would, when the package goes.
 in_root setpriv --reuid=vram-exporter --regid=vram-exporter --clear-groups \
-    /usr/bin/vram-exporter --replay /tmp/story-gpu2-orphaned.json --web.listen-address=127.0.0.1:0 \
+    /usr/bin/vram-exporter --replay "$inside/story-gpu2-orphaned.json" --web.listen-address=127.0.0.1:0 \
     >"$work/serving.log" 2>&1 &
 serving=$!
 for _ in $(seq 100); do
