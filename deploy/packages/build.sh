@@ -126,12 +126,15 @@ done
     done
 } >"$staged/vram-exporter.help.txt"
 
+# Each family's own names: name_version-revision_arch.deb, name-version-release.arch.rpm.
+deb="$out/vram-exporter_$version-$package_revision+${package_suffix}_$(dpkg --print-architecture).deb"
+rpm="$out/vram-exporter-$version-$package_revision.$package_suffix.$(uname -m).rpm"
 say "cargo deb ($CARGO_DEB_VERSION)"
 "$cargo_deb" --no-build --no-strip --locked --deb-revision "$package_revision+$package_suffix" \
-    --output "$out/" >&2
+    --output "$deb" >&2
 say "cargo generate-rpm ($CARGO_GENERATE_RPM_VERSION)"
 "$cargo_generate_rpm" --set-metadata "release = \"$package_revision.$package_suffix\"" \
-    --output "$out/" >&2
+    --output "$rpm" >&2
 
 # The tarball: the units as they are in deploy/systemd (the binary in /usr/local/bin),
 # for hosts with neither package manager.
@@ -156,5 +159,7 @@ tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$stamp" \
 rm -rf "$tree"
 
 say "built, from $version_line:"
-(cd "$out" && ls -1 ./*.deb ./*.rpm "$name.tar.gz" "$name.tar.gz.sha256") | sed 's|^\./||' |
-    while read -r file; do echo "$out/$file"; done
+for file in "$deb" "$rpm" "$out/$name.tar.gz" "$out/$name.tar.gz.sha256"; do
+    [[ -s $file ]] || { say "$file was not made"; exit 1; }
+    echo "$file"
+done
