@@ -191,6 +191,8 @@ grep -qF "glibc $glibc or newer" docs/deployment.md ||
     fail "docs/deployment.md does not say the binary needs glibc $glibc or newer (readelf -V)"
 ok "docs/deployment.md names the glibc the binary needs ($glibc, from readelf -V)"
 
+echo "no clean RPM root: making one takes a Fedora, RHEL or Rocky repository, and this suite reaches only Debian's packages; the .rpm's scripts are the .deb's, which run below" >&2
+
 # --- a clean Debian root ---------------------------------------------------------------
 # This host's release and its package sources (as files mmdebstrap pastes in), so that
 # the binary meets the glibc it was built against.
