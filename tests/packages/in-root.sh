@@ -65,9 +65,10 @@ in_root dpkg --install "$inside/v1.deb" >"$work/dpkg-install.log" 2>&1 || {
 ok "dpkg --install v1.deb"
 
 entry=$(in_root getent passwd vram-exporter) || fail "no user vram-exporter after the install"
-IFS=: read -r _ _ uid gid _ home shell <<<"$entry"
-((uid < 1000)) && [[ $shell == /usr/sbin/nologin && $home == / ]] ||
+IFS=: read -r _ _ uid _ _ home shell <<<"$entry"
+if ((uid >= 1000)) || [[ $shell != /usr/sbin/nologin || $home != / ]]; then
     fail "the user is not a system user without a shell: $entry"
+fi
 in_root getent group vram-exporter >/dev/null || fail "no group vram-exporter after the install"
 ok "the install made the system user vram-exporter ($entry) through sysusers"
 
@@ -108,6 +109,7 @@ in_root dpkg --install "$inside/v2.deb" >"$work/dpkg-upgrade.log" 2>&1 || {
     cat "$work/dpkg-upgrade.log" >&2
     fail "dpkg --install v2.deb over v1"
 }
+# shellcheck disable=SC2016 # dpkg-query's own ${Version}, not the shell's.
 version=$(in_root dpkg-query --show --showformat='${Version}' vram-exporter)
 [[ $version == "$(dpkg-deb -f "$work/v2.deb" Version)" ]] || fail "after the upgrade the version is $version"
 cmp -s "$flags" "$work/flags-edited" || fail "the upgrade changed the edited flags file: $(diff "$work/flags-edited" "$flags")"

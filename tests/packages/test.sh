@@ -67,7 +67,9 @@ one() {
     local found
     # shellcheck disable=SC2206
     found=($1)
-    ((${#found[@]} == 1)) && [[ -e ${found[0]} ]] || fail "expected one file $1, found: ${found[*]}"
+    if ((${#found[@]} != 1)) || [[ ! -e ${found[0]} ]]; then
+        fail "expected one file $1, found: ${found[*]}"
+    fi
     echo "${found[0]}"
 }
 deb1=$(one "$work/1/vram-exporter_*.deb")
@@ -155,7 +157,7 @@ for script in POSTIN:postinst PREUN:prerm POSTUN:postrm; do
     diff <(rpm_query --qf "%{${script%%:*}}") "deploy/packages/scripts/${script#*:}" ||
         fail "the .rpm's %{${script%%:*}} is not deploy/packages/scripts/${script#*:}"
 done
-[[ -z $(rpm_query --qf '%{PREIN}' | grep -v '(none)') ]] || fail "the .rpm has a pre-install script"
+[[ $(rpm_query --qf '%{PREIN}') == "(none)" ]] || fail "the .rpm has a pre-install script"
 ok "the .rpm's scripts are the .deb's maintainer scripts (post-install, pre- and post-uninstall)"
 # Its requirements: glibc's libraries, libgcc_s (which glibc itself needs), the shell its
 # scripts run in, sysusers and userdel, and the config() mark rpm gives every package
