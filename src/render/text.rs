@@ -480,17 +480,9 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
                 sentence,
                 "; still held by {} - killing {} should free it.",
                 suspects_words(&account.culprits, index),
-                if targets.len() == 1 {
-                    targets[0].pid.to_string()
-                } else {
-                    "them".to_string()
-                }
+                them(targets)
             );
-            Some(format!(
-                "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
-                target_pids(targets),
-                who_they_are(targets).join("; ")
-            ))
+            Some(kill_line(targets, index))
         }
         Remedy::CancelJobs { jobs, targets } => {
             let cancel = list(jobs.iter().map(|job| format!("Slurm job {}", job.job_id)));
@@ -546,20 +538,8 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
             Some(format!("vram-exporter check --gpu {index} --wait 60s"))
         }
         Remedy::KillLeftBehind { targets } => {
-            let _ = write!(
-                sentence,
-                " - killing {} should free it.",
-                if targets.len() == 1 {
-                    targets[0].pid.to_string()
-                } else {
-                    "them".to_string()
-                }
-            );
-            Some(format!(
-                "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
-                target_pids(targets),
-                who_they_are(targets).join("; ")
-            ))
+            let _ = write!(sentence, " - killing {} should free it.", them(targets));
+            Some(kill_line(targets, index))
         }
         Remedy::ResetOrReboot { stuck } => {
             if !account.culprits.is_empty() {
@@ -749,6 +729,23 @@ fn duration_words(seconds: u64) -> String {
         120..=7199 => format!("{} min", seconds / 60),
         _ => format!("{} h {} min", seconds / 3600, seconds % 3600 / 60),
     }
+}
+
+/// `524` for one target, `them` for several.
+fn them(targets: &[KillTarget]) -> String {
+    match targets {
+        [one] => one.pid.to_string(),
+        _ => "them".to_string(),
+    }
+}
+
+/// `kill 795 796   # 795 is ...; then: vram-exporter check --gpu 0 --wait 30s`.
+fn kill_line(targets: &[KillTarget], index: u32) -> String {
+    format!(
+        "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
+        target_pids(targets),
+        who_they_are(targets).join("; ")
+    )
 }
 
 /// `795 796`: the PIDs to kill.
