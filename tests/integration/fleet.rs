@@ -15,6 +15,7 @@
 //!   lost NVML, and no memory alert of those nodes is notified;
 //! - a hung GPU beside an orphan pages for both, once each;
 //! - nothing else is notified.
+//!
 //! Then it runs the dashboard's Fleet row against the central Prometheus, and prints the
 //! figures docs/fleet.md quotes: series per node, samples per second, the central
 //! Prometheus's memory, orphan-to-notification times and the fleet queries' latency.
