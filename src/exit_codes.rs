@@ -12,12 +12,16 @@ pub const ERROR: u8 = 2;
 /// GPU, owners that cannot be read, a blind exporter); or NVML or a GPU did not answer
 /// within `--timeout`, whatever else was found.
 pub const CANNOT_TELL: u8 = 3;
+/// `check`: nothing is orphaned, but some GPU's memory is held by workers a killed server
+/// left behind (seen, or possibly), or by owners killed and stuck in the driver.
+pub const LEFT_BEHIND: u8 = 4;
 
 /// The exit status `check` ends with for `status`.
 pub fn of(status: CheckStatus) -> u8 {
     match status {
         CheckStatus::Clear => SUCCESS,
         CheckStatus::Orphaned => ORPHANED,
+        CheckStatus::LeftBehind => LEFT_BEHIND,
         CheckStatus::CannotTell | CheckStatus::NotAnswering => CANNOT_TELL,
         CheckStatus::NvmlDown => ERROR,
     }
@@ -29,6 +33,7 @@ pub fn meaning(code: u8) -> &'static str {
         SUCCESS => "nothing orphaned",
         ORPHANED => "orphaned memory found",
         CANNOT_TELL => "cannot tell: some memory cannot be judged",
+        LEFT_BEHIND => "memory left behind: held for a server that has exited, or by a killed process stuck in the driver",
         _ => "error",
     }
 }

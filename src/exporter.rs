@@ -182,6 +182,7 @@ impl Exporter {
                     procfs_view: ProcfsView::Own,
                     boot_time_unix_seconds: None,
                     clock_ticks_per_second: 100,
+                    taken_at_unix_seconds: None,
                     owners: BTreeMap::new(),
                     holder_scan: None,
                     procfs_errors: 0,

@@ -58,6 +58,9 @@ pub(crate) fn cuda(pid: u32, gpus: &[u32]) -> ProcessFacts {
         uid: Some(0),
         user: Some("root".into()),
         wchan: None,
+        exiting: false,
+        kill_pending_since_unix_seconds: None,
+        lineage: None,
         descriptors: nodes(gpus),
         mappings: nodes(gpus),
         cgroup: CgroupAttribution::default(),
@@ -110,6 +113,7 @@ pub(crate) struct Host {
     pub(crate) scan_denied: u64,
     pub(crate) slurm: Option<SlurmReading>,
     pub(crate) containers: Option<ContainersReading>,
+    pub(crate) taken_at: Option<u64>,
 }
 
 impl Host {
@@ -125,6 +129,7 @@ impl Host {
             scan_denied: 0,
             slurm: None,
             containers: None,
+            taken_at: None,
         }
         .gpu(0)
     }
@@ -235,6 +240,7 @@ impl Host {
             procfs_view: self.procfs_view,
             boot_time_unix_seconds: Some(BOOT),
             clock_ticks_per_second: 100,
+            taken_at_unix_seconds: self.taken_at,
             owners: self.owners.clone(),
             holder_scan: self.holders.clone().map(|holders| HolderScan {
                 holders,

@@ -3,6 +3,7 @@
 //! keeps it (with the evidence) and which merely watches, what would free it, and what
 //! `check` exits with. The renderers put this into words and series and decide nothing.
 
+mod after_kill;
 mod exporter_process;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -15,6 +16,7 @@ mod suspects;
 #[cfg(test)]
 mod tests;
 
+pub use after_kill::{killed_stuck, Clue, KilledStuck, LeftBehindOwner, Parent, Seen, KILL_STUCK_SECONDS};
 pub use exporter_process::{exporter_process, ExporterProcess};
 pub use owners::{
     judge_owner, Frame, GoneReason, Owner, OwnerState, Standing, Started, StateQualifier, WhyGone,
@@ -40,7 +42,8 @@ pub use crate::observe::health::CallHealth;
 pub use crate::observe::kubernetes::{KubeletSource, SourceError, SourceHealth};
 pub use crate::observe::procfs::short_container_id;
 pub use crate::observe::{
-    CgroupAttribution, GpuError, Identity, MemoryReading, NamespaceInit, NarrowAccess, NodeSet,
+    CgroupAttribution, GpuError, Identity, Leader, Lineage, MemoryReading, NamespaceInit,
+    NarrowAccess, NodeSet, Relative,
     NvmlFailure, NvmlLists, ProcfsView, RecoveryAction, References, RemappedRows, RetiredPages,
     StuckCall, StuckRead, XidReading,
 };
@@ -197,6 +200,14 @@ pub struct Process {
     /// Kernel function it waits in, when in uninterruptible sleep.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wchan: Option<String>,
+    /// Killed while in uninterruptible sleep: since when the exporter has seen the SIGKILL
+    /// pending, in seconds since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kill_pending_since_unix_seconds: Option<u64>,
+    /// Where it came from, for an owner: its parent when first seen, and whether that
+    /// parent has exited since.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
     /// Its container and pod.
     #[serde(flatten)]
     pub cgroup: CgroupAttribution,
@@ -261,6 +272,8 @@ impl Process {
             uid: facts.uid,
             user: facts.user.clone(),
             wchan: facts.wchan.clone(),
+            kill_pending_since_unix_seconds: facts.kill_pending_since_unix_seconds,
+            lineage: facts.lineage.clone(),
             cgroup: facts.cgroup.clone(),
             pod: None,
             container: facts.cgroup.container_id.as_ref().and_then(|id| {
@@ -280,6 +293,11 @@ impl Process {
     /// SIGKILL that ends a container, so it is stuck.
     pub fn container_ended(&self) -> bool {
         NamespaceInit::exited(self.pid_namespace_init)
+    }
+
+    /// Killed, and the kill waits: a SIGKILL pending in uninterruptible sleep.
+    pub fn killed(&self) -> bool {
+        self.state == ProcessState::DiskSleep && self.kill_pending_since_unix_seconds.is_some()
     }
 }
 
@@ -360,9 +378,18 @@ pub enum Finding {
     Owned,
     /// Memory is held without a live owner.
     Orphaned,
+    /// Nothing is orphaned, but live owners hold memory for a server that has exited
+    /// (seen, or possibly): workers it left behind.
+    LeftBehind,
+    /// Nothing is orphaned or left behind, but owners were killed and are stuck in
+    /// uninterruptible sleep: the kill waits, and their memory with it.
+    KilledStuck,
     /// Nothing is proven orphaned, but memory cannot be judged (owners that cannot be
     /// read, a blind exporter, usage NVML cannot report).
     CannotTell,
+    /// Nothing else to say, but owners are in their exit path: the driver is freeing
+    /// their memory.
+    BeingFreed,
 }
 
 /// What would give orphaned memory back; the exporter only suggests it.
@@ -385,8 +412,22 @@ pub enum Remedy {
         /// The other culprits, in PID order.
         targets: Vec<KillTarget>,
     },
-    /// The owner is exiting: its memory is being freed.
+    /// The owner is exiting, or a kill waits in the driver for less than
+    /// [`KILL_STUCK_SECONDS`]: its memory is being freed, or may be soon.
     Wait,
+    /// End the workers a server left behind (each named with its start time): they hold
+    /// memory for a server that has exited.
+    KillLeftBehind {
+        /// The left-behind owners, in PID order.
+        targets: Vec<KillTarget>,
+    },
+    /// Processes were killed and have been stuck in the driver for longer than
+    /// [`KILL_STUCK_SECONDS`]: another kill cannot end them, only a GPU reset (which the
+    /// driver refuses while they hold the GPU) or a reboot gives the memory back.
+    ResetOrReboot {
+        /// The stuck processes.
+        stuck: Vec<KillTarget>,
+    },
     /// Under MPS, no client process holds a dead client's memory, but the MPS server (a
     /// live owner, which holds every client's context) does: only restarting MPS frees
     /// it, which ends every client of the daemon. Never a plain kill of the daemon or the
@@ -673,6 +714,8 @@ pub struct GpuAccount {
     pub bystanders: Vec<Suspect>,
     /// Processes holding its device file whose mappings could not be read.
     pub undetermined: Vec<Suspect>,
+    /// Live owners a killed server left behind: seen, or possibly.
+    pub left_behind: Vec<LeftBehindOwner>,
     /// NVML's words when it refused a process list of this GPU: owners may be missing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes_denied: Option<String>,
@@ -756,6 +799,17 @@ impl GpuAccount {
     /// Gone owners whose PID names another process now.
     pub fn gone(&self, reason: GoneReason) -> u64 {
         self.gone_by_reason[reason as usize]
+    }
+
+    /// Bytes held by owners whose server the exporter saw exit (those only possibly left
+    /// behind are not counted: the series says what was seen).
+    pub fn left_behind_bytes(&self) -> u64 {
+        self.left_behind
+            .iter()
+            .filter(|owner| owner.seen.witnessed())
+            .filter_map(|owner| owner.used_bytes)
+            .fold(0, u64::saturating_add)
+            .min(self.memory.used)
     }
 }
 
@@ -1018,8 +1072,9 @@ impl GpuVerdict {
             .chain(self.instances.iter().map(InstanceVerdict::account))
             .map(|account| match account.map(|account| account.finding) {
                 Some(Finding::Orphaned) => CheckStatus::Orphaned,
+                Some(Finding::LeftBehind | Finding::KilledStuck) => CheckStatus::LeftBehind,
                 Some(Finding::Idle | Finding::Owned) => CheckStatus::Clear,
-                Some(Finding::CannotTell) | None => CheckStatus::CannotTell,
+                Some(Finding::CannotTell | Finding::BeingFreed) | None => CheckStatus::CannotTell,
             })
             .max()
             .unwrap_or(CheckStatus::Clear)
@@ -1035,8 +1090,12 @@ impl GpuVerdict {
 pub enum CheckStatus {
     /// Every byte has a live owner, or nothing is used.
     Clear,
-    /// Some GPU's memory cannot be judged, and none is proven orphaned.
+    /// Some GPU's memory cannot be judged, or is being freed, and none is proven
+    /// orphaned.
     CannotTell,
+    /// Some GPU's memory is held by workers a killed server left behind, or by owners
+    /// killed and stuck in the driver, and none is orphaned.
+    LeftBehind,
     /// Some GPU holds memory without a live owner.
     Orphaned,
     /// NVML or a GPU did not answer in time: the look is incomplete.
@@ -1449,7 +1508,8 @@ fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
                     Standing::Live(process) | Standing::Gone(WhyGone::Reused { by: process }) => {
                         name(process)
                     }
-                    Standing::Gone(WhyGone::Exited | WhyGone::Exiting) | Standing::Unknown(_) => {}
+                    Standing::Exiting(process) => name(process),
+                    Standing::Gone(WhyGone::Exited) | Standing::Unknown(_) => {}
                 }
             }
             for suspect in account
@@ -1611,6 +1671,7 @@ fn account_for_gpu(
         culprits: Vec::new(),
         bystanders: Vec::new(),
         undetermined: Vec::new(),
+        left_behind: Vec::new(),
         processes_denied: place.denied.clone(),
         finding: Finding::Idle,
         remedy: Remedy::None,
@@ -1642,8 +1703,21 @@ fn account_for_gpu(
             }
         }
     }
+    let taken_at = around.observation.taken_at_unix_seconds;
+    account.left_behind = account
+        .owners
+        .iter()
+        .filter_map(|owner| {
+            let seen = after_kill::left_behind(owner, around.frame, taken_at)?;
+            Some(LeftBehindOwner {
+                process: owner.process()?.clone(),
+                used_bytes: owner.used_bytes,
+                seen,
+            })
+        })
+        .collect();
     account.finding = finding(&account);
-    account.remedy = remedy(&account, around.scan, place.recovery);
+    account.remedy = remedy(&account, around.scan, place.recovery, taken_at);
     account.notes = notes(&account, around.scan);
     if let Some(action) = place
         .recovery
@@ -1657,12 +1731,18 @@ fn account_for_gpu(
 fn finding(account: &GpuAccount) -> Finding {
     if account.orphaned_bytes() > 0 {
         Finding::Orphaned
+    } else if !account.left_behind.is_empty() {
+        Finding::LeftBehind
+    } else if account.tally.processes(OwnerState::Killed) > 0 {
+        Finding::KilledStuck
     } else if account.tally.processes(OwnerState::Unknown) > 0
         || (account.unattributed_bytes > 0
             && account.unattributed_trust != UnattributedTrust::Counted)
         || (account.processes_denied.is_some() && account.memory.used > 0)
     {
         Finding::CannotTell
+    } else if account.tally.processes(OwnerState::Exiting) > 0 {
+        Finding::BeingFreed
     } else if account.memory.used == 0 && account.owners.is_empty() {
         Finding::Idle
     } else {
@@ -1678,11 +1758,50 @@ fn remedy(
     account: &GpuAccount,
     scan: Option<ScanSummary>,
     recovery: Option<RecoveryAction>,
+    taken_at: Option<u64>,
 ) -> Remedy {
-    if account.finding != Finding::Orphaned {
-        return Remedy::None;
+    match account.finding {
+        Finding::Orphaned => {}
+        Finding::LeftBehind => {
+            let mut targets: Vec<KillTarget> = account
+                .left_behind
+                .iter()
+                .map(|owner| KillTarget::of(&owner.process))
+                .collect();
+            targets.sort_by_key(|target| target.pid);
+            targets.dedup_by_key(|target| target.pid);
+            if account
+                .left_behind
+                .iter()
+                .any(|owner| !owner.process.visible_here)
+            {
+                return Remedy::CannotTell {
+                    reason: Blindness::CulpritsNotVisible,
+                };
+            }
+            return Remedy::KillLeftBehind { targets };
+        }
+        Finding::KilledStuck => {
+            let killed: Vec<&Process> = account
+                .live_owners()
+                .filter_map(Owner::process)
+                .filter(|process| process.killed())
+                .collect();
+            return stuck_remedy(&killed, taken_at);
+        }
+        Finding::BeingFreed => return Remedy::Wait,
+        Finding::Idle | Finding::Owned | Finding::CannotTell => return Remedy::None,
     }
     if !account.culprits.is_empty() {
+        // Culprits that were killed and are stuck in the driver take no second kill.
+        let culprits: Vec<&Process> = account
+            .culprits
+            .iter()
+            .map(|culprit| &culprit.process)
+            .collect();
+        if culprits.iter().all(|process| process.killed()) {
+            return stuck_remedy(&culprits, taken_at);
+        }
         if account
             .culprits
             .iter()
@@ -1713,14 +1832,6 @@ fn remedy(
     if let Some(reason) = scan_blindness(scan) {
         return Remedy::CannotTell { reason };
     }
-    let gone: Vec<&Owner> = account.gone_owners().collect();
-    if !gone.is_empty()
-        && gone
-            .iter()
-            .all(|owner| owner.gone() == Some(&WhyGone::Exiting))
-    {
-        return Remedy::Wait;
-    }
     if let Some(restart) = mps_restart(account) {
         return restart;
     }
@@ -1738,6 +1849,20 @@ fn remedy(
             .map(|bystander| bystander.process.pid)
             .collect(),
     }
+}
+
+/// What frees the memory of processes killed and stuck in the driver: waiting, until
+/// the kill has waited [`KILL_STUCK_SECONDS`]; then a GPU reset or a reboot.
+fn stuck_remedy(stuck: &[&Process], taken_at: Option<u64>) -> Remedy {
+    let past_hope = stuck.iter().all(|process| {
+        after_kill::killed_stuck(process, taken_at).is_some_and(|stuck| stuck.past_hope)
+    });
+    if !past_hope {
+        return Remedy::Wait;
+    }
+    let mut targets: Vec<KillTarget> = stuck.iter().map(|process| KillTarget::of(process)).collect();
+    targets.sort_by_key(|target| target.pid);
+    Remedy::ResetOrReboot { stuck: targets }
 }
 
 /// The MPS restart, when the memory is a dead MPS client's (NVML lists it on the MPS
@@ -1918,7 +2043,11 @@ fn owner_note(owner: &Owner) -> Option<Note> {
                     Some(Note::OwnerInUninterruptibleSleep { pid, comm: comm() })
                 }
                 OwnerState::Zombie => Some(Note::OwnerZombieLeader { pid, comm: comm() }),
-                OwnerState::Running | OwnerState::Gone | OwnerState::Unknown => None,
+                OwnerState::Running
+                | OwnerState::Killed
+                | OwnerState::Exiting
+                | OwnerState::Gone
+                | OwnerState::Unknown => None,
             }
         }
         Standing::Unknown(why) => Some(Note::OwnerUnknown {
@@ -1935,6 +2064,6 @@ fn owner_note(owner: &Owner) -> Option<Note> {
                 .map(|first| first.comm.clone()),
             now: by.clone(),
         }),
-        Standing::Gone(WhyGone::Exited | WhyGone::Exiting) => None,
+        Standing::Exiting(_) | Standing::Gone(WhyGone::Exited) => None,
     }
 }

@@ -38,6 +38,12 @@ pub enum OwnerState {
     Uninterruptible,
     /// Main thread is a zombie while other threads still hold the context.
     Zombie,
+    /// Killed (SIGKILL pending) but in uninterruptible sleep, typically inside the driver:
+    /// the kill waits until the call returns, and its memory with it.
+    Killed,
+    /// In its exit path: the kernel is closing its files and the driver is freeing its
+    /// memory (0.13-0.18 s after a SIGKILL on an H200).
+    Exiting,
     /// No live process holds the context: it exited, or the PID now names another process.
     Gone,
     /// Exists but `/proc` would not tell enough to decide.
@@ -50,9 +56,12 @@ impl OwnerState {
         self.into()
     }
 
-    /// Whether an owner in this state keeps its memory (neither gone nor unknown).
+    /// Whether an owner in this state keeps its memory (neither exiting, gone nor unknown).
     pub fn is_live(self) -> bool {
-        !matches!(self, OwnerState::Gone | OwnerState::Unknown)
+        !matches!(
+            self,
+            OwnerState::Exiting | OwnerState::Gone | OwnerState::Unknown
+        )
     }
 }
 
@@ -62,6 +71,9 @@ impl OwnerState {
 pub enum Standing {
     /// A live process holds its context here; its state is the process's.
     Live(Box<Process>),
+    /// The process is in its exit path (a SIGKILL delivered, or an exit): the driver is
+    /// freeing its memory. Neither live nor orphaned.
+    Exiting(Box<Process>),
     /// No live process holds its context any more.
     Gone(WhyGone),
     /// It cannot be judged: never counted as gone.
@@ -74,9 +86,6 @@ pub enum Standing {
 pub enum WhyGone {
     /// No process has the PID.
     Exited,
-    /// The process is a zombie with no threads or mappings left; its memory is being
-    /// freed (0.13-0.18 s after a SIGKILL, measured on an H200).
-    Exiting,
     /// The PID names another process now, which has no context on this GPU (or has a
     /// start time other than the owner's).
     Reused {
@@ -89,7 +98,7 @@ impl WhyGone {
     /// The `reason` label of the gone owner series.
     pub fn reason(&self) -> GoneReason {
         match self {
-            WhyGone::Exited | WhyGone::Exiting => GoneReason::Exited,
+            WhyGone::Exited => GoneReason::Exited,
             WhyGone::Reused { .. } => GoneReason::Reused,
         }
     }
@@ -141,8 +150,6 @@ pub enum StateQualifier {
     Process(ProcessState),
     /// The PID names another process now.
     Reused,
-    /// The process is exiting.
-    Exiting,
 }
 
 /// One process NVML charges memory to, with its verdict.
@@ -164,10 +171,13 @@ pub struct Owner {
 }
 
 impl Owner {
-    /// The verdict as a word: a live owner's is its process's.
+    /// The verdict as a word: a live owner's is its process's, or `killed` while a kill
+    /// waits in uninterruptible sleep.
     pub fn state(&self) -> OwnerState {
         match &self.standing {
+            Standing::Live(process) if process.killed() => OwnerState::Killed,
             Standing::Live(process) => process.state.owner_state(),
+            Standing::Exiting(_) => OwnerState::Exiting,
             Standing::Gone(_) => OwnerState::Gone,
             Standing::Unknown(_) => OwnerState::Unknown,
         }
@@ -177,7 +187,15 @@ impl Owner {
     pub fn process(&self) -> Option<&Process> {
         match &self.standing {
             Standing::Live(process) => Some(process),
-            Standing::Gone(_) | Standing::Unknown(_) => None,
+            Standing::Exiting(_) | Standing::Gone(_) | Standing::Unknown(_) => None,
+        }
+    }
+
+    /// The process freeing its memory, when the owner is exiting.
+    pub fn exiting(&self) -> Option<&Process> {
+        match &self.standing {
+            Standing::Exiting(process) => Some(process),
+            Standing::Live(_) | Standing::Gone(_) | Standing::Unknown(_) => None,
         }
     }
 
@@ -185,7 +203,7 @@ impl Owner {
     pub fn gone(&self) -> Option<&WhyGone> {
         match &self.standing {
             Standing::Gone(why) => Some(why),
-            Standing::Live(_) | Standing::Unknown(_) => None,
+            Standing::Live(_) | Standing::Exiting(_) | Standing::Unknown(_) => None,
         }
     }
 
@@ -214,8 +232,9 @@ impl Owner {
                 | ProcessState::Dead => Some(StateQualifier::Process(process.state)),
             },
             Standing::Gone(WhyGone::Reused { .. }) => Some(StateQualifier::Reused),
-            Standing::Gone(WhyGone::Exiting) => Some(StateQualifier::Exiting),
-            Standing::Gone(WhyGone::Exited) | Standing::Unknown(_) => None,
+            Standing::Exiting(_) | Standing::Gone(WhyGone::Exited) | Standing::Unknown(_) => {
+                None
+            }
         }
     }
 }
@@ -251,12 +270,12 @@ impl Serialize for Owner {
             pid: self.pid,
             state: self.state(),
             detail: match &self.standing {
-                Standing::Live(_) => None,
+                Standing::Live(_) | Standing::Exiting(_) => None,
                 Standing::Gone(why) => Some(Detail::Gone(why)),
                 Standing::Unknown(why) => Some(Detail::Unknown(why)),
             },
             used_bytes: self.used_bytes,
-            process: self.process(),
+            process: self.process().or(self.exiting()),
             first_seen: self.first_seen.as_ref(),
             container_exited: self.container_ended(),
         }
@@ -268,7 +287,9 @@ impl Serialize for Owner {
 ///
 /// The rules, in order:
 /// - no process under the PID: gone (exited);
-/// - a zombie with no live thread and nothing mapped: gone (exiting, memory being freed);
+/// - the process first seen under the PID, in its exit path (its main thread exiting and
+///   not yet a zombie, or a zombie with no live thread and nothing mapped): exiting, its
+///   memory being freed;
 /// - a process that maps this GPU's node read-write holds a context here: live, in its
 ///   state (one that maps it only write-only or read-only initialised the driver without
 ///   a context, as the MPS control daemon does);
@@ -314,17 +335,20 @@ fn standing(
         ProcessLookup::NotVisible => return Standing::Unknown(WhyUnknown::NotVisible),
         ProcessLookup::Present(facts) => facts,
     };
-    if matches!(facts.state, 'X' | 'x') || exiting(facts) {
-        return Standing::Gone(if facts.state == 'Z' {
-            WhyGone::Exiting
-        } else {
-            WhyGone::Exited
-        });
+    if matches!(facts.state, 'X' | 'x') {
+        return Standing::Gone(WhyGone::Exited);
     }
     let same_process = lookup
         .first_seen
         .as_ref()
         .is_none_or(|first| first.start_time_ticks == facts.start_time_ticks);
+    if exiting(facts) {
+        return if same_process {
+            Standing::Exiting(Box::new(Process::new(facts, frame)))
+        } else {
+            Standing::Gone(WhyGone::Exited)
+        };
+    }
     let context = match (minor, process.mps_only) {
         (_, true) => Context::Unprovable,
         (None, false) => Context::Unknown(WhyUnknown::NoDeviceNode),
@@ -362,12 +386,15 @@ enum Context {
     Unknown(WhyUnknown),
 }
 
-/// A process that has finished exiting but for its reaping: a zombie main thread with no
-/// other thread and an address space already gone.
+/// A process in its exit path: its main thread has begun to exit (`PF_EXITING`) and is
+/// not yet a zombie (a zombie main thread of a process whose other threads live is
+/// exiting too, but they keep the context), or it has finished but for its reaping: a
+/// zombie main thread with no other thread and an address space already gone.
 fn exiting(facts: &ProcessFacts) -> bool {
-    facts.state == 'Z'
-        && facts.threads <= 1
-        && facts.mappings.nodes().is_some_and(|nodes| nodes.is_empty())
+    (facts.exiting && facts.state != 'Z')
+        || (facts.state == 'Z'
+            && facts.threads <= 1
+            && facts.mappings.nodes().is_some_and(|nodes| nodes.is_empty()))
 }
 
 /// How the observation's raw numbers read where the verdict is given: start times in

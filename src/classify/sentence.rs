@@ -30,6 +30,30 @@ pub enum Sentence {
         /// when there is none.
         unattributed: Option<(u64, UnattributedTrust)>,
     },
+    /// Live owners hold memory for a server that has exited: [`GpuAccount::left_behind`]
+    /// names them; [`GpuAccount::remedy`] says what frees it.
+    LeftBehind {
+        /// What they are charged.
+        bytes: u64,
+        /// Whether the exporter saw the server of every one of them exit (else some are
+        /// only possibly left behind).
+        witnessed: bool,
+    },
+    /// Owners were killed and wait in uninterruptible sleep; [`GpuAccount::remedy`] says
+    /// whether to wait or to reset.
+    KilledStuck {
+        /// What they are charged.
+        bytes: u64,
+        /// Their PIDs.
+        pids: Vec<u32>,
+    },
+    /// Owners are in their exit path and the driver is freeing their memory.
+    BeingFreed {
+        /// What they are charged.
+        bytes: u64,
+        /// Their PIDs.
+        pids: Vec<u32>,
+    },
     /// Memory is held without a live owner; [`GpuAccount::remedy`] says what frees it.
     Orphaned {
         /// How much ([`GpuAccount::orphaned_bytes`]).
@@ -58,8 +82,6 @@ pub enum ChargedTo {
 pub enum Departure {
     /// Every one exited.
     Exited,
-    /// The one owner is exiting: the driver is freeing its memory.
-    Exiting,
     /// The one owner's PID names another process now, or several owners did not all
     /// simply exit.
     Gone,
@@ -106,11 +128,37 @@ impl GpuAccount {
                 unattributed: (self.unattributed_bytes > 0)
                     .then_some((self.unattributed_bytes, self.unattributed_trust)),
             },
+            Finding::LeftBehind => Sentence::LeftBehind {
+                bytes: self
+                    .left_behind
+                    .iter()
+                    .filter_map(|owner| owner.used_bytes)
+                    .fold(0, u64::saturating_add)
+                    .min(self.memory.used),
+                witnessed: self.left_behind.iter().all(|owner| owner.seen.witnessed()),
+            },
+            Finding::KilledStuck => Sentence::KilledStuck {
+                bytes: self.tally.bytes(OwnerState::Killed),
+                pids: self.pids_in(OwnerState::Killed),
+            },
+            Finding::BeingFreed => Sentence::BeingFreed {
+                bytes: self.tally.bytes(OwnerState::Exiting),
+                pids: self.pids_in(OwnerState::Exiting),
+            },
             Finding::Orphaned => Sentence::Orphaned {
                 bytes: self.orphaned_bytes(),
                 charged_to: self.charged_to(),
             },
         }
+    }
+
+    /// The PIDs of the owners in `state`.
+    fn pids_in(&self, state: OwnerState) -> Vec<u32> {
+        self.owners
+            .iter()
+            .filter(|owner| owner.state() == state)
+            .map(|owner| owner.pid)
+            .collect()
     }
 
     /// Whom the memory held without a live owner is charged to.
@@ -123,7 +171,6 @@ impl GpuAccount {
         let departure = match gone.as_slice() {
             [] => return ChargedTo::Nobody,
             [(_, WhyGone::Exited)] => Departure::Exited,
-            [(_, WhyGone::Exiting)] => Departure::Exiting,
             [(_, WhyGone::Reused { .. })] => Departure::Gone,
             several if several.iter().all(|(_, why)| **why == WhyGone::Exited) => Departure::Exited,
             _ => Departure::Gone,

@@ -89,6 +89,8 @@ fn label_values_are_the_json_words() {
             "stopped",
             "uninterruptible",
             "zombie",
+            "killed",
+            "exiting",
             "gone",
             "unknown"
         ]
@@ -188,7 +190,7 @@ fn a_zombie_leader_whose_threads_map_the_gpu_is_a_live_zombie() {
     // No live thread and nothing mapped: the process is being reaped and the driver is
     // freeing its memory.
     let account = zombie(1, &[]);
-    assert_eq!(account.owners[0].standing, Standing::Gone(WhyGone::Exiting));
+    assert_eq!(account.owners[0].state(), OwnerState::Exiting);
     assert_eq!(account.remedy, Remedy::Wait);
 
     // No live thread, yet the mappings still name the GPU: the address space is not
@@ -302,19 +304,37 @@ fn a_new_process_with_its_own_context_here_owns_the_charge() {
 }
 
 #[test]
-fn an_exiting_zombie_is_gone_and_the_remedy_is_to_wait() {
-    // SIGKILLed: a zombie with one thread and no address space; the driver frees the
-    // memory within 0.13-0.18 s.
-    let mut facts = cuda(432, &[]).state('Z');
-    facts.threads = 1;
+fn an_exiting_owner_is_being_freed_not_orphaned_and_the_remedy_is_to_wait() {
+    // SIGKILLed: a zombie with one thread and no address space, or a main thread in its
+    // exit path (PF_EXITING) whose files the kernel is closing; the driver frees the
+    // memory within 0.13-0.18 s. Branch 2 of the story: never a page.
+    let mut zombie = cuda(432, &[]).state('Z');
+    zombie.threads = 1;
+    let mut exiting = cuda(432, &[]).state('D');
+    exiting.exiting = true;
+    for facts in [zombie, exiting] {
+        let account = Host::idle()
+            .used(USED_ONE_OWNER)
+            .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
+            .scanned()
+            .account();
+        assert_eq!(account.owners[0].state(), OwnerState::Exiting);
+        assert_eq!(account.orphaned_bytes(), 0);
+        assert_eq!(account.finding, Finding::BeingFreed);
+        assert_eq!(account.remedy, Remedy::Wait);
+        assert_eq!(account.tally.bytes(OwnerState::Exiting), CHARGED_ONE_OWNER);
+    }
+    // A zombie main thread whose other threads live is exiting too (PF_EXITING), but
+    // they keep the context: a live owner, as before.
+    let mut leader = cuda(432, &[0]).state('Z');
+    leader.threads = 4;
+    leader.exiting = true;
     let account = Host::idle()
         .used(USED_ONE_OWNER)
-        .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
+        .owner(432, Some(CHARGED_ONE_OWNER), present(leader))
         .scanned()
         .account();
-    assert_eq!(account.owners[0].standing, Standing::Gone(WhyGone::Exiting));
-    assert_eq!(account.finding, Finding::Orphaned);
-    assert_eq!(account.remedy, Remedy::Wait);
+    assert_eq!(account.owners[0].state(), OwnerState::Zombie);
 }
 
 #[test]

@@ -37,7 +37,7 @@ pub use nvml::{
     RemappedRows, RetiredPages, StuckCall, XidReading,
 };
 pub use procfs::{
-    CgroupAttribution, HolderScan, Identity, NamespaceInit, NarrowAccess, NodeSet, PidNamespace,
+    CgroupAttribution, HolderScan, Identity, Leader, Lineage, NamespaceInit, Relative, NarrowAccess, NodeSet, PidNamespace,
     ProcessFacts, ProcessLookup, ProcfsView, References, RunningStep, Runtime, SlurmReading,
     SlurmStep,
 };
@@ -329,6 +329,10 @@ impl LiveHost {
             procfs_view,
             boot_time_unix_seconds: self.boot_time_unix_seconds,
             clock_ticks_per_second: clock_ticks_per_second(),
+            taken_at_unix_seconds: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()
+                .map(|since| since.as_secs()),
             owners,
             holder_scan: None,
             procfs_errors,

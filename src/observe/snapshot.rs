@@ -27,6 +27,11 @@ pub struct Observation {
     /// The kernel's clock ticks per second (`USER_HZ`), the unit of start times.
     #[serde(default = "default_clock_ticks")]
     pub clock_ticks_per_second: u64,
+    /// When the look was made, in seconds since the Unix epoch: how long a worker has
+    /// lived without its server, or a kill has been pending, is counted to it. `None` in
+    /// snapshots of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_at_unix_seconds: Option<u64>,
     /// What `/proc` says about every PID that NVML lists as an owner on some GPU, by
     /// NVML's PID (ours: the driver translates PIDs into the caller's PID namespace).
     pub owners: BTreeMap<u32, OwnerLookup>,

@@ -7,7 +7,7 @@ use crate::classify::{
     CallHealth, Engine, EngineError, EngineHealth, ExporterProcess, GoneReason, GpuAccount,
     GpuError, GpuVerdict, InstanceVerdict, KubeletSource, KubernetesView, MemoryReading,
     NvmlFailure, OrphanReason, OwnerState, PodName, Process, ProcfsView, RecoveryAction, Report,
-    Role, StateTally,
+    Role, Seen, StateTally,
 };
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -164,6 +164,20 @@ struct HolderLabels {
     start_time: Option<u64>,
     comm: String,
     state: &'static str,
+    #[prometheus(flatten)]
+    place: PlaceLabels,
+}
+
+/// `vram_left_behind_since_timestamp_seconds`.
+#[derive(Debug, Clone, EncodeLabelSet)]
+struct LeftBehindLabels {
+    #[prometheus(flatten)]
+    gpu: GpuLabels,
+    pid: u32,
+    start_time: Option<u64>,
+    comm: String,
+    parent_pid: u32,
+    parent_comm: Option<String>,
     #[prometheus(flatten)]
     place: PlaceLabels,
 }
@@ -368,6 +382,7 @@ pub fn encode_report(
     memory(encoder, &measured)?;
     owners(encoder, &measured)?;
     orphans(encoder, &measured)?;
+    left_behind(encoder, &measured)?;
     holder_scan(encoder, report, timing.scan_seconds)?;
     if let Some(limit) = options.per_process_limit {
         per_process(encoder, &measured, limit)?;
@@ -814,6 +829,50 @@ fn orphans(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Res
                         place: PlaceLabels::of(Some(process)),
                     };
                     (labels, 1i64)
+                })
+        }),
+    )
+}
+
+/// Memory that workers of an exited server hold, and those workers.
+fn left_behind(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Result {
+    gauge(
+        encoder,
+        "vram_left_behind_bytes",
+        "Bytes NVML charges to live owners whose parent (the server that started them) the exporter saw exit: workers a killed server left behind, holding memory for nobody. Not orphaned: killing them frees it.",
+        measured
+            .iter()
+            .map(|(gpu, account)| (GpuLabels::of(gpu), account.left_behind_bytes())),
+    )?;
+    gauge(
+        encoder,
+        "vram_left_behind_since_timestamp_seconds",
+        "One series per owner counted in vram_left_behind_bytes, named by PID and start time with the parent that exited: when the exporter saw the parent gone, in seconds since the epoch.",
+        measured.iter().flat_map(|(gpu, account)| {
+            account
+                .left_behind
+                .iter()
+                .filter_map(|owner| match &owner.seen {
+                    Seen::ParentExited {
+                        parent,
+                        exit_seen_unix_seconds,
+                        ..
+                    } => Some((owner, parent, *exit_seen_unix_seconds)),
+                    Seen::Possibly { .. } => None,
+                })
+                .take(MAX_HOLDER_SERIES_PER_GPU)
+                .map(move |(owner, parent, exit_seen)| {
+                    let process = &owner.process;
+                    let labels = LeftBehindLabels {
+                        gpu: GpuLabels::of(gpu),
+                        pid: process.pid,
+                        start_time: process.started_unix_seconds,
+                        comm: process.comm.clone(),
+                        parent_pid: parent.pid,
+                        parent_comm: parent.comm.clone(),
+                        place: PlaceLabels::of(Some(process)),
+                    };
+                    (labels, exit_seen as i64)
                 })
         }),
     )

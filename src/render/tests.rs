@@ -371,7 +371,7 @@ fn text_says_how_gone_owners_went_as_the_classifier_decided() {
     let words = verdict(&report.gpus[0]);
     assert!(
         words.sentence.starts_with(
-            "GPU 0: 8.6 GiB (8,802 MiB) held for exiting PID 432; its owner is exiting"
+            "GPU 0: 8.6 GiB (8,802 MiB) being freed: owner PID 432 is exiting and the driver is freeing its memory"
         ),
         "{}",
         words.sentence

@@ -7,7 +7,7 @@ use crate::classify::{
     short_container_id, Blindness, ChargedTo, ContainerName, Departure, Evidence, GpuAccount,
     GpuOutcome, GpuVerdict, InstanceVerdict, JobState, KillTarget, LookAgain, NarrowAccess, Note,
     NvmlFailure, NvmlStatus, Owner, Process, RecoveryAction, Remedy, Report, Sentence, SlurmJob,
-    Started, StateQualifier, Suspect, UnattributedTrust, WhyUnknown,
+    Started, StateQualifier, Suspect, UnattributedTrust, WhyUnknown, Clue, Seen, KILL_STUCK_SECONDS,
 };
 use crate::dates::utc_words;
 use crate::units::format_bytes;
@@ -365,6 +365,45 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
             cannot_tell_sentence(label, &unjudged_owners, unattributed),
             None,
         ),
+        Sentence::LeftBehind { bytes, witnessed } => {
+            let count = account.left_behind.len() as u64;
+            let mut sentence = format!(
+                "{label}: {} held by {count} process{} {}left behind by a server that exited: {}; nothing orphaned",
+                size_words(bytes),
+                plural(count, "es"),
+                if witnessed { "" } else { "possibly " },
+                left_behind_words(account)
+            );
+            let suggestion = remedy_words(&mut sentence, index, account);
+            (sentence, suggestion)
+        }
+        Sentence::KilledStuck { bytes, pids } => {
+            let mut sentence = format!(
+                "{label}: {} held by {} killed but stuck in the driver (a SIGKILL pending in uninterruptible sleep): {}",
+                size_words(bytes),
+                if pids.len() == 1 {
+                    format!("PID {}, which was", pids[0])
+                } else {
+                    format!("PIDs {}, which were", pid_list(&pids))
+                },
+                list(account.owners.iter().filter_map(Owner::process).filter(|process| process.killed()).map(killed_words))
+            );
+            let suggestion = remedy_words(&mut sentence, index, account);
+            (sentence, suggestion)
+        }
+        Sentence::BeingFreed { bytes, pids } => (
+            format!(
+                "{label}: {} being freed: {} exiting and the driver is freeing {} memory (0.13-0.18 s after a SIGKILL on an H200); nothing orphaned.",
+                size_words(bytes),
+                if pids.len() == 1 {
+                    format!("owner PID {} is", pids[0])
+                } else {
+                    format!("owner PIDs {} are", pid_list(&pids))
+                },
+                if pids.len() == 1 { "its" } else { "their" }
+            ),
+            Some(format!("vram-exporter check --gpu {index} --wait 5s")),
+        ),
         Sentence::Orphaned { bytes, charged_to } => {
             let mut sentence = format!("{label}: {} held", size_words(bytes));
             sentence.push_str(&charged_to_words(&charged_to));
@@ -422,7 +461,6 @@ fn charged_to_words(charged_to: &ChargedTo) -> String {
         ChargedTo::GoneOwners { pids, departure } => {
             let departure = match departure {
                 Departure::Exited => "exited",
-                Departure::Exiting => "exiting",
                 Departure::Gone => "gone",
             };
             match pids.as_slice() {
@@ -494,8 +532,52 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
             ))
         }
         Remedy::Wait => {
-            sentence.push_str("; its owner is exiting and the driver is freeing the memory (0.13-0.18 s after a SIGKILL on an H200): wait.");
-            Some(format!("vram-exporter check --gpu {index} --wait 5s"))
+            if !account.culprits.is_empty() {
+                let _ = write!(
+                    sentence,
+                    "; still held by {}, killed but stuck in the driver",
+                    suspects_words(&account.culprits, index)
+                );
+            }
+            sentence.push_str(
+                "; a kill is delivered only when the call it waits in returns: wait, and look again.",
+            );
+            Some(format!("vram-exporter check --gpu {index} --wait 60s"))
+        }
+        Remedy::KillLeftBehind { targets } => {
+            let _ = write!(
+                sentence,
+                " - killing {} should free it.",
+                if targets.len() == 1 {
+                    targets[0].pid.to_string()
+                } else {
+                    "them".to_string()
+                }
+            );
+            Some(format!(
+                "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
+                target_pids(targets),
+                who_they_are(targets).join("; ")
+            ))
+        }
+        Remedy::ResetOrReboot { stuck } => {
+            if !account.culprits.is_empty() {
+                let _ = write!(
+                    sentence,
+                    "; still held by {}, killed but stuck in the driver",
+                    suspects_words(&account.culprits, index)
+                );
+            }
+            let _ = write!(
+                sentence,
+                "; the kill has waited over {KILL_STUCK_SECONDS} s, so another kill cannot end {}: only a GPU reset, or a reboot, frees the memory.",
+                if stuck.len() == 1 { "it" } else { "them" }
+            );
+            Some(format!(
+                "nvidia-smi --gpu-reset -i {index}   # {RESET_CONDITIONS}; the driver refuses it while PID {} still hold{} the GPU: then reboot the node (after draining its workloads)",
+                target_pids(stuck),
+                if stuck.len() == 1 { "s" } else { "" }
+            ))
         }
         Remedy::RestartMps {
             servers,
@@ -572,6 +654,89 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
             })
         }
         Remedy::None => None,
+    }
+}
+
+/// Each left-behind owner in words, with whose worker it was and how that is known.
+fn left_behind_words(account: &GpuAccount) -> String {
+    let named: Vec<String> = account
+        .left_behind
+        .iter()
+        .take(MAX_PIDS_NAMED)
+        .map(|owner| {
+            let whose = match &owner.seen {
+                Seen::ParentExited {
+                    parent,
+                    exit_seen_unix_seconds,
+                    alone_seconds,
+                } => {
+                    let mut about = vec![];
+                    if let Some(comm) = &parent.comm {
+                        about.push(comm.clone());
+                    }
+                    if let Some(started) = parent.started {
+                        about.push(started_words(started));
+                    }
+                    let mut words = format!("a worker of PID {}", parent.pid);
+                    if !about.is_empty() {
+                        let _ = write!(words, " ({})", about.join(", "));
+                    }
+                    let _ = write!(
+                        words,
+                        ", which exited (seen {})",
+                        utc_words(*exit_seen_unix_seconds)
+                    );
+                    if let Some(seconds) = alone_seconds {
+                        let _ = write!(words, "; alone for {}", duration_words(*seconds));
+                    }
+                    words
+                }
+                Seen::Possibly {
+                    group_leader,
+                    adopted_by,
+                    adopted_by_comm,
+                    clue,
+                } => format!(
+                    "possibly left behind: {}, and the leader of its process group, PID {group_leader} (the process that started it), has exited; adopted by PID {adopted_by}{}",
+                    match clue {
+                        Clue::SpawnedWorker => "a worker spawned by Python's multiprocessing, never meant to run without its parent",
+                        Clue::JobLeaderGone => "a member of a shell's job",
+                    },
+                    adopted_by_comm
+                        .as_ref()
+                        .map(|comm| format!(" ({comm})"))
+                        .unwrap_or_default()
+                ),
+            };
+            process_words(&owner.process, &[whose])
+        })
+        .collect();
+    let mut words = list(named);
+    let more = account.left_behind.len().saturating_sub(MAX_PIDS_NAMED);
+    if more > 0 {
+        let _ = write!(words, " and {more} more");
+    }
+    words
+}
+
+/// A killed process's wait: `PID 454 (python3) in uvm_wait since 2026-12-05 ... (95 s)`.
+fn killed_words(process: &Process) -> String {
+    let mut words = format!("PID {} ({})", process.pid, process.comm);
+    if let Some(wchan) = &process.wchan {
+        let _ = write!(words, " in {wchan}");
+    }
+    if let Some(since) = process.kill_pending_since_unix_seconds {
+        let _ = write!(words, ", killed since {}", utc_words(since));
+    }
+    words
+}
+
+/// `95 s`, `12 min`, `3 h 5 min`.
+fn duration_words(seconds: u64) -> String {
+    match seconds {
+        0..=119 => format!("{seconds} s"),
+        120..=7199 => format!("{} min", seconds / 60),
+        _ => format!("{} h {} min", seconds / 3600, seconds % 3600 / 60),
     }
 }
 
@@ -910,12 +1075,15 @@ fn owner_row(owner: &Owner) -> Row {
         None => state.to_string(),
         Some(StateQualifier::Process(process)) => format!("{state} ({})", process.words()),
         Some(StateQualifier::Reused) => format!("{state} (reused)"),
-        Some(StateQualifier::Exiting) => format!("{state} (exiting)"),
     };
     Row {
         cells: [
             owner.pid.to_string(),
-            owner.comm().unwrap_or("-").to_string(),
+            owner
+                .process()
+                .or(owner.exiting())
+                .map_or("-", |process| process.comm.as_str())
+                .to_string(),
             state,
             owner.used_bytes.map_or_else(
                 || "n/a".to_string(),

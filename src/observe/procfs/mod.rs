@@ -41,8 +41,8 @@ pub use placement::Placement;
 pub(crate) use reader::OwnersRead;
 pub use reader::{Looked, Reader};
 pub use reading::{
-    HolderScan, Identity, NamespaceInit, NarrowAccess, NodeSet, ProcessFacts, ProcessLookup,
-    ProcfsView, References,
+    HolderScan, Identity, Leader, Lineage, NamespaceInit, NarrowAccess, NodeSet, ProcessFacts,
+    ProcessLookup, ProcfsView, References, Relative,
 };
 pub use root::{PidNamespace, ProcRoot, DEVICE_PREFIX};
 pub(crate) use slurm::Slurmstepds;

@@ -141,6 +141,19 @@ pub struct Status {
     pub nspid: Option<Vec<u32>>,
     /// Effective capability set (`CapEff:`, hexadecimal).
     pub effective_capabilities: Option<u64>,
+    /// Signals pending for the main thread (`SigPnd:`) or the whole process (`ShdPnd:`),
+    /// hexadecimal masks OR-ed together; `None` when neither line is there.
+    pub pending_signals: Option<u64>,
+}
+
+impl Status {
+    /// Whether SIGKILL is pending: the process was killed, and the kill waits to be
+    /// delivered (a process in uninterruptible sleep takes it only when it wakes).
+    pub fn kill_pending(&self) -> bool {
+        const SIGKILL: u32 = 9;
+        self.pending_signals
+            .is_some_and(|mask| mask & (1 << (SIGKILL - 1)) != 0)
+    }
 }
 
 /// Reads the lines of a status file the exporter uses.
@@ -153,14 +166,39 @@ pub fn status(text: &[u8]) -> Status {
             let pids: Option<Vec<u32>> = words(rest).map(small).collect();
             status.nspid = pids.filter(|pids| !pids.is_empty());
         } else if let Some(rest) = line.strip_prefix(b"CapEff:") {
-            status.effective_capabilities = std::str::from_utf8(rest)
-                .ok()
-                .map(str::trim)
-                .filter(|digits| !digits.is_empty() && digits.len() <= 16)
-                .and_then(|digits| u64::from_str_radix(digits, 16).ok());
+            status.effective_capabilities = hexadecimal(rest);
+        } else if let Some(rest) = line
+            .strip_prefix(b"SigPnd:")
+            .or_else(|| line.strip_prefix(b"ShdPnd:"))
+        {
+            if let Some(mask) = hexadecimal(rest) {
+                status.pending_signals = Some(status.pending_signals.unwrap_or(0) | mask);
+            }
         }
     }
     status
+}
+
+/// A status line's hexadecimal mask (`CapEff:`, `SigPnd:`), at most 64 bits.
+fn hexadecimal(rest: &[u8]) -> Option<u64> {
+    std::str::from_utf8(rest)
+        .ok()
+        .map(str::trim)
+        .filter(|digits| !digits.is_empty() && digits.len() <= 16)
+        .and_then(|digits| u64::from_str_radix(digits, 16).ok())
+}
+
+/// Whether a command line (`/proc/PID/cmdline`, NUL-separated) is that of a worker a
+/// parent process spawned and talks to: Python's `multiprocessing` (and so
+/// `torch.multiprocessing`, vLLM's engine core, SGLang's schedulers) starts each child
+/// as `python -c 'from multiprocessing.spawn import spawn_main; ...' --multiprocessing-fork`,
+/// or through its fork server. Such a process is never meant to run without its parent.
+pub fn spawned_worker(cmdline: &[u8]) -> bool {
+    cmdline.split(|&byte| byte == 0).any(|argument| {
+        argument == b"--multiprocessing-fork"
+            || argument.starts_with(b"from multiprocessing.spawn import spawn_main")
+            || argument.starts_with(b"from multiprocessing.forkserver import main")
+    })
 }
 
 /// What kind of NVIDIA device file a node is.
@@ -403,6 +441,35 @@ mod tests {
         let broken = status(b"NSpid:\t12 x\nUid:\t\nCapEff:\tzz\n");
         assert_eq!(broken, Status::default());
         assert_eq!(status(b"NSpid:\t\n").nspid, None);
+        assert!(!status(b"SigPnd:\tzz\n").kill_pending());
+    }
+
+    #[test]
+    fn a_pending_kill_is_read_from_either_pending_set() {
+        // SIGKILL is signal 9: bit 8 of the mask. A kill(2) of the process pends in the
+        // shared set; the kernel also marks each thread's own set when it delivers one.
+        let shared = status(b"SigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\n");
+        assert!(shared.kill_pending());
+        let own = status(b"SigPnd:\t0000000000000100\nShdPnd:\t0000000000000000\n");
+        assert!(own.kill_pending());
+        // SIGTERM (15, bit 14) pending is not a kill.
+        let term = status(b"SigPnd:\t0000000000004000\nShdPnd:\t0000000000000000\n");
+        assert!(!term.kill_pending());
+        assert_eq!(term.pending_signals, Some(0x4000));
+    }
+
+    #[test]
+    fn spawned_workers_by_their_command_line() {
+        // What Python 3.12's multiprocessing (spawn) gives its children.
+        let spawn = b"/usr/bin/python3\0-c\0from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)\0--multiprocessing-fork\0";
+        assert!(spawned_worker(spawn));
+        let forkserver =
+            b"python3\0-c\0from multiprocessing.forkserver import main; main(8, 9, ['__main__'], **{})\0";
+        assert!(spawned_worker(forkserver));
+        // A server, and a program that only mentions the words.
+        assert!(!spawned_worker(b"python3\0-m\0vllm.entrypoints.openai.api_server\0"));
+        assert!(!spawned_worker(b"grep\0--multiprocessing-forkx\0"));
+        assert!(!spawned_worker(b""));
     }
 
     #[test]

@@ -7,10 +7,12 @@
 //! (descriptors and mappings), as an owner is.
 
 use super::memory::{open_stat_file, read_held_stat, Memory, Remembered};
-use super::parse::{self, Stat, Status};
+use super::parse::{self, Stat, Status, PF_EXITING};
 use super::pidns::NamespaceInits;
 use super::placement::{Placement, Position};
-use super::reading::{HolderScan, NodeSet, ProcessFacts, ProcfsView, References};
+use super::reading::{
+    HolderScan, Leader, Lineage, NodeSet, ProcessFacts, ProcfsView, References, Relative,
+};
 use super::references::{self, Descriptors, FdDirectory, OpenFile};
 use super::root::{gone, ProcRoot, Unread};
 use std::collections::HashMap;
@@ -217,7 +219,9 @@ impl<'a> Reader<'a> {
             .remembered(pid, &stat)
             .and_then(|known| Some((known, known.facts.clone()?)))
         else {
-            return self.read_afresh(pid, dir, stat, None);
+            let mut looked = self.read_afresh(pid, dir, stat, None);
+            self.add_lineage(&mut looked, dir);
+            return looked;
         };
         let stale = stat.state == b'Z'
             || !gpus
@@ -236,6 +240,12 @@ impl<'a> Reader<'a> {
             }
         }
         facts.wchan = self.wchan(dir, &stat);
+        facts.kill_pending_since_unix_seconds =
+            self.kill_pending_since(dir, &stat, None, Some(&facts));
+        facts.lineage = match facts.lineage.take() {
+            Some(lineage) => Some(self.parent_exit(lineage, &stat)),
+            None => Some(self.lineage(dir, pid, &stat)),
+        };
         Looked {
             remember: Some(known.with_facts(facts.clone())),
             facts: Ok(facts),
@@ -266,6 +276,11 @@ impl<'a> Reader<'a> {
             errors += 1;
         }
         let nested = status.nspid.as_ref().map(|levels| levels.len() >= 2);
+        // What an earlier look learnt of the same process, which no reading now can tell
+        // again: where it came from, and since when a kill has been pending.
+        let earlier = self
+            .remembered(pid, &stat)
+            .and_then(|known| known.facts.as_ref());
         let facts = ProcessFacts {
             pid,
             local_pid: self.local_pid(pid, dir, Some(&status)),
@@ -279,6 +294,14 @@ impl<'a> Reader<'a> {
             uid: status.uid,
             user: status.uid.and_then(|uid| self.user_name(uid)),
             wchan: self.wchan(dir, &stat),
+            exiting: stat.flags & PF_EXITING != 0,
+            kill_pending_since_unix_seconds: self.kill_pending_since(
+                dir,
+                &stat,
+                Some(&status),
+                earlier,
+            ),
+            lineage: earlier.and_then(|facts| facts.lineage.clone()),
             descriptors: descriptor_refs,
             mappings,
             cgroup: self.root.cgroup(dir),
@@ -381,6 +404,117 @@ impl<'a> Reader<'a> {
             .then(|| fs::read_to_string(dir.join("wchan")).ok())
             .flatten()
             .filter(|name| !name.is_empty() && name != "0")
+    }
+
+    /// Since when a process in uninterruptible sleep has had a SIGKILL pending, carried
+    /// from `earlier` (the last reading of the same process) or now; `None` outside state
+    /// `D` or without a pending kill. Its status is read only in state `D`.
+    fn kill_pending_since(
+        &self,
+        dir: &Path,
+        stat: &Stat,
+        status: Option<&Status>,
+        earlier: Option<&ProcessFacts>,
+    ) -> Option<u64> {
+        if stat.state != b'D' {
+            return None;
+        }
+        let read;
+        let status = match status {
+            Some(status) => status,
+            None => {
+                read = self.root.status(dir).ok()?;
+                &read
+            }
+        };
+        status.kill_pending().then(|| {
+            earlier
+                .and_then(|facts| facts.kill_pending_since_unix_seconds)
+                .unwrap_or_else(now_unix_seconds)
+        })
+    }
+
+    /// An owner read afresh, with where it came from.
+    fn add_lineage(&self, looked: &mut Looked, dir: &Path) {
+        let Ok(facts) = looked.facts.as_mut() else {
+            return;
+        };
+        if facts.lineage.is_none() {
+            let stat = Stat {
+                comm: facts.comm.clone(),
+                state: facts.state as u8,
+                ppid: facts.ppid,
+                pgrp: facts.pgid,
+                session: facts.sid,
+                flags: 0,
+                threads: facts.threads,
+                start_time_ticks: facts.start_time_ticks,
+            };
+            facts.lineage = Some(self.lineage(dir, facts.pid, &stat));
+        }
+        if let (Some(remember), Ok(facts)) = (looked.remember.as_mut(), looked.facts.as_ref()) {
+            *remember = remember.with_facts(facts.clone());
+        }
+    }
+
+    /// Where owner `pid` (stat `stat`) came from, read now: its parent, and its process
+    /// group's and session's leaders (their PIDs cannot be another process's while the
+    /// group or session lives); its command line only when its group's leader is gone.
+    fn lineage(&self, dir: &Path, pid: u32, stat: &Stat) -> Lineage {
+        let relative = |relative_pid: u32| match self.root.stat(&self.root.pid_dir(relative_pid)) {
+            Ok(found) => Some(found),
+            Err(_) => None,
+        };
+        let parent_stat = (stat.ppid != 0).then(|| relative(stat.ppid)).flatten();
+        let leader = |leader_pid: u32| {
+            if leader_pid == pid {
+                return Leader::Itself;
+            }
+            if leader_pid == 0 {
+                return Leader::Unknown;
+            }
+            match self.root.stat(&self.root.pid_dir(leader_pid)) {
+                Ok(found) if found.start_time_ticks <= stat.start_time_ticks => Leader::Alive,
+                Ok(_) => Leader::Gone,
+                Err(error) if gone(&error) => Leader::Gone,
+                Err(_) => Leader::Unknown,
+            }
+        };
+        let group_leader = leader(stat.pgrp);
+        let spawned_worker = group_leader == Leader::Gone
+            && fs::read(dir.join("cmdline")).is_ok_and(|line| parse::spawned_worker(&line));
+        Lineage {
+            parent: Relative {
+                pid: stat.ppid,
+                start_time_ticks: parent_stat.as_ref().map(|parent| parent.start_time_ticks),
+                pgid: parent_stat.as_ref().map(|parent| parent.pgrp),
+                comm: parent_stat.map(|parent| parent.comm),
+            },
+            parent_exit_seen_unix_seconds: None,
+            group_leader,
+            session_leader: leader(stat.session),
+            spawned_worker,
+        }
+    }
+
+    /// `lineage` brought up to date by the owner's stat now: a parent PID other than the
+    /// one first read means the parent exited (the kernel hands a child to a subreaper or
+    /// PID 1 only then); its PID is read to be sure, and the moment is kept.
+    fn parent_exit(&self, mut lineage: Lineage, stat: &Stat) -> Lineage {
+        let Some(start) = lineage.parent.start_time_ticks else {
+            return lineage;
+        };
+        if lineage.parent_exit_seen_unix_seconds.is_some() || stat.ppid == lineage.parent.pid {
+            return lineage;
+        }
+        let parent_lives = match self.root.stat(&self.root.pid_dir(lineage.parent.pid)) {
+            Ok(now) => now.start_time_ticks == start,
+            Err(error) => !gone(&error),
+        };
+        if !parent_lives {
+            lineage.parent_exit_seen_unix_seconds = Some(now_unix_seconds());
+        }
+        lineage
     }
 
     /// One process of the holder scan: `None` when it holds no NVIDIA file (or is gone),
@@ -621,10 +755,18 @@ struct PartialScan {
     remembered: Vec<(u32, Remembered)>,
 }
 
+/// Now, in seconds since the Unix epoch.
+fn now_unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
 /// The fields of a remembered process that a new stat line brings up to date.
 fn refresh_from_stat(facts: &mut ProcessFacts, stat: &Stat) {
     facts.comm.clone_from(&stat.comm);
     facts.state = char::from(stat.state);
+    facts.exiting = stat.flags & PF_EXITING != 0;
     facts.ppid = stat.ppid;
     facts.pgid = stat.pgrp;
     facts.sid = stat.session;

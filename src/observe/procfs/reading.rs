@@ -99,6 +99,19 @@ pub struct ProcessFacts {
     /// Kernel function it waits in, read only when in state `D`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wchan: Option<String>,
+    /// Its main thread has begun to exit (`PF_EXITING`): the kernel is closing its files,
+    /// and the driver frees a context whose last reference closes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exiting: bool,
+    /// In uninterruptible sleep with a SIGKILL pending (`SigPnd`/`ShdPnd`, read only in
+    /// state `D`): it was killed, and the kill waits until it leaves the call it is in.
+    /// The time, in seconds since the Unix epoch, when the exporter first saw it so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_pending_since_unix_seconds: Option<u64>,
+    /// Where it came from, read for NVML's owners when first seen: its parent then, and
+    /// whether that parent has exited since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
     /// NVIDIA device files it holds open (any thread's descriptors).
     pub descriptors: References,
     /// NVIDIA device files it maps shared: a CUDA context, own or inherited by fork, maps
@@ -117,6 +130,63 @@ impl ProcessFacts {
     pub fn touches_gpu(&self, minor: u32) -> bool {
         self.descriptors.has_gpu(minor) || self.mappings.has_gpu(minor)
     }
+}
+
+/// Where an owner came from: what `/proc` said of its parent, process group and session
+/// when the exporter first read it, and whether the parent has exited since. A worker
+/// whose server was killed lives on, adopted by PID 1 or a subreaper, and holds its
+/// memory for nobody; a service meant to run alone looks the same from its own stat
+/// line, so only these say which it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lineage {
+    /// Its parent when first read, by identity.
+    pub parent: Relative,
+    /// When the exporter saw that parent gone (its PID gone, or naming a process with
+    /// another start time), in seconds since the Unix epoch: `None` while it lives, or
+    /// when the owner had no readable parent when first read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_exit_seen_unix_seconds: Option<u64>,
+    /// Its process group's leader when first read.
+    pub group_leader: Leader,
+    /// Its session's leader when first read.
+    pub session_leader: Leader,
+    /// Its command line is that of a worker a parent spawns and talks to (Python's
+    /// `multiprocessing`); read only when its group's leader is gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spawned_worker: bool,
+}
+
+/// A process related to another (its parent), by identity as first read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Relative {
+    /// Its PID in the procfs read.
+    pub pid: u32,
+    /// Its start time in clock ticks after boot; `None` when it could not be read (PID 0:
+    /// the owner is a PID namespace's init, whose parent is outside it).
+    pub start_time_ticks: Option<u64>,
+    /// Its command name, when read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm: Option<String>,
+    /// Its process group, when read: a parent outside its child's group adopted it (a
+    /// group holds only its leader's descendants, and an adopter is the leader's
+    /// ancestor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pgid: Option<u32>,
+}
+
+/// What a process group's or session's leader was when an owner was first read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Leader {
+    /// The owner leads it.
+    Itself,
+    /// Its leader lives (a process under the leader's PID started before the owner).
+    Alive,
+    /// Its leader has exited. The kernel keeps a PID from reuse while it names a live
+    /// group or session, so no other process can be under it.
+    Gone,
+    /// Could not be read.
+    Unknown,
 }
 
 /// What could be read of one kind of reference a process has to NVIDIA device files.
