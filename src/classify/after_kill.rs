@@ -102,10 +102,12 @@ impl Seen {
 pub fn left_behind(owner: &Owner, frame: &Frame, taken_at: Option<u64>) -> Option<Seen> {
     let process = owner.process()?;
     let lineage = process.lineage.as_ref()?;
-    if process.container_ended() || process
+    if process.container_ended()
+        || process
             .slurm_job
             .as_ref()
-            .is_some_and(|job| matches!(job.state, JobState::StepEnded | JobState::Ended)) {
+            .is_some_and(|job| matches!(job.state, JobState::StepEnded | JobState::Ended))
+    {
         return None;
     }
     if let Some(exit_seen) = lineage.parent_exit_seen_unix_seconds {
@@ -117,7 +119,10 @@ pub fn left_behind(owner: &Owner, frame: &Frame, taken_at: Option<u64>) -> Optio
                     .parent
                     .start_time_ticks
                     .and_then(|ticks| frame.started(ticks)),
-                started: lineage.parent.start_time_ticks.map(|ticks| frame.start(ticks)),
+                started: lineage
+                    .parent
+                    .start_time_ticks
+                    .map(|ticks| frame.start(ticks)),
             },
             exit_seen_unix_seconds: exit_seen,
             alone_seconds: taken_at.map(|now| now.saturating_sub(exit_seen)),

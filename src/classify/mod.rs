@@ -16,7 +16,9 @@ mod suspects;
 #[cfg(test)]
 mod tests;
 
-pub use after_kill::{killed_stuck, Clue, KilledStuck, LeftBehindOwner, Parent, Seen, KILL_STUCK_SECONDS};
+pub use after_kill::{
+    killed_stuck, Clue, KilledStuck, LeftBehindOwner, Parent, Seen, KILL_STUCK_SECONDS,
+};
 pub use exporter_process::{exporter_process, ExporterProcess};
 pub use owners::{
     judge_owner, Frame, GoneReason, Owner, OwnerState, Standing, Started, StateQualifier, WhyGone,
@@ -43,9 +45,8 @@ pub use crate::observe::kubernetes::{KubeletSource, SourceError, SourceHealth};
 pub use crate::observe::procfs::short_container_id;
 pub use crate::observe::{
     CgroupAttribution, GpuError, Identity, Leader, Lineage, MemoryReading, NamespaceInit,
-    NarrowAccess, NodeSet, Relative,
-    NvmlFailure, NvmlLists, ProcfsView, RecoveryAction, References, RemappedRows, RetiredPages,
-    StuckCall, StuckRead, XidReading,
+    NarrowAccess, NodeSet, NvmlFailure, NvmlLists, ProcfsView, RecoveryAction, References,
+    Relative, RemappedRows, RetiredPages, StuckCall, StuckRead, XidReading,
 };
 pub use pods::{GpuPod, KubernetesView, PodName};
 pub use slurm::{JobState, JobToCancel, LeftBehind, SlurmJob};
@@ -1860,7 +1861,10 @@ fn stuck_remedy(stuck: &[&Process], taken_at: Option<u64>) -> Remedy {
     if !past_hope {
         return Remedy::Wait;
     }
-    let mut targets: Vec<KillTarget> = stuck.iter().map(|process| KillTarget::of(process)).collect();
+    let mut targets: Vec<KillTarget> = stuck
+        .iter()
+        .map(|process| KillTarget::of(process))
+        .collect();
     targets.sort_by_key(|target| target.pid);
     Remedy::ResetOrReboot { stuck: targets }
 }

@@ -232,9 +232,7 @@ impl Owner {
                 | ProcessState::Dead => Some(StateQualifier::Process(process.state)),
             },
             Standing::Gone(WhyGone::Reused { .. }) => Some(StateQualifier::Reused),
-            Standing::Exiting(_) | Standing::Gone(WhyGone::Exited) | Standing::Unknown(_) => {
-                None
-            }
+            Standing::Exiting(_) | Standing::Gone(WhyGone::Exited) | Standing::Unknown(_) => None,
         }
     }
 }

@@ -37,9 +37,9 @@ pub use nvml::{
     RemappedRows, RetiredPages, StuckCall, XidReading,
 };
 pub use procfs::{
-    CgroupAttribution, HolderScan, Identity, Leader, Lineage, NamespaceInit, Relative, NarrowAccess, NodeSet, PidNamespace,
-    ProcessFacts, ProcessLookup, ProcfsView, References, RunningStep, Runtime, SlurmReading,
-    SlurmStep,
+    CgroupAttribution, HolderScan, Identity, Leader, Lineage, NamespaceInit, NarrowAccess, NodeSet,
+    PidNamespace, ProcessFacts, ProcessLookup, ProcfsView, References, Relative, RunningStep,
+    Runtime, SlurmReading, SlurmStep,
 };
 pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot, StuckRead};
 

@@ -4,10 +4,10 @@
 //! puts it into words.
 
 use crate::classify::{
-    short_container_id, Blindness, ChargedTo, ContainerName, Departure, Evidence, GpuAccount,
+    short_container_id, Blindness, ChargedTo, Clue, ContainerName, Departure, Evidence, GpuAccount,
     GpuOutcome, GpuVerdict, InstanceVerdict, JobState, KillTarget, LookAgain, NarrowAccess, Note,
-    NvmlFailure, NvmlStatus, Owner, Process, RecoveryAction, Remedy, Report, Sentence, SlurmJob,
-    Started, StateQualifier, Suspect, UnattributedTrust, WhyUnknown, Clue, Seen, KILL_STUCK_SECONDS,
+    NvmlFailure, NvmlStatus, Owner, Process, RecoveryAction, Remedy, Report, Seen, Sentence,
+    SlurmJob, Started, StateQualifier, Suspect, UnattributedTrust, WhyUnknown, KILL_STUCK_SECONDS,
 };
 use crate::dates::utc_words;
 use crate::units::format_bytes;

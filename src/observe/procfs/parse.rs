@@ -467,7 +467,9 @@ mod tests {
             b"python3\0-c\0from multiprocessing.forkserver import main; main(8, 9, ['__main__'], **{})\0";
         assert!(spawned_worker(forkserver));
         // A server, and a program that only mentions the words.
-        assert!(!spawned_worker(b"python3\0-m\0vllm.entrypoints.openai.api_server\0"));
+        assert!(!spawned_worker(
+            b"python3\0-m\0vllm.entrypoints.openai.api_server\0"
+        ));
         assert!(!spawned_worker(b"grep\0--multiprocessing-forkx\0"));
         assert!(!spawned_worker(b""));
     }
