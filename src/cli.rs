@@ -36,7 +36,8 @@ Exit status:
   0  nothing orphaned
   1  orphaned memory found (with --wait: still there when the time is up)
   2  error: a bad flag, an unreadable snapshot, NVML missing
-  3  cannot tell: some memory cannot be judged (a GPU lost or not answering NVML within --timeout, owners that cannot be read, a blind exporter with unattributed memory)";
+  3  cannot tell: some memory cannot be judged (a GPU lost or not answering NVML within --timeout, owners that cannot be read, a blind exporter with unattributed memory)
+  4  memory left behind: held for a server that has exited, or by a killed process stuck in the driver";
 
 /// Exit statuses of `snapshot` and `textfile`: each code with its meaning as
 /// [`crate::exit_codes::written_meaning`] says it (a test holds the two together).
@@ -1494,9 +1495,11 @@ mod tests {
 
     #[test]
     fn help_lists_the_exit_statuses() {
-        use crate::exit_codes::{meaning, written_meaning, CANNOT_TELL, ERROR, ORPHANED, SUCCESS};
+        use crate::exit_codes::{
+            meaning, written_meaning, CANNOT_TELL, ERROR, LEFT_BEHIND, ORPHANED, SUCCESS,
+        };
         let check = help(&["check"]);
-        for code in [SUCCESS, ORPHANED, ERROR, CANNOT_TELL] {
+        for code in [SUCCESS, ORPHANED, ERROR, CANNOT_TELL, LEFT_BEHIND] {
             let status = format!("  {code}  {}", meaning(code));
             assert!(check.contains(&status), "{status:?} missing from:\n{check}");
         }

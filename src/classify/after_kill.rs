@@ -102,12 +102,14 @@ impl Seen {
 pub fn left_behind(owner: &Owner, frame: &Frame, taken_at: Option<u64>) -> Option<Seen> {
     let process = owner.process()?;
     let lineage = process.lineage.as_ref()?;
-    if process.container_ended()
-        || process
-            .slurm_job
-            .as_ref()
-            .is_some_and(|job| matches!(job.state, JobState::StepEnded | JobState::Ended))
-    {
+    // A process that leads its own process group (or session) detached itself from
+    // whoever started it: a service, a daemon, a container's main process, meant to run
+    // alone whatever became of its launcher. A server's worker stays in its group.
+    let ended = process
+        .slurm_job
+        .as_ref()
+        .is_some_and(|job| matches!(job.state, JobState::StepEnded | JobState::Ended));
+    if process.pgid == process.pid || process.container_ended() || ended {
         return None;
     }
     if let Some(exit_seen) = lineage.parent_exit_seen_unix_seconds {
@@ -133,7 +135,6 @@ pub fn left_behind(owner: &Owner, frame: &Frame, taken_at: Option<u64>) -> Optio
     // leader, never in its group). A double-forked daemon's group is its session; a
     // service leads its own.
     let adopted = lineage.group_leader == Leader::Gone
-        && process.pgid != process.pid
         && lineage
             .parent
             .pgid

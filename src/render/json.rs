@@ -9,9 +9,9 @@
 
 use super::text::{instance_verdict, verdict, Verdict};
 use crate::classify::{
-    orphaned_bytes_of, AssignedPod, CheckStatus, Finding, GpuError, GpuVerdict, InstanceVerdict,
-    MemoryReading, Note, NvmlFailure, Owner, OwnerState, ProcfsView, Remedy, Report, ScanSummary,
-    StuckCall, StuckRead, Suspect,
+    orphaned_bytes_of, AssignedPod, CheckStatus, Finding, GpuAccount, GpuError, GpuVerdict,
+    InstanceVerdict, LeftBehindOwner, MemoryReading, Note, NvmlFailure, Owner, OwnerState,
+    ProcfsView, Remedy, Report, ScanSummary, StuckCall, StuckRead, Suspect,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -97,6 +97,10 @@ pub struct GpuDocument<'a> {
     pub bystanders: &'a [Suspect],
     /// Processes holding its device file whose mappings could not be read.
     pub undetermined: &'a [Suspect],
+    /// Live owners a killed server left behind (seen, or possibly), with how it is known.
+    pub left_behind: &'a [LeftBehindOwner],
+    /// Bytes of those whose server the exporter saw exit (`vram_left_behind_bytes`).
+    pub left_behind_bytes: u64,
     /// What would give orphaned memory back.
     pub remedy: Option<&'a Remedy>,
     /// Facts worth a line each, as data.
@@ -205,6 +209,8 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
         culprits: account.map_or(&[], |account| account.culprits.as_slice()),
         bystanders: account.map_or(&[], |account| account.bystanders.as_slice()),
         undetermined: account.map_or(&[], |account| account.undetermined.as_slice()),
+        left_behind: account.map_or(&[], |account| account.left_behind.as_slice()),
+        left_behind_bytes: account.map_or(0, GpuAccount::left_behind_bytes),
         remedy: account.map(|account| &account.remedy),
         notes: account.map_or(&[], |account| account.notes.as_slice()),
         exited_container_processes: account

@@ -5,6 +5,7 @@
 mod helpers;
 mod kubelet;
 
+mod after_kill;
 mod alerts;
 mod bad_input;
 mod build_info;

@@ -11,6 +11,17 @@ thread exit while another thread holds them ("zombie-leader"), or starts its MPS
 server, a program of its own, has none of them, and maps `server_map` read-write). It
 prints `READY <pid>` once it holds its files, `CHILD <pid>` for each child it leaves
 behind, and `SERVER <pid>` before READY once its server holds its files.
+
+Mode "server" is an inference server as vLLM and SGLang start theirs: it holds nothing
+itself and starts `children` workers through Python's multiprocessing (spawn, as
+torch.multiprocessing does), each a new `python3` that names itself `child_name` and
+opens and maps the files in `worker_open` and `worker_map`; it prints `WORKER <pid>` for
+each once all hold them. "daemon" double-forks (fork, setsid, fork) and the middle
+process exits, so the holder leads nothing and its parent is whoever adopts it; it
+prints `CHILD <pid>` for the holder. "launch-service" starts a holder that leads a
+session of its own and exits once it prints `CHILD <pid>`, as a service's launcher does.
+"reexec" holds its files, forks a child named `child_name` that maps them too, and on
+SIGUSR1 execs a sleeping `python3` under the same PID (keeping its start time).
 """
 
 import ctypes
@@ -52,6 +63,60 @@ for key, prot in (("map_write_only", mmap.PROT_WRITE), ("map_read_only", mmap.PR
         kept.append(fd)
         narrow.append(mmap.mmap(fd, 4096, mmap.MAP_SHARED, prot))
 mode = spec["mode"]
+# A spawned worker runs this through `exec`, with `spec` and `queue` given.
+WORKER = """
+import ctypes, mmap, os, time
+ctypes.CDLL(None).prctl(15, ctypes.c_char_p(spec['name'].encode()), 0, 0, 0)
+kept = [os.open(path, os.O_RDWR) for path in spec['open']]
+for path in spec['map']:
+    fd = os.open(path, os.O_RDWR)
+    kept.append(fd)
+    kept.append(mmap.mmap(fd, 4096, mmap.MAP_SHARED))
+queue.put(os.getpid())
+while True:
+    time.sleep(1000)
+"""
+if mode == "server":
+    import multiprocessing
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    worker = {"name": spec["child_name"], "open": spec["worker_open"], "map": spec["worker_map"]}
+    workers = [
+        context.Process(target=exec, args=(WORKER, {"spec": worker, "queue": queue}))
+        for _ in range(spec["children"])
+    ]
+    for process in workers:
+        process.start()
+    for pid in sorted(queue.get(timeout=60) for _ in workers):
+        print("WORKER", pid, flush=True)
+if mode == "daemon":
+    if os.fork() == 0:
+        os.setsid()
+        child = os.fork()
+        if child == 0:
+            rename(spec["child_name"])
+            park()
+        print("CHILD", child, flush=True)
+        os._exit(0)
+    os.wait()
+    os._exit(0)
+if mode == "launch-service":
+    if os.fork() == 0:
+        os.setsid()
+        rename(spec["child_name"])
+        print("CHILD", os.getpid(), flush=True)
+        park()
+    os._exit(0)
+if mode == "reexec":
+    child = os.fork()
+    if child == 0:
+        rename(spec["child_name"])
+        park()
+    print("CHILD", child, flush=True)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    print("READY", os.getpid(), flush=True)
+    signal.sigwait([signal.SIGUSR1])
+    os.execvp("python3", ["python3", "-c", "import time\nwhile True: time.sleep(1000)"])
 if mode == "mps-daemon":
     # The MPS control daemon starts its server, a child in its session.
     ready, told = os.pipe()

@@ -293,6 +293,110 @@ impl Model {
         Holder { pid, child: None }
     }
 
+    /// An inference server as vLLM and SGLang start theirs (see `model.py`, mode
+    /// "server"): it leads its own session, holds nothing, and starts `workers`
+    /// `multiprocessing` spawn workers named `worker_name`, each opening and mapping this
+    /// model's files. Returns once every worker holds them; the workers are this test's
+    /// (a subreaper's) to reap once the server is gone.
+    pub fn spawn_server(&self, workers: usize, worker_name: &str) -> Server {
+        become_subreaper();
+        let mut spec = self.spec("server");
+        spec["open"] = json!([]);
+        spec["map"] = json!([]);
+        spec["worker_open"] = json!(self.open);
+        spec["worker_map"] = json!(self.map);
+        spec["children"] = json!(workers);
+        spec["child_name"] = json!(worker_name);
+        let mut server = Self::command(&spec).spawn().expect("spawn python3");
+        let pids: Vec<u32> = (0..workers)
+            .map(|_| {
+                let line = first_line(&mut server);
+                line.strip_prefix("WORKER ")
+                    .and_then(|pid| pid.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("not a WORKER line: {line}"))
+            })
+            .collect();
+        let pid = server.id();
+        ready(&first_line(&mut server), pid, 'S', "the server is asleep");
+        let workers = pids
+            .into_iter()
+            .map(|pid| {
+                wait_until("the worker is named", Duration::from_secs(10), || {
+                    proc_comm(pid).as_deref() == Some(worker_name)
+                });
+                Holder { pid, child: None }
+            })
+            .collect();
+        Server {
+            server: Holder {
+                pid,
+                child: Some(server),
+            },
+            workers,
+        }
+    }
+
+    /// A daemon holding this model's files that double-forked (fork, setsid, fork) as
+    /// classic daemons do: the holder, named `name`, leads neither its group nor its
+    /// session, whose leader exited at once, and this test (a subreaper) adopted it.
+    pub fn spawn_daemon(&self, name: &str) -> Holder {
+        self.detached("daemon", name)
+    }
+
+    /// A service holding this model's files, started by a launcher that gives it a
+    /// session of its own and exits: the holder, named `name`, leads its session and
+    /// group, and this test (a subreaper) adopted it.
+    pub fn launch_service(&self, name: &str) -> Holder {
+        self.detached("launch-service", name)
+    }
+
+    fn detached(&self, mode: &str, name: &str) -> Holder {
+        become_subreaper();
+        let mut spec = self.spec(mode);
+        spec["child_name"] = json!(name);
+        let mut launcher = Self::command(&spec).spawn().expect("spawn python3");
+        let line = first_line(&mut launcher);
+        let pid: u32 = line
+            .strip_prefix("CHILD ")
+            .and_then(|pid| pid.trim().parse().ok())
+            .unwrap_or_else(|| panic!("not a CHILD line: {line}"));
+        launcher.wait().expect("reap the launcher");
+        wait_until(
+            "the holder is named and asleep",
+            Duration::from_secs(10),
+            || proc_comm(pid).as_deref() == Some(name) && proc_state(pid) == Some('S'),
+        );
+        Holder { pid, child: None }
+    }
+
+    /// A parent holding this model's files with a child named `child_name` holding them
+    /// too; on SIGUSR1 the parent execs another program under the same PID.
+    pub fn spawn_reexecing_parent(&self, child_name: &str) -> (Holder, Holder) {
+        let mut spec = self.spec("reexec");
+        spec["child_name"] = json!(child_name);
+        let mut parent = Self::command(&spec).spawn().expect("spawn python3");
+        let line = first_line(&mut parent);
+        let child: u32 = line
+            .strip_prefix("CHILD ")
+            .and_then(|pid| pid.trim().parse().ok())
+            .unwrap_or_else(|| panic!("not a CHILD line: {line}"));
+        let pid = parent.id();
+        ready(&first_line(&mut parent), pid, 'S', "the parent is asleep");
+        wait_until("the child is named", Duration::from_secs(10), || {
+            proc_comm(child).as_deref() == Some(child_name)
+        });
+        (
+            Holder {
+                pid,
+                child: Some(parent),
+            },
+            Holder {
+                pid: child,
+                child: None,
+            },
+        )
+    }
+
     /// The fork-inherited orphan: it forks `children` named `child_name` that inherit its
     /// descriptors and mappings, and exits. Returns the dead (and reaped) owner's PID and
     /// the live children, whose parent becomes this test process (a child subreaper).
@@ -406,6 +510,12 @@ fn orphaned_children(
             Holder { pid, child: None }
         })
         .collect()
+}
+
+/// A model server and its spawned workers; each is killed and reaped when dropped.
+pub struct Server {
+    pub server: Holder,
+    pub workers: Vec<Holder>,
 }
 
 /// A model MPS control daemon and its server, both killed and reaped when dropped.

@@ -127,7 +127,11 @@ fn parse_sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
 /// The series that name a process, the only ones that may carry its workload (container,
 /// pod, Slurm job): on any other series such labels would multiply it by the workloads
 /// that come and go.
-pub const PER_PROCESS_SERIES: &[&str] = &["vram_holder_info", "vram_process_used_bytes"];
+pub const PER_PROCESS_SERIES: &[&str] = &[
+    "vram_holder_info",
+    "vram_left_behind_since_timestamp_seconds",
+    "vram_process_used_bytes",
+];
 
 /// Labels that name a process's workload: its Slurm job, its container's name and image.
 const WORKLOAD_LABELS: &[&str] = &[

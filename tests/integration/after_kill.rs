@@ -1,0 +1,224 @@
+//! After a kill: the workers a killed server leaves behind, and the processes that must
+//! never be called left behind. Real processes: a model server starts its workers through
+//! Python's multiprocessing (spawn, as vLLM and SGLang do) and is SIGKILLed; the workers
+//! live on, adopted by this test process (a subreaper, as init would adopt them on a host).
+
+use crate::helpers::*;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Each worker's charge, and GPU 0's used memory with two of them.
+const WORKER_BYTES: u64 = 4 * GIB;
+const TWO_WORKERS_USED: u64 = 2 * WORKER_BYTES + 9 * 1024 * 1024;
+
+/// GPU 0 with `owners` charged `WORKER_BYTES` each, GPU 1 idle.
+fn charged_to(rig: &Rig, owners: &[u32]) {
+    let gpu = owners.iter().fold(
+        Gpu::idle(0).used(owners.len() as u64 * WORKER_BYTES + 9 * 1024 * 1024),
+        |gpu, &pid| gpu.process(pid, Some(WORKER_BYTES)),
+    );
+    rig.write_scenario(&Gpus::new().gpu(gpu).gpu(Gpu::idle(1)).into_json());
+}
+
+fn left_behind_bytes(metrics: &Metrics) -> f64 {
+    metrics.value("vram_left_behind_bytes", &[("gpu", "0")])
+}
+
+#[test]
+fn a_killed_servers_two_workers_are_left_behind_named_and_counted() {
+    let rig = Rig::new();
+    let Server { server, workers } =
+        Model::cuda("api-server", &rig.device(0)).spawn_server(2, "engine-core");
+    let pids: Vec<u32> = workers.iter().map(|worker| worker.pid).collect();
+    charged_to(&rig, &pids);
+    let exporter = rig.start(&[]);
+
+    // The server lives: its workers are its own.
+    let metrics = exporter.scrape();
+    assert_eq!(left_behind_bytes(&metrics), 0.0);
+    assert_eq!(
+        metrics.value(
+            "vram_owner_processes",
+            &[("gpu", "0"), ("state", "running")]
+        ),
+        2.0
+    );
+
+    let server_pid = server.pid;
+    server.kill();
+    let mut metrics = exporter.scrape();
+    wait_until(
+        "the exporter sees the workers left behind",
+        Duration::from_secs(10),
+        || {
+            metrics = exporter.scrape();
+            left_behind_bytes(&metrics) == (2 * WORKER_BYTES) as f64
+        },
+    );
+    // Nothing is orphaned: the memory has live owners, which killing frees.
+    assert_eq!(
+        metrics.value(
+            "vram_orphaned_bytes",
+            &[("gpu", "0"), ("reason", "owner_gone")]
+        ),
+        0.0
+    );
+    let named = metrics.find("vram_left_behind_since_timestamp_seconds", &[("gpu", "0")]);
+    let mut named_pids: Vec<u32> = named
+        .iter()
+        .map(|(_, labels, _)| labels["pid"].parse().unwrap())
+        .collect();
+    named_pids.sort_unstable();
+    assert_eq!(named_pids, pids, "{}", metrics.text);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for (_, labels, seen) in named {
+        assert_eq!(labels["parent_pid"], server_pid.to_string());
+        assert_eq!(labels["parent_comm"], "api-server");
+        assert_eq!(labels["comm"], "engine-core");
+        assert!((now - 60.0..=now + 1.0).contains(seen), "seen at {seen}");
+    }
+    assert_eq!(
+        metrics.value("vram_left_behind_bytes", &[("gpu", "1")]),
+        0.0
+    );
+    assert_per_gpu_series_carry_no_workload_labels(&metrics);
+    assert_promtool_clean(&metrics.text);
+
+    // `check`, a look of its own that never saw the server, names both workers and the
+    // server's group, possibly left behind, and suggests killing them: exit status 4.
+    let outcome = rig.run(&["check"]);
+    assert_eq!(outcome.status, Some(4), "{outcome:?}");
+    let line = verdict_line(&outcome.stdout, 0);
+    assert!(
+        line.starts_with("GPU 0: 8.0 GiB (8,192 MiB) held by 2 processes possibly left behind by a server that exited:"),
+        "{line}"
+    );
+    for pid in &pids {
+        assert!(line.contains(&format!("PID {pid} (engine-core")), "{line}");
+    }
+    assert!(
+        line.contains(&format!(
+            "a worker spawned by Python's multiprocessing, never meant to run without its parent, and the leader of its process group, PID {server_pid} (the process that started it), has exited"
+        )),
+        "{line}"
+    );
+    let expected_kill = format!("kill {} {}", pids[0], pids[1]);
+    assert!(
+        suggestion(&outcome.stdout, 0).is_some_and(|line| line.starts_with(&expected_kill)),
+        "{}",
+        outcome.stdout
+    );
+    assert!(outcome.stdout.contains("exit status 4: memory left behind"));
+
+    let document = rig.run(&["check", "--json"]);
+    assert_eq!(document.status, Some(4));
+    let gpu: Value = document.json()["gpus"][0].clone();
+    assert_eq!(gpu["finding"], "left_behind", "{gpu:#}");
+    assert_eq!(gpu["remedy"]["action"], "kill_left_behind");
+    assert_eq!(
+        pids_of(&gpu["remedy"]["targets"]),
+        pids.iter().map(|&pid| u64::from(pid)).collect::<Vec<_>>()
+    );
+    for worker in gpu["left_behind"].as_array().unwrap() {
+        assert_eq!(worker["seen"]["certainty"], "possibly");
+        assert_eq!(worker["seen"]["clue"], "spawned_worker");
+        assert_eq!(worker["seen"]["group_leader"], server_pid);
+        assert_eq!(worker["used_bytes"], WORKER_BYTES);
+    }
+
+    // An exporter started after the kill never saw the server: its series count only
+    // what was seen, and the workers are plain running owners there.
+    let late = rig.start(&[]);
+    let metrics = late.scrape();
+    assert_eq!(left_behind_bytes(&metrics), 0.0);
+    assert_eq!(
+        metrics.value(
+            "vram_owner_processes",
+            &[("gpu", "0"), ("state", "running")]
+        ),
+        2.0
+    );
+    drop(workers);
+}
+
+/// Serve and `check` a host whose GPU 0 `owner` holds, and find nothing left behind: no
+/// bytes, no named process, and `check` exits 0 with the memory owned.
+fn assert_never_left_behind(rig: &Rig, exporter: &Exporter, owner: u32) {
+    let metrics = exporter.scrape();
+    assert_eq!(left_behind_bytes(&metrics), 0.0, "{}", metrics.text);
+    assert!(
+        metrics
+            .find("vram_left_behind_since_timestamp_seconds", &[])
+            .is_empty(),
+        "{}",
+        metrics.text
+    );
+    let outcome = rig.run(&["check"]);
+    assert_eq!(outcome.status, Some(0), "{outcome:?}");
+    let line = verdict_line(&outcome.stdout, 0);
+    assert!(
+        line.starts_with("GPU 0: 4.0 GiB (4,096 MiB) owned by 1 live process; nothing orphaned."),
+        "{line}"
+    );
+    let document = rig.run(&["check", "--json"]).json();
+    assert_eq!(document["gpus"][0]["left_behind"], serde_json::json!([]));
+    assert_eq!(document["gpus"][0]["owners"][0]["pid"], owner);
+}
+
+#[test]
+fn a_service_whose_launcher_exited_is_not_left_behind() {
+    // A launcher gives the service a session of its own and exits, as `systemd-run`, a
+    // `setsid` wrapper or an init script does: the service leads its session.
+    let rig = Rig::new();
+    let service = Model::cuda("launcher", &rig.device(0)).launch_service("inference-svc");
+    charged_to(&rig, &[service.pid]);
+    let exporter = rig.start(&[]);
+    assert_never_left_behind(&rig, &exporter, service.pid);
+}
+
+#[test]
+fn a_daemon_that_double_forked_before_the_exporter_started_is_not_left_behind() {
+    // fork, setsid, fork: the daemon leads nothing, its group's leader exited at once,
+    // and its parent is whoever adopted it; but its group is its session.
+    let rig = Rig::new();
+    let daemon = Model::cuda("daemonize", &rig.device(0)).spawn_daemon("gpu-daemon");
+    let (group, session) = process_group_and_session(daemon.pid);
+    assert_eq!(group, session);
+    assert_ne!(group, daemon.pid);
+    charged_to(&rig, &[daemon.pid]);
+    let exporter = rig.start(&[]);
+    assert_never_left_behind(&rig, &exporter, daemon.pid);
+}
+
+#[test]
+fn a_worker_whose_parent_merely_re_execs_is_not_left_behind() {
+    let rig = Rig::new();
+    let (parent, worker) = Model::cuda("launcher", &rig.device(0))
+        .in_launchers_session()
+        .spawn_reexecing_parent("worker");
+    charged_to(&rig, &[worker.pid]);
+    let exporter = rig.start(&[]);
+    exporter.scrape();
+    // The parent becomes another program under the same PID and start time.
+    signal(parent.pid, libc::SIGUSR1);
+    wait_until("the parent has exec'd", Duration::from_secs(10), || {
+        proc_comm(parent.pid).as_deref() == Some("python3")
+    });
+    assert_never_left_behind(&rig, &exporter, worker.pid);
+}
+
+#[test]
+fn a_slurm_step_under_its_live_slurmstepd_is_not_left_behind() {
+    // Slurm's step daemon starts the job's tasks and lives as long as they run.
+    let rig = Rig::new();
+    let (_stepd, task) = Model::cuda("slurmstepd", &rig.device(0))
+        .in_launchers_session()
+        .spawn_reexecing_parent("python3-task");
+    charged_to(&rig, &[task.pid]);
+    let exporter = rig.start(&[]);
+    exporter.scrape();
+    assert_never_left_behind(&rig, &exporter, task.pid);
+}
