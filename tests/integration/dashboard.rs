@@ -28,6 +28,8 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_owner_processes",
     "vram_owned_bytes",
     "vram_orphaned_bytes",
+    "vram_left_behind_bytes",
+    "vram_left_behind_since_timestamp_seconds",
     "vram_unattributed_bytes",
     "vram_owner_processes_usage_unavailable",
     "vram_holder_processes",

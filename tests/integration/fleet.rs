@@ -68,6 +68,9 @@ enum Kind {
     Orphaned,
     /// GPU 0's memory call hangs; GPU 1 gets orphaned memory.
     HungBesideOrphan,
+    /// A model server started a worker that owns GPU 0's memory; the server is SIGKILLed
+    /// and the worker lives on, left behind.
+    LeftBehind,
     /// The driver goes away (as a driver update unloads it): NVML answers nothing and
     /// does not initialise again.
     NvmlDown,
@@ -75,14 +78,16 @@ enum Kind {
 
 /// How many nodes of each kind a fleet of `nodes` has: a quarter lose NVML (50 of 200),
 /// one in twenty is orphaned, one in a hundred hangs beside an orphan, one in ten is
-/// busy; at least one of each but the outage, which needs a node per cluster.
+/// busy, one in fifty is left behind; at least one of each but the outage, which needs a
+/// node per cluster.
 fn kinds(nodes: usize) -> Vec<Kind> {
     let down = (nodes / 4).max(CLUSTERS);
     let orphaned = (nodes / 20).max(2);
     let hung = (nodes / 100).max(1);
     let busy = (nodes / 10).max(1);
+    let left = (nodes / 50).max(1);
     assert!(
-        down + orphaned + hung + busy < nodes,
+        down + orphaned + hung + busy + left < nodes,
         "VRAM_FLEET_NODES={nodes} is too small for every kind of node; take at least 12"
     );
     let mut kinds = Vec::with_capacity(nodes);
@@ -90,6 +95,7 @@ fn kinds(nodes: usize) -> Vec<Kind> {
     kinds.extend(std::iter::repeat_n(Kind::Orphaned, orphaned));
     kinds.extend(std::iter::repeat_n(Kind::HungBesideOrphan, hung));
     kinds.extend(std::iter::repeat_n(Kind::Busy, busy));
+    kinds.extend(std::iter::repeat_n(Kind::LeftBehind, left));
     kinds.resize(nodes, Kind::Idle);
     kinds
 }
@@ -122,6 +128,10 @@ struct Node {
     exporter: Exporter,
     /// The live owner of a busy node's GPUs.
     _owner: Option<Holder>,
+    /// A left-behind node's server, until the incident kills it.
+    server: Option<Holder>,
+    /// A left-behind node's worker, which owns GPU 0.
+    _workers: Vec<Holder>,
     /// The hung call returns once this file exists.
     hang_ends: PathBuf,
 }
@@ -140,11 +150,14 @@ impl Node {
             .remapped_rows(0, 0, false, false)
     }
 
+    /// The scenario before the incident: `owner` owns every GPU of a busy node and GPU 0
+    /// of a left-behind one.
     fn before(kind: Kind, owner: Option<u32>) -> Value {
         let mut gpus = Gpus::new();
         for index in 0..GPUS {
-            gpus = gpus.gpu(match (kind, owner) {
-                (Kind::Busy, Some(pid)) => Node::gpu(index).used(USED).process(pid, Some(CHARGED)),
+            let owned = |pid| Node::gpu(index).used(USED).process(pid, Some(CHARGED));
+            gpus = gpus.gpu(match (kind, owner, index) {
+                (Kind::Busy, Some(pid), _) | (Kind::LeftBehind, Some(pid), 0) => owned(pid),
                 _ => Node::gpu(index),
             });
         }
@@ -166,9 +179,14 @@ impl Node {
     }
 
     /// Start the incident on this node.
-    fn break_down(&self, dead: u32) {
+    fn break_down(&mut self, dead: u32) {
         match self.kind {
             Kind::Idle | Kind::Busy => {}
+            // The server dies as a SIGKILL ends it; its worker, adopted by this test (a
+            // subreaper, as init adopts it on a host), keeps the memory.
+            // Reaped at once, as its parent would: a zombie server still has its /proc
+            // entry, and the exporter rightly takes it for alive.
+            Kind::LeftBehind => self.server.take().expect("a left-behind server").kill(),
             // Without its scenario the fake NVML answers every call with an error and
             // refuses to initialise (docs/fake-nvml.md), as a driver that is gone.
             Kind::NvmlDown => std::fs::remove_file(&self.rig.scenario).unwrap(),
@@ -310,6 +328,8 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
         let rig = Rig::new().with_gpu_nodes(GPUS);
         // A training job on all eight GPUs: one process with a context (a mapping) on
         // each, as NVML lists it as their owner.
+        let server = (kind == Kind::LeftBehind)
+            .then(|| Model::cuda("api-server", &rig.device(0)).spawn_server(1, "engine-core"));
         let owner = (kind == Kind::Busy).then(|| {
             (1..GPUS)
                 .fold(Model::cuda("cuda-job", &rig.device(0)), |model, minor| {
@@ -317,7 +337,15 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
                 })
                 .spawn()
         });
-        rig.write_scenario(&Node::before(kind, owner.as_ref().map(|o| o.pid)));
+        let (server, workers) = match server {
+            Some(crate::helpers::Server { server, workers }) => (Some(server), workers),
+            None => (None, Vec::new()),
+        };
+        let owner_pid = owner
+            .as_ref()
+            .or(workers.first())
+            .map(|process| process.pid);
+        rig.write_scenario(&Node::before(kind, owner_pid));
         let exporter = rig.start(&[]);
         let hang_ends = rig.dir.path().join("gpu-0-answers-again");
         nodes.push(Node {
@@ -326,6 +354,8 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
             rig,
             exporter,
             _owner: owner,
+            server,
+            _workers: workers,
             hang_ends,
         });
     }
@@ -355,6 +385,7 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
     let orphan_for_s = orphan_for_shipped / divisor as f64;
     let nvml_down_for_s = 300.0 / divisor as f64;
     let hung_for_s = 120.0 / divisor as f64;
+    let left_behind_for_s = 600.0 / divisor as f64;
     let rules_file = config.path().join("vram-exporter.rules.yml");
     std::fs::write(&rules_file, rules).unwrap();
     let central_config = config.path().join("central.yml");
@@ -454,7 +485,7 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
     );
 
     // The incident, on every node at once.
-    for node in &nodes {
+    for node in &mut nodes {
         node.break_down(dead);
     }
     let incident = Instant::now();
@@ -478,6 +509,7 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
                 expect("VRAMOrphanedMemory", "1");
             }
             Kind::NvmlDown => expect("VRAMNvmlDown", ""),
+            Kind::LeftBehind => expect("VRAMLeftBehindMemory", "0"),
             Kind::Idle | Kind::Busy => {}
         }
     }
@@ -491,7 +523,11 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
     let orphan_bound = bound(orphan_for_s);
     let hung_bound = bound(hung_for_s);
     let nvml_bound = bound(nvml_down_for_s);
-    let deadline = incident + Duration::from_secs_f64(nvml_bound.max(orphan_bound) + 5.0);
+    let left_behind_bound = bound(left_behind_for_s);
+    let slowest_bound = [orphan_bound, hung_bound, nvml_bound, left_behind_bound]
+        .into_iter()
+        .fold(0.0, f64::max);
+    let deadline = incident + Duration::from_secs_f64(slowest_bound + 5.0);
     let key = |alert: &Value| {
         (
             label(alert, "alertname").to_string(),
@@ -582,6 +618,17 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
             orphan <= orphan_bound,
             "{instance}: its orphan paged after {orphan:.1} s"
         );
+    }
+    // Each left-behind node pages once, in time.
+    let mut left_behind_seconds = Vec::new();
+    for node in nodes.iter().filter(|node| node.kind == Kind::LeftBehind) {
+        let instance = node.instance();
+        let seconds = times[&("VRAMLeftBehindMemory".into(), instance.clone(), "0".into())][0];
+        assert!(
+            seconds <= left_behind_bound,
+            "{instance}: left behind paged after {seconds:.1} s, beyond {left_behind_bound:.1} s"
+        );
+        left_behind_seconds.push(seconds);
     }
     // The NVML outage: at most two notifications per cluster, each node in one, nothing
     // about the memory of those nodes.
@@ -701,6 +748,11 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
         sum_of("cluster:vram_nodes_nvml_down:count"),
         down.len() as f64
     );
+    let left_behind_nodes = nodes.iter().filter(|n| n.kind == Kind::LeftBehind).count();
+    assert_eq!(
+        sum_of("cluster:vram_nodes_with_left_behind_bytes:count"),
+        left_behind_nodes as f64
+    );
     let hung_nodes = nodes
         .iter()
         .filter(|n| n.kind == Kind::HungBesideOrphan)
@@ -754,6 +806,7 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
          orphan -> pending (activeAt) {pending_after:.2} s, -> firing (startsAt) {fired_after:.2} s\n  \
          orphan -> notification: min {o_min:.2} s, median {o_med:.2} s, max {o_max:.2} s (bound {orphan_bound:.1} s)\n  \
          NVML down -> notification: median {n_med:.2} s, max {slowest_outage:.2} s (bound {nvml_bound:.1} s)\n  \
+         server killed -> left-behind notification: max {l_max:.2} s (bound {left_behind_bound:.1} s)\n  \
          every expected alert notified after {all_notified:.2} s\n  \
          notifications: {total_notifications} in all, {outage_notifications} for {down_n} nodes losing NVML (bound {outage_bound})\n  \
          fleet queries, median of 5 (ms): {latencies:?}",
@@ -768,6 +821,7 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
         o_med = median(&mut orphan_seconds.clone()),
         o_max = orphan_seconds.iter().copied().fold(0.0, f64::max),
         n_med = median(&mut nvml_seconds),
+        l_max = left_behind_seconds.iter().copied().fold(0.0, f64::max),
         total_notifications = webhook.notifications().len(),
         down_n = down.len(),
     );
