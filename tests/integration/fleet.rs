@@ -275,6 +275,15 @@ fn resident_bytes(pid: u32) -> u64 {
     kib * 1024
 }
 
+/// CPU seconds (user and system) a process has used, from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("a live process");
+    let fields: Vec<&str> = stat.rsplit_once(") ").expect("comm").1.split(' ').collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
 /// One metric of a Prometheus server's own /metrics, summed over its label sets.
 fn own_metric(server: &Server, name: &str) -> f64 {
     let (status, body) =
@@ -789,6 +798,14 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
         .map(|node| resident_bytes(node.exporter.child.id()) as f64)
         .sum();
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
+    let run_seconds = started.elapsed().as_secs_f64();
+    let exporters_cpu: f64 = nodes
+        .iter()
+        .map(|node| cpu_seconds(node.exporter.child.id()))
+        .sum();
+    let agents_cpu: f64 = agents.iter().map(|agent| cpu_seconds(agent.pid())).sum();
+    let central_cpu = cpu_seconds(central.pid());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let counts: BTreeMap<Kind, usize> = nodes.iter().fold(BTreeMap::new(), |mut counts, node| {
         *counts.entry(node.kind).or_default() += 1;
         counts
@@ -803,6 +820,7 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
          central Prometheus: {head_series} head series, {samples_per_second:.0} samples/s appended \
          ({per_node:.2} per node), resident {central_mib:.0} MiB ({per_thousand:.2} MiB per 1,000 series)\n  \
          agents resident {agents_mib:.0} MiB together; exporters {exporters_mib:.0} MiB together\n  \
+         CPU over {run_seconds:.0} s: exporters {exporters_cpu:.1} s, agents {agents_cpu:.1} s, central {central_cpu:.1} s; load average {load}\n  \
          orphan -> pending (activeAt) {pending_after:.2} s, -> firing (startsAt) {fired_after:.2} s\n  \
          orphan -> notification: min {o_min:.2} s, median {o_med:.2} s, max {o_max:.2} s (bound {orphan_bound:.1} s)\n  \
          NVML down -> notification: median {n_med:.2} s, max {slowest_outage:.2} s (bound {nvml_bound:.1} s)\n  \
@@ -811,7 +829,8 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
          notifications: {total_notifications} in all, {outage_notifications} for {down_n} nodes losing NVML (bound {outage_bound})\n  \
          fleet queries, median of 5 (ms): {latencies:?}",
         n = nodes.len(),
-        total = started.elapsed().as_secs_f64(),
+        total = run_seconds,
+        load = load.trim(),
         per_node = samples_per_second / nodes.len() as f64,
         central_mib = mib(central_rss),
         per_thousand = mib(central_rss) / (head_series / 1000.0),
