@@ -84,6 +84,35 @@ x.fill_(1)  # unwritten memory may not be resident
 torch.cuda.synchronize()
 """ + OWNER_LIFE
 
+# An inference server as vLLM and SGLang start theirs: it holds nothing itself and starts
+# WORKERS workers through torch.multiprocessing (spawn), each running the owner program
+# (argv: PROGRAM BYTES WORKERS) in mode "hold", which prints READY on the stdout they share.
+SERVER = r"""
+import sys, time
+try:
+    import torch.multiprocessing as mp
+except ImportError:  # the dry run's stand-ins need no PyTorch
+    import multiprocessing as mp
+program, nbytes, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+worker = "import sys\nsys.argv = ['-c', 'hold', %r, '0', 'sleep']\n" % nbytes + program
+if __name__ == '__main__':
+    context = mp.get_context('spawn')
+    for _ in range(workers):
+        context.Process(target=exec, args=(worker, {'__name__': '__worker__'})).start()
+    time.sleep(600)
+"""
+
+# A launcher that starts the owner program (argv: PROGRAM BYTES) in a session of its own,
+# as a service manager does, says `CHILD pid` once it holds its memory, and exits when a
+# line arrives on its stdin.
+LAUNCHER = r"""
+import subprocess, sys
+owner = subprocess.Popen([sys.executable, '-c', sys.argv[1], 'hold', sys.argv[2], '0', 'sleep'],
+                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+print('CHILD', owner.stdout.readline().split()[1], flush=True)
+sys.stdin.readline()
+"""
+
 # A monitoring agent under a name no list knows: it opens NVML and takes a device
 # handle, which opens the same device files as a CUDA process, and maps none of them.
 AGENT = r"""
@@ -712,6 +741,30 @@ class Suite:
             owner.pid = owner.line("READY")[0]
         return owner
 
+    def server(self, nbytes, workers):
+        """Start a server in its own session with `workers` spawn workers holding `nbytes`
+        each (see SERVER); returns it and the workers' PIDs once every one holds them."""
+        stderr = tempfile.TemporaryFile(mode="w+")
+        proc = self.spawned.add(subprocess.Popen(
+            [sys.executable, "-c", SERVER, self.gpu.owner_program, str(nbytes), str(workers)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            start_new_session=True, env=self.gpu.env()), group=True)
+        owner = Owner(proc, stderr)
+        pids = sorted(owner.line("READY")[0] for _ in range(workers))
+        return proc, pids
+
+    def launched_service(self, nbytes):
+        """Start an owner through a launcher that gives it its own session (see LAUNCHER);
+        returns the launcher, still alive, and the owner's PID."""
+        stderr = tempfile.TemporaryFile(mode="w+")
+        proc = self.spawned.add(subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER, self.gpu.owner_program, str(nbytes)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            start_new_session=True, env=self.gpu.env()), group=True)
+        pid = Owner(proc, stderr).line("CHILD")[0]
+        self.spawned.add_pid(pid)
+        return proc, pid
+
     def agent(self):
         """Start an NVML-only client and return it once it holds a device handle."""
         proc = self.spawned.add(subprocess.Popen(
@@ -758,7 +811,8 @@ def idle(suite):
     s = suite.exporter.scrape()
     suite.expect("used bytes", 0, value(s, "vram_used_bytes", gpu=0))
     suite.expect("owners (all states)", 0,
-                 sum(owners(s, st) for st in ("running", "stopped", "uninterruptible", "zombie", "gone", "unknown")))
+                 sum(owners(s, st) for st in ("running", "stopped", "uninterruptible", "zombie", "killed",
+                                          "exiting", "gone", "unknown")))
     suite.expect("orphaned bytes", 0, orphaned(s))
     suite.expect("host PID namespace", 1, value(s, "vram_host_pid_namespace"))
     suite.expect("procfs shows its own PID namespace", 1, value(s, "vram_procfs_own_pid_namespace"))
@@ -922,6 +976,72 @@ def fork_orphan(suite):
     s = exporter.scrape()
     suite.expect("orphaned after killing child", 0, orphaned(s))
     suite.expect("gone owners after killing child", 0, owners(s, "gone"))
+
+
+@scenario("5b", "left-behind", "server killed, workers left behind")
+def left_behind(suite):
+    """Branch 1 of the story: a server's torch.multiprocessing workers outlive its SIGKILL."""
+    exporter = suite.exporter
+    server, workers = suite.server(2 * GiB, workers=2)
+    for worker in workers:
+        suite.spawned.add_pid(worker)
+    wait_for("both workers to be listed", lambda: set(workers) <= set(suite.charges()))
+    s = exporter.scrape()
+    suite.expect("left behind while the server lives", 0, value(s, "vram_left_behind_bytes", gpu=0))
+    suite.describe("worker before the kill", workers[0])
+    os.kill(server.pid, signal.SIGKILL)
+    server.wait()
+    charges = suite.charges()
+    held = sum(charges[worker] for worker in workers)
+    found = []
+    wait_for("the exporter to count the workers left behind", lambda: found.append(
+        exporter.scrape(record="server killed")) or value(found[-1], "vram_left_behind_bytes", gpu=0) == held)
+    s = found[-1]
+    suite.expect("left-behind bytes = the workers' charges", held, value(s, "vram_left_behind_bytes", gpu=0))
+    named = series(s, "vram_left_behind_since_timestamp_seconds", gpu=0)
+    suite.expect("left-behind workers named", workers, sorted(int(l["pid"]) for l in named))
+    suite.expect("with the server as their parent", [str(server.pid)] * 2,
+                 [l["parent_pid"] for l in named])
+    suite.expect("orphaned bytes", 0, orphaned(s))
+    suite.describe("worker after the kill", workers[0])
+    check = suite.check(record="server killed")
+    suite.expect("check exit status", 4, check.returncode)
+    suite.expect("check names both workers, possibly left behind", True,
+                 re.search(r"GPU 0: .* held by 2 processes possibly left behind by a server that exited:", check.stdout)
+                 is not None and all(f"PID {w} (" in check.stdout for w in workers))
+    suite.expect("check names the server's group", True,
+                 f"PID {server.pid} (the process that started it), has exited" in check.stdout)
+    line = kill_line(check.stdout)
+    suite.expect("suggested kill line", workers, line)
+    killed_at = time.monotonic()
+    subprocess.run(["kill"] + [str(pid) for pid in line or []], check=True)
+    # wait_freed raises when the memory is still held after its limit.
+    freed_after = suite.wait_freed()
+    suite.expect("the suggested kill frees the memory within 10 s", True, freed_after < 10)
+    suite.facts["left_behind_freed_seconds_after_kill"] = round(time.monotonic() - killed_at, 3)
+    s = exporter.scrape()
+    suite.expect("left-behind bytes after the kill", 0, value(s, "vram_left_behind_bytes", gpu=0))
+
+
+@scenario("5c", "service-alone", "service whose launcher exits")
+def service_alone(suite):
+    """An owner in its own session whose launcher exits: a service, never left behind."""
+    exporter = suite.exporter
+    launcher, pid = suite.launched_service(2 * GiB)
+    wait_for("the service to be listed", lambda: pid in suite.charges())
+    exporter.scrape()  # it is seen with its launcher alive
+    launcher.stdin.write("exit\n")
+    launcher.stdin.flush()
+    launcher.wait(timeout=30)
+    wait_for("the service to be adopted", lambda: stat_fields(pid)[1] != str(launcher.pid))
+    s = exporter.scrape(record="service's launcher exited")
+    suite.expect("left-behind bytes", 0, value(s, "vram_left_behind_bytes", gpu=0))
+    suite.expect("running owners", 1, owners(s, "running"))
+    check = suite.check(record="service's launcher exited")
+    suite.expect("check exit status", 0, check.returncode)
+    suite.describe("service after its launcher exited", pid)
+    os.kill(pid, signal.SIGKILL)
+    suite.wait_freed()
 
 
 @scenario(8, "zombie-owner", "zombie main thread")

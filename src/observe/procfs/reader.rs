@@ -461,10 +461,7 @@ impl<'a> Reader<'a> {
     /// group's and session's leaders (their PIDs cannot be another process's while the
     /// group or session lives); its command line only when its group's leader is gone.
     fn lineage(&self, dir: &Path, pid: u32, stat: &Stat) -> Lineage {
-        let relative = |relative_pid: u32| match self.root.stat(&self.root.pid_dir(relative_pid)) {
-            Ok(found) => Some(found),
-            Err(_) => None,
-        };
+        let relative = |relative_pid: u32| self.root.stat(&self.root.pid_dir(relative_pid)).ok();
         let parent_stat = (stat.ppid != 0).then(|| relative(stat.ppid)).flatten();
         let leader = |leader_pid: u32| {
             if leader_pid == pid {
@@ -846,6 +843,74 @@ mod tests {
             memory.insert(pid, remember);
             facts
         }
+    }
+
+    #[test]
+    fn an_owner_remembers_its_first_parent_and_sees_it_exit() {
+        let proc = FakeProc::new();
+        // A server (PID 50) and its worker (PID 100) in the server's group, as first read.
+        proc.process(50, 400, 'S', &[]);
+        proc.process(100, 500, 'S', &[0]);
+        let stat = |pid: u32, ppid: u32, start: u64| {
+            fs::write(
+                proc.dir.path().join(format!("{pid}/stat")),
+                format!("{pid} (python3) S {ppid} 50 50 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0"),
+            )
+            .unwrap();
+        };
+        stat(50, 1, 400);
+        stat(100, 50, 500);
+        let mut memory = Memory::new();
+        let first = proc.read_owner(&mut memory, 100, &[0]);
+        let lineage = first.lineage.expect("read with the owner");
+        assert_eq!(
+            (lineage.parent.pid, lineage.parent.start_time_ticks),
+            (50, Some(400))
+        );
+        assert_eq!(lineage.group_leader, Leader::Alive);
+        assert_eq!(lineage.parent_exit_seen_unix_seconds, None);
+        // The parent re-execs: the same PID and start time, another name. Not an exit.
+        fs::write(
+            proc.dir.path().join("50/stat"),
+            "50 (server-v2) S 1 50 50 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 400 0",
+        )
+        .unwrap();
+        let again = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        assert_eq!(again.parent_exit_seen_unix_seconds, None);
+        // The server is killed: the worker is adopted by PID 1, and the exit is seen once.
+        fs::remove_dir_all(proc.dir.path().join("50")).unwrap();
+        stat(100, 1, 500);
+        let gone = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let seen = gone
+            .parent_exit_seen_unix_seconds
+            .expect("the exit is seen");
+        assert_eq!(gone.parent.pid, 50, "the parent as first seen");
+        let later = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        assert_eq!(later.parent_exit_seen_unix_seconds, Some(seen));
+    }
+
+    #[test]
+    fn a_pending_kill_in_uninterruptible_sleep_keeps_its_first_sighting() {
+        let proc = FakeProc::new();
+        proc.process(100, 500, 'D', &[0]);
+        let status = proc.dir.path().join("100/status");
+        fs::write(
+            &status,
+            "Name:\tpython3\nUid:\t0\t0\t0\t0\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\n",
+        )
+        .unwrap();
+        let mut memory = Memory::new();
+        let first = proc.read_owner(&mut memory, 100, &[0]);
+        let since = first.kill_pending_since_unix_seconds.expect("killed");
+        let again = proc.read_owner(&mut memory, 100, &[0]);
+        assert_eq!(again.kill_pending_since_unix_seconds, Some(since));
+        // Out of uninterruptible sleep, no kill is waiting.
+        proc.process(100, 500, 'S', &[0]);
+        assert_eq!(
+            proc.read_owner(&mut memory, 100, &[0])
+                .kill_pending_since_unix_seconds,
+            None
+        );
     }
 
     #[test]

@@ -167,6 +167,58 @@ impl Rig {
         BlockingMaps { procfs, maps }
     }
 
+    /// A procfs for `--path.procfs` with one owner, `pid` (`stuck-job`), holding `device`
+    /// and the control node beside it open and mapped read-write (a context), whose stat
+    /// line says `state` with the kernel's `flags`, whose status adds `status` and whose
+    /// wait channel is `wchan`.
+    ///
+    /// What only a GPU makes cannot be made here: a process that stays in uninterruptible
+    /// sleep inside the driver with a SIGKILL pending, or one caught in its exit path while
+    /// the driver frees its context. The exporter reads such a process from these files,
+    /// so a tree of them is an honest stand-in for the `/proc` it would read.
+    pub fn procfs_with_owner(
+        &self,
+        pid: u32,
+        device: &Path,
+        (state, flags): (char, u32),
+        status: &str,
+        wchan: &str,
+    ) -> PathBuf {
+        let procfs = self.dir.path().join("proc");
+        fs::create_dir_all(procfs.join("self/ns")).unwrap();
+        std::os::unix::fs::symlink("pid:[4026531836]", procfs.join("self/ns/pid")).unwrap();
+        let process = procfs.join(pid.to_string());
+        fs::create_dir_all(process.join("fd")).unwrap();
+        std::os::unix::fs::symlink(device, process.join("fd/5")).unwrap();
+        std::os::unix::fs::symlink(control_node(device), process.join("fd/6")).unwrap();
+        fs::write(
+            process.join("stat"),
+            format!(
+                "{pid} (stuck-job) {state} 1 {pid} {pid} 0 -1 {flags} 1000 0 0 0 100 20 0 0 20 0 4 0 \
+                 123456 8388608000 20000 18446744073709551615 1 1 0 0 0 0 0 4096 16386 0 0 0 \
+                 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+            ),
+        )
+        .unwrap();
+        fs::write(
+            process.join("status"),
+            format!("Name:\tstuck-job\nUid:\t0\t0\t0\t0\nThreads:\t4\n{status}"),
+        )
+        .unwrap();
+        fs::write(process.join("wchan"), wchan).unwrap();
+        fs::write(
+            process.join("maps"),
+            format!(
+                "7f00a0000000-7f00a0001000 rw-s 00000000 00:05 1065 {}\n\
+                 7f00b0000000-7f00b0001000 rw-s 00000000 00:05 2000 {}\n",
+                control_node(device).display(),
+                device.display()
+            ),
+        )
+        .unwrap();
+        procfs
+    }
+
     // The exporter in this world: as a server, a one-shot command, or a process holding
     // GPU files; as root or as a user without privileges.
 
