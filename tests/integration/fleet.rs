@@ -202,6 +202,22 @@ impl Drop for Node {
     }
 }
 
+/// The `for:` of `alert` in the rules text, in seconds.
+fn shipped_for(rules: &str, alert: &str) -> f64 {
+    let mut current = "";
+    for line in rules.lines() {
+        let body = line.trim_start();
+        if let Some(name) = body.strip_prefix("- alert:") {
+            current = name.trim();
+        } else if let Some(value) = body.strip_prefix("for:") {
+            if current == alert {
+                return duration_ms(value.trim()) as f64 / 1000.0;
+            }
+        }
+    }
+    panic!("the rules have no `for:` for {alert}");
+}
+
 /// The shipped Alertmanager example with its durations divided by `divisor` and its
 /// receiver pointed at `webhook`; nothing else may differ.
 fn alertmanager_config(divisor: u64, webhook: &str) -> (String, BTreeMap<String, f64>) {
@@ -335,10 +351,11 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
     let mut nodes = Vec::with_capacity(nodes_wanted);
     for (index, kind) in kinds(nodes_wanted).into_iter().enumerate() {
         let rig = Rig::new().with_gpu_nodes(GPUS);
-        // A training job on all eight GPUs: one process with a context (a mapping) on
-        // each, as NVML lists it as their owner.
+        // An inference server as vLLM starts one: its worker holds GPU 0's context.
         let server = (kind == Kind::LeftBehind)
             .then(|| Model::cuda("api-server", &rig.device(0)).spawn_server(1, "engine-core"));
+        // A training job on all eight GPUs: one process with a context (a mapping) on
+        // each, as NVML lists it as their owner.
         let owner = (kind == Kind::Busy).then(|| {
             (1..GPUS)
                 .fold(Model::cuda("cuda-job", &rig.device(0)), |model, minor| {
@@ -392,9 +409,10 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
     let (rules, orphan_for_shipped) = shorten_for_durations(&shipped_rules, divisor);
     assert_only_for_lines_differ(&shipped_rules, &rules);
     let orphan_for_s = orphan_for_shipped / divisor as f64;
-    let nvml_down_for_s = 300.0 / divisor as f64;
-    let hung_for_s = 120.0 / divisor as f64;
-    let left_behind_for_s = 600.0 / divisor as f64;
+    let hold = |alert: &str| shipped_for(&shipped_rules, alert) / divisor as f64;
+    let nvml_down_for_s = hold("VRAMNvmlDown");
+    let hung_for_s = hold("VRAMGpuNotAnswering");
+    let left_behind_for_s = hold("VRAMLeftBehindMemory");
     let rules_file = config.path().join("vram-exporter.rules.yml");
     std::fs::write(&rules_file, rules).unwrap();
     let central_config = config.path().join("central.yml");
