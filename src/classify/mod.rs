@@ -1055,6 +1055,44 @@ impl GpuVerdict {
         self.account().map_or(0, GpuAccount::orphaned_bytes)
     }
 
+    /// Memory a person waits to see freed after acting: orphaned, left behind, held by
+    /// owners killed and stuck, or being freed; 0 for a GPU that did not answer.
+    pub fn to_free_bytes(&self) -> u64 {
+        self.account().map_or(0, |account| {
+            let left_behind = account
+                .left_behind
+                .iter()
+                .filter_map(|owner| owner.used_bytes)
+                .fold(0, u64::saturating_add);
+            [
+                account.orphaned_bytes(),
+                left_behind,
+                account.tally.bytes(OwnerState::Killed),
+                account.tally.bytes(OwnerState::Exiting),
+            ]
+            .into_iter()
+            .fold(0, u64::saturating_add)
+            .min(account.memory.used)
+        })
+    }
+
+    /// Whether the GPU or one of its MIG instances holds memory that `check --wait` waits
+    /// for: orphaned, left behind, killed and stuck, or being freed.
+    pub fn awaits_freeing(&self) -> bool {
+        std::iter::once(self.account())
+            .chain(self.instances.iter().map(InstanceVerdict::account))
+            .flatten()
+            .any(|account| {
+                matches!(
+                    account.finding,
+                    Finding::Orphaned
+                        | Finding::LeftBehind
+                        | Finding::KilledStuck
+                        | Finding::BeingFreed
+                )
+            })
+    }
+
     /// Whether the GPU or one of its MIG instances holds orphaned memory.
     pub fn has_orphan(&self) -> bool {
         std::iter::once(self.account())

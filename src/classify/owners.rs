@@ -384,12 +384,12 @@ enum Context {
     Unknown(WhyUnknown),
 }
 
-/// A process in its exit path: its main thread has begun to exit (`PF_EXITING`) and is
-/// not yet a zombie (a zombie main thread of a process whose other threads live is
-/// exiting too, but they keep the context), or it has finished but for its reaping: a
-/// zombie main thread with no other thread and an address space already gone.
+/// A process in its exit path: every thread exiting (the reader's `exiting`: a zombie
+/// main thread whose other threads live is not, they keep the context), or finished but
+/// for its reaping: a zombie main thread with no other thread and an address space
+/// already gone.
 fn exiting(facts: &ProcessFacts) -> bool {
-    (facts.exiting && facts.state != 'Z')
+    facts.exiting
         || (facts.state == 'Z'
             && facts.threads <= 1
             && facts.mappings.nodes().is_some_and(|nodes| nodes.is_empty()))

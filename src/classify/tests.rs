@@ -324,11 +324,21 @@ fn an_exiting_owner_is_being_freed_not_orphaned_and_the_remedy_is_to_wait() {
         assert_eq!(account.remedy, Remedy::Wait);
         assert_eq!(account.tally.bytes(OwnerState::Exiting), CHARGED_ONE_OWNER);
     }
-    // A zombie main thread whose other threads live is exiting too (PF_EXITING), but
-    // they keep the context: a live owner, as before.
+    // SIGKILLed with many threads: the main thread a zombie while the others exit (the
+    // reader saw every thread exiting), as PyTorch owners showed on an H100.
+    let mut group_exit = cuda(432, &[0]).state('Z');
+    group_exit.threads = 12;
+    group_exit.exiting = true;
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), present(group_exit))
+        .scanned()
+        .account();
+    assert_eq!(account.owners[0].state(), OwnerState::Exiting);
+    // A zombie main thread whose other threads live (pthread_exit) is not exiting: they
+    // keep the context, a live owner, as before.
     let mut leader = cuda(432, &[0]).state('Z');
     leader.threads = 4;
-    leader.exiting = true;
     let account = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(leader))

@@ -32,29 +32,35 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
     let Some(wait) = config.wait else {
         return finish(&report, config);
     };
-    // Waits while orphaned memory is found, also beside a GPU that does not answer.
-    if !select(&report, config)?.iter().any(|gpu| gpu.has_orphan()) {
+    // Waits while memory is orphaned, left behind, held by a killed owner or being freed,
+    // also beside a GPU that does not answer.
+    if !select(&report, config)?
+        .iter()
+        .any(|gpu| gpu.awaits_freeing())
+    {
         return finish(&report, config);
     }
     if !config.json {
         print!("{}", check_text(&report, &select(&report, config)?));
         println!();
     }
+    // What the wait waits for is named as the first look found it.
+    let word = held_word(&report, config)?;
     let started = Instant::now();
     let mut progress = Progress::new();
     loop {
         let polled = look(exporter, HolderScanPolicy::WhenOrphaned, config.timeout)?;
-        let still = selected_orphaned_bytes(&polled, config)?;
+        let still = selected_to_free_bytes(&polled, config)?;
         // Memory on a GPU that does not answer (or with NVML down) is not freed: it is
         // not seen.
         let freed = still == 0 && !unseen(&polled, config)?;
         let waited = started.elapsed();
         if freed || waited >= wait {
             progress.done(&if freed {
-                format!("orphaned memory freed after {:.1}s", waited.as_secs_f64())
+                format!("{word} memory freed after {:.1}s", waited.as_secs_f64())
             } else {
                 format!(
-                    "{} still orphaned after {:.1}s",
+                    "{} still {word} after {:.1}s",
                     format_bytes(still),
                     waited.as_secs_f64()
                 )
@@ -63,7 +69,8 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
             return finish_after_wait(&last, config);
         }
         progress.show_waiting(Waiting {
-            still_orphaned: still,
+            still_held: still,
+            word,
             waited,
             wait,
         });
@@ -179,10 +186,17 @@ fn unseen(report: &Report, config: &CheckConfig) -> anyhow::Result<bool> {
             .any(|gpu| gpu.outcome.stuck().is_some()))
 }
 
-fn selected_orphaned_bytes(report: &Report, config: &CheckConfig) -> anyhow::Result<u64> {
+/// How the wait names the memory it waits for: `orphaned` while some is, else `held` (left
+/// behind, killed and stuck, being freed: never called orphaned).
+fn held_word(report: &Report, config: &CheckConfig) -> anyhow::Result<&'static str> {
+    let orphaned = select(report, config)?.iter().any(|gpu| gpu.has_orphan());
+    Ok(if orphaned { "orphaned" } else { "held" })
+}
+
+fn selected_to_free_bytes(report: &Report, config: &CheckConfig) -> anyhow::Result<u64> {
     Ok(select(report, config)?
         .iter()
-        .map(|gpu| gpu.orphaned_bytes())
+        .map(|gpu| gpu.to_free_bytes())
         .fold(0, u64::saturating_add))
 }
 
@@ -229,8 +243,10 @@ fn finish_after_wait(report: &Report, config: &CheckConfig) -> anyhow::Result<Ex
 /// Where a wait stands.
 #[derive(Debug, Clone, Copy)]
 struct Waiting {
-    /// Orphaned bytes on the GPUs asked about.
-    still_orphaned: u64,
+    /// Bytes still to be freed on the GPUs asked about.
+    still_held: u64,
+    /// How they are named: `orphaned` or `held`.
+    word: &'static str,
     /// Time waited so far.
     waited: Duration,
     /// Time the wait may take.
@@ -240,8 +256,9 @@ struct Waiting {
 impl Waiting {
     fn line(self) -> String {
         format!(
-            "waiting: {} still orphaned ({:.1}s of {:.0}s)",
-            format_bytes(self.still_orphaned),
+            "waiting: {} still {} ({:.1}s of {:.0}s)",
+            format_bytes(self.still_held),
+            self.word,
             self.waited.as_secs_f64(),
             self.wait.as_secs_f64()
         )
@@ -267,7 +284,7 @@ impl Progress {
     }
 
     fn show_waiting(&mut self, waiting: Waiting) {
-        self.show(&format_bytes(waiting.still_orphaned), &waiting.line());
+        self.show(&format_bytes(waiting.still_held), &waiting.line());
     }
 
     /// Show `line`: on a terminal as a spinner line, else as a plain line when `figure`

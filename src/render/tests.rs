@@ -1265,3 +1265,42 @@ fn under_mps_json_and_prometheus_say_what_the_text_says() {
         .collect();
     assert_eq!(named, ["500"]);
 }
+
+#[test]
+fn left_behind_workers_are_named_at_most_sixteen_per_gpu_and_counted_in_full() {
+    use crate::classify::{Leader, Lineage, Relative};
+    // Twenty workers of a server that the exporter saw exit.
+    let mut host = Host::idle().used(20 * USED_ONE_OWNER / 4);
+    for pid in 1000..1020 {
+        let mut facts = cuda(pid, &[0]);
+        facts.pgid = 900;
+        facts.sid = 900;
+        facts.lineage = Some(Lineage {
+            parent: Relative {
+                pid: 900,
+                start_time_ticks: Some(90_000),
+                comm: Some("api-server".into()),
+                pgid: Some(900),
+            },
+            parent_exit_seen_unix_seconds: Some(1_764_930_000),
+            group_leader: Leader::Alive,
+            session_leader: Leader::Alive,
+            spawned_worker: false,
+        });
+        host = host.owner(pid, Some(CHARGED_ONE_OWNER / 4), present(facts));
+    }
+    let report = host.scanned().report();
+    let samples = samples(&metrics_of(&report));
+    let named: Vec<_> = samples
+        .iter()
+        .filter(|(family, _, _)| family == "vram_left_behind_since_timestamp_seconds")
+        .collect();
+    assert_eq!(named.len(), super::prometheus::MAX_HOLDER_SERIES_PER_GPU);
+    assert!(named.iter().all(|(_, labels, seen)| {
+        labels.contains(&("parent_pid".to_string(), "900".to_string())) && *seen == 1_764_930_000.0
+    }));
+    assert_eq!(
+        value(&samples, "vram_left_behind_bytes", &[("gpu", "0")]),
+        (20 * (CHARGED_ONE_OWNER / 4)) as f64
+    );
+}

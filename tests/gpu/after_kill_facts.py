@@ -102,6 +102,17 @@ def stat(pid):
     }
 
 
+def threads(pid):
+    """`live/exiting` threads of a process (PF_EXITING in each task's stat)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return "-"
+    flags = [stat(f"{pid}/task/{tid}") for tid in tids]
+    flags = [f["flags"] for f in flags if f]
+    return f"{sum(1 for f in flags if not f & PF_EXITING)}/{sum(1 for f in flags if f & PF_EXITING)}"
+
+
 def status_lines(pid, names=("SigPnd", "ShdPnd", "Threads")):
     try:
         with open(f"/proc/{pid}/status") as file:
@@ -161,19 +172,24 @@ time.sleep(600)
 """
 
 # A server with two spawn workers, as vLLM's engine and SGLang's schedulers are started.
+# A spawn child of a `python3 -c` program cannot import a function of its __main__, so
+# each worker runs its code through the builtin exec.
+WORKER = """
+import os, time, torch
+x = torch.empty(size, dtype=torch.uint8, device='cuda')
+x.fill_(1)
+torch.cuda.synchronize()
+ready.put(os.getpid())
+time.sleep(600)
+"""
 SERVER = r"""
-import os, sys, time, torch
+import sys, time
 import torch.multiprocessing as mp
-def worker(size, ready):
-    x = torch.empty(size, dtype=torch.uint8, device='cuda')
-    x.fill_(1)
-    torch.cuda.synchronize()
-    ready.put(os.getpid())
-    time.sleep(600)
 if __name__ == '__main__':
     ctx = mp.get_context('spawn')
     ready = ctx.Queue()
-    workers = [ctx.Process(target=worker, args=(int(sys.argv[1]), ready)) for _ in range(2)]
+    workers = [ctx.Process(target=exec, args=(sys.argv[2], {'size': int(sys.argv[1]), 'ready': ready}))
+               for _ in range(2)]
     for w in workers:
         w.start()
     pids = [ready.get(timeout=120) for _ in workers]
@@ -239,6 +255,7 @@ def freeing(size_gib):
             "gone"
             if facts is None
             else f"{facts['state']}{'+exiting' if facts['flags'] & PF_EXITING else ''}"
+            f" threads {threads(pid)}"
         )
         in_use = used()
         nvml_view = (pid in listed(), in_use > baseline + 64 * (1 << 20))
@@ -270,7 +287,7 @@ def freeing(size_gib):
 
 def left_behind():
     baseline = used()
-    server = start(SERVER, 2 * GiB, start_new_session=True)
+    server = start(SERVER, 2 * GiB, WORKER, start_new_session=True)
     line = server.stdout.readline().split()
     workers = [int(pid) for pid in line[1:]]
     STARTED.extend(workers)

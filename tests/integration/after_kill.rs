@@ -143,6 +143,48 @@ fn a_killed_servers_two_workers_are_left_behind_named_and_counted() {
     drop(workers);
 }
 
+#[test]
+fn check_waits_for_left_behind_memory_to_be_freed_after_the_suggested_kill() {
+    let rig = Rig::new();
+    let Server { server, workers } =
+        Model::cuda("api-server", &rig.device(0)).spawn_server(2, "engine-core");
+    let pids: Vec<u32> = workers.iter().map(|worker| worker.pid).collect();
+    charged_to(&rig, &pids);
+    server.kill();
+    let check = rig.spawn(&[
+        "check",
+        "--gpu",
+        "0",
+        "--wait",
+        "30s",
+        "--wait.interval",
+        "50ms",
+    ]);
+    wait_until(
+        "check has printed its first verdict and polls",
+        Duration::from_secs(20),
+        || check.stdout().contains("should free it.") && check.stderr().contains("waiting: "),
+    );
+    // Left behind, never called orphaned, also while waiting.
+    assert!(
+        check.stderr().contains("waiting: 8.0 GiB still held ("),
+        "{}",
+        check.stderr()
+    );
+    // The person runs the suggested kill; the driver frees the memory and drops the PIDs.
+    for worker in workers {
+        worker.kill();
+    }
+    rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0)).gpu(Gpu::idle(1)).into_json());
+    let outcome = check.finish(Duration::from_secs(20));
+    assert_eq!(outcome.status, Some(0), "{outcome:?}");
+    assert!(
+        outcome.stderr.contains("held memory freed after "),
+        "{}",
+        outcome.stderr
+    );
+}
+
 /// Serve and `check` a host whose GPU 0 `owner` holds, and find nothing left behind: no
 /// bytes, no named process, and `check` exits 0 with the memory owned.
 fn assert_never_left_behind(rig: &Rig, exporter: &Exporter, owner: u32) {

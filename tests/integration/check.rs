@@ -443,6 +443,8 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
         "stopped": { "processes": 0, "bytes": 0 },
         "uninterruptible": { "processes": 0, "bytes": 0 },
         "zombie": { "processes": 0, "bytes": 0 },
+        "killed": { "processes": 0, "bytes": 0 },
+        "exiting": { "processes": 0, "bytes": 0 },
         "gone": { "processes": 0, "bytes": 0 },
         "unknown": { "processes": 0, "bytes": 0 },
     });
@@ -523,6 +525,8 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
                 "culprits": [culprit],
                 "bystanders": [],
                 "undetermined": [],
+                "left_behind": [],
+                "left_behind_bytes": 0,
                 "remedy": {
                     "action": "kill",
                     "targets": [
@@ -556,6 +560,8 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
                 "culprits": [],
                 "bystanders": [],
                 "undetermined": [],
+                "left_behind": [],
+                "left_behind_bytes": 0,
                 "remedy": { "action": "none" },
                 "notes": [],
                 "verdict": {

@@ -424,9 +424,12 @@ fn holder_that_outlived_its_container_is_called_out() {
         ))),
         "{notes:#?}"
     );
-    // The same process as a listed owner on GPU 1: live, stuck, its container gone.
+    // The same process as a listed owner on GPU 1: live, stuck, its container gone. The
+    // kernel SIGKILLed it when the container ended, and the kill waits while it is
+    // frozen: killed, not merely uninterruptible.
     let owner = &document["gpus"][1]["owners"][0];
-    assert_eq!(owner["state"], "uninterruptible", "{owner:#}");
+    assert_eq!(owner["state"], "killed", "{owner:#}");
+    assert!(owner["process"]["kill_pending_since_unix_seconds"].is_u64());
     assert_eq!(owner["container_exited"], true);
     assert_eq!(document["gpus"][1]["exited_container_processes"], 1);
     assert!(document["gpus"][1]["verdict"]["notes"]

@@ -31,6 +31,8 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_left_behind_bytes",
     "vram_left_behind_since_timestamp_seconds",
     "vram_unattributed_bytes",
+    "vram_left_behind_bytes",
+    "vram_left_behind_since_timestamp_seconds",
     "vram_owner_processes_usage_unavailable",
     "vram_holder_processes",
     "vram_gone_owner_processes",

@@ -99,8 +99,9 @@ pub struct ProcessFacts {
     /// Kernel function it waits in, read only when in state `D`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wchan: Option<String>,
-    /// Its main thread has begun to exit (`PF_EXITING`): the kernel is closing its files,
-    /// and the driver frees a context whose last reference closes.
+    /// The process is in its exit path: its main thread has begun to exit (`PF_EXITING`),
+    /// and every other thread too when the main one is a zombie. The kernel is closing its
+    /// files, and the driver frees a context whose last reference closes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exiting: bool,
     /// In uninterruptible sleep with a SIGKILL pending (`SigPnd`/`ShdPnd`, read only in
