@@ -277,7 +277,11 @@ fn fork_orphan_alert_reaches_alertmanager_resolves_and_the_dashboard_has_data() 
 
     // Every dashboard query parses and has data while the orphan exists. The template
     // variables' own series (vram_build_info, vram_gpu_info) are checked with them.
+    // The Fleet row is left to fleet.rs, which has left-behind workers and clusters to
+    // show; this host has neither.
+    let fleet_row = super::dashboard::fleet_row_queries();
     let mut queries = super::dashboard::dashboard_queries();
+    queries.retain(|query| !fleet_row.contains(query));
     assert!(!queries.is_empty(), "the dashboard has no queries");
     queries.push(r#"vram_build_info{job=~".*"}"#.to_string());
     queries.push(r#"vram_gpu_info{job=~".*", instance=~".*"}"#.to_string());
