@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lint, the unit and integration tests, and a dry run
-# of the real-GPU suite's plumbing. It ends with one line that counts everything.
+# The whole test suite: formatting, lint, the unit and integration tests, a dry run of
+# the real-GPU suite's plumbing, and the packages tested by installing them (as root: it
+# makes a Debian root and installs into it). It ends with one line that counts everything.
 #
 # The integration tests run Debian programs that cargo cannot install (the list below,
 # each with why). Missing ones are named first, then installed with apt-get when this
@@ -55,6 +56,10 @@ required=(
     "/usr/sbin/slurmctld slurmctld the one-node Slurm cluster's controller"
     "/usr/sbin/slurmd slurmd the one-node Slurm cluster's node daemon"
     "sbatch slurm-client the Slurm test submits and cancels a job"
+    "mmdebstrap mmdebstrap the package test makes a clean Debian root to install the .deb into"
+    "dpkg-shlibdeps dpkg-dev cargo-deb reads the binary's library dependencies with it"
+    "rpm rpm the package test reads the .rpm with rpm -qp"
+    "readelf binutils the package test lists the binary's dynamic dependencies"
 )
 
 install_missing_packages() {
@@ -134,6 +139,15 @@ for path in sys.argv[1:]:
         tee "$logs/dry-run"
 }
 
+# The .deb, the .rpm and the tarball, built with deploy/packages/build.sh from the
+# release build and tested by installing the .deb into a clean Debian root
+# (tests/packages/test.sh says what it checks). Its first run installs the two pinned
+# packaging tools into the same cache as tests/tools.sh's (a few minutes, once).
+test_packages() {
+    step="package test"
+    tests/packages/test.sh 2>&1 | tee "$logs/packages"
+}
+
 # "18 fake-NVML + 177 unit + 160 integration tests": what cargo test ran, by test binary
 # (named after its target: the library's unit tests, the fake NVML's, the integration
 # tests), from its "Running ..." and "test result: ..." lines.
@@ -166,6 +180,11 @@ count_dry_run_checks() {
     sed -n 's/^\([0-9]*\) passed, 0 failed in .*/\1 GPU dry-run checks/p' "$logs/dry-run" | tail -n 1
 }
 
+# "25 package checks", from the package test's last line ("25 package checks passed").
+count_package_checks() {
+    sed -n 's/^\([0-9]*\) package checks passed$/\1 package checks/p' "$logs/packages" | tail -n 1
+}
+
 # helm, built with Go from its module, and the offline Kubernetes validator, for the
 # chart's tests: tests/tools.sh says what it installs before it does, into a cache that
 # later runs reuse (a no-op once installed).
@@ -180,5 +199,6 @@ check_formatting
 lint
 run_tests
 dry_run_gpu_suite
+test_packages
 step="summary"
-say "all green in $(elapsed): fmt, clippy, $(count_tests), $(count_dry_run_checks)"
+say "all green in $(elapsed): fmt, clippy, $(count_tests), $(count_dry_run_checks), $(count_package_checks)"

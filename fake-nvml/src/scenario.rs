@@ -292,7 +292,15 @@ pub struct Process {
 impl Scenario {
     /// Reads the scenario file afresh, so tests can change it between two calls.
     pub fn load() -> Result<Arc<Self>, Error> {
-        let path = env::var_os(SCENARIO_ENV).ok_or(Error::Unknown)?;
+        let Some(path) = env::var_os(SCENARIO_ENV) else {
+            say_once(
+                None,
+                format_args!(
+                    "fake-nvml: {SCENARIO_ENV} is not set, so there is no scenario and NVML answers as on a host without a driver (NVML_ERROR_DRIVER_NOT_LOADED): set it to a scenario file, e.g. {SCENARIO_ENV}=fake-nvml/examples/healthy-and-orphan.json (docs/fake-nvml.md)"
+                ),
+            );
+            return Err(Error::Unknown);
+        };
         // Parsing the file on every call would make the fake, not the exporter, the cost
         // a benchmark measures: a parsed scenario is kept while the file is the same file
         // (tests replace it by renaming a new one over it) with the same size and time.
@@ -343,8 +351,17 @@ impl Scenario {
 
     fn read(path: &std::ffi::OsStr) -> Result<Vec<u8>, Error> {
         fs::read(path).map_err(|err| {
-            // A missing file is a legitimate "no driver" scenario; anything else is a test bug.
-            if err.kind() != ErrorKind::NotFound {
+            // A missing file is a legitimate "no driver" scenario, which tests use: said
+            // once, since a misspelled name looks the same. Anything else is a test bug.
+            if err.kind() == ErrorKind::NotFound {
+                say_once(
+                    Some(path),
+                    format_args!(
+                        "fake-nvml: {SCENARIO_ENV} names {}, which does not exist, so NVML answers as on a host without a driver (NVML_ERROR_DRIVER_NOT_LOADED) until it does",
+                        path.to_string_lossy()
+                    ),
+                );
+            } else {
                 eprintln!("fake-nvml: cannot read {}: {err}", path.to_string_lossy());
             }
             Error::Unknown
@@ -393,6 +410,19 @@ type Parsed = (FileKey, Vec<u8>, Arc<Scenario>);
 
 /// Younger than this, a scenario file may have been rewritten within the same tick of the
 /// kernel's file clock (4 ms at HZ=250), so its bytes are compared, not only its key.
+/// Prints `message` to standard error unless the last message was about the same
+/// scenario path (`None`: the variable unset): NVML is called many times a second, and
+/// one line says it.
+fn say_once(path: Option<&std::ffi::OsStr>, message: std::fmt::Arguments) {
+    static LAST: Mutex<Option<Option<std::ffi::OsString>>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let this = path.map(std::ffi::OsStr::to_os_string);
+    if last.as_ref() != Some(&this) {
+        eprintln!("{message}");
+        *last = Some(this);
+    }
+}
+
 const SAME_TICK: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The entry for `symbol` in `table`, or its `*` entry for every call.

@@ -506,6 +506,9 @@ pub enum Blindness {
     /// The culprits live in another PID namespace than this process's: `kill` here
     /// cannot reach them.
     CulpritsNotVisible,
+    /// The left-behind workers live in another PID namespace than this process's: `kill`
+    /// here cannot reach them.
+    WorkersNotVisible,
     /// The scan for holders ran out of time before it saw every process.
     ScanCutShort,
     /// A `/proc` read of the scan (or of the look before it) blocked and has not
@@ -535,7 +538,7 @@ impl Blindness {
             Blindness::ScanCutShort | Blindness::ScanBlocked { .. } | Blindness::NoScan => {
                 Some(LookAgain::AsBefore)
             }
-            Blindness::CulpritsNotVisible => None,
+            Blindness::CulpritsNotVisible | Blindness::WorkersNotVisible => None,
         }
     }
 }
@@ -1815,7 +1818,7 @@ fn remedy(
                 .any(|owner| !owner.process.visible_here)
             {
                 return Remedy::CannotTell {
-                    reason: Blindness::CulpritsNotVisible,
+                    reason: Blindness::WorkersNotVisible,
                 };
             }
             return Remedy::KillLeftBehind { targets };

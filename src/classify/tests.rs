@@ -1695,3 +1695,17 @@ fn a_kill_that_waits_in_the_driver_past_a_minute_moves_the_remedy_to_a_reset_or_
     assert_eq!(account.owners[0].state(), OwnerState::Uninterruptible);
     assert_eq!(account.finding, Finding::Owned);
 }
+
+#[test]
+fn a_left_behind_worker_kill_cannot_reach_is_named_but_not_suggested_for_kill() {
+    let mut hidden = worker(4242, 1, Leader::Gone, true);
+    hidden.local_pid = None;
+    let account = host_with(&[hidden]).account();
+    assert_eq!(account.finding, Finding::LeftBehind);
+    assert_eq!(
+        account.remedy,
+        Remedy::CannotTell {
+            reason: Blindness::WorkersNotVisible
+        }
+    );
+}

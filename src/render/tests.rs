@@ -1304,3 +1304,36 @@ fn left_behind_workers_are_named_at_most_sixteen_per_gpu_and_counted_in_full() {
         (20 * (CHARGED_ONE_OWNER / 4)) as f64
     );
 }
+
+#[test]
+fn a_left_behind_worker_kill_cannot_reach_gets_no_kill_line() {
+    use crate::classify::{Leader, Lineage, Relative};
+    let mut facts = cuda(4242, &[0]);
+    facts.local_pid = None;
+    facts.pgid = 4200;
+    facts.sid = 4200;
+    facts.lineage = Some(Lineage {
+        parent: Relative {
+            pid: 1,
+            start_time_ticks: Some(100),
+            comm: Some("systemd".into()),
+            pgid: Some(1),
+        },
+        parent_exit_seen_unix_seconds: None,
+        group_leader: Leader::Gone,
+        session_leader: Leader::Gone,
+        spawned_worker: true,
+    });
+    let report = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(4242, Some(CHARGED_ONE_OWNER), present(facts))
+        .scanned()
+        .report();
+    let words = verdict(&report.gpus[0]);
+    assert!(
+        words.sentence.ends_with("; no kill is suggested: they live in another PID namespace than this one, where kill cannot reach them: run check on the host."),
+        "{}",
+        words.sentence
+    );
+    assert_eq!(words.suggestion, None);
+}

@@ -251,6 +251,7 @@ fn blindness_words(reason: Blindness) -> String {
             if processes == 1 { "its" } else { "their" }
         ),
         Blindness::CulpritsNotVisible => "the processes that hold it live in another PID namespace than this one, where kill cannot reach them: run check on the host".into(),
+        Blindness::WorkersNotVisible => "they live in another PID namespace than this one, where kill cannot reach them: run check on the host".into(),
         Blindness::ScanCutShort => {
             "the scan for holders ran out of time before it saw every process".into()
         }
@@ -479,17 +480,9 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
                 sentence,
                 "; still held by {} - killing {} should free it.",
                 suspects_words(&account.culprits, index),
-                if targets.len() == 1 {
-                    targets[0].pid.to_string()
-                } else {
-                    "them".to_string()
-                }
+                them(targets)
             );
-            Some(format!(
-                "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
-                target_pids(targets),
-                who_they_are(targets).join("; ")
-            ))
+            Some(kill_line(targets, index))
         }
         Remedy::CancelJobs { jobs, targets } => {
             let cancel = list(jobs.iter().map(|job| format!("Slurm job {}", job.job_id)));
@@ -545,20 +538,8 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
             Some(format!("vram-exporter check --gpu {index} --wait 60s"))
         }
         Remedy::KillLeftBehind { targets } => {
-            let _ = write!(
-                sentence,
-                " - killing {} should free it.",
-                if targets.len() == 1 {
-                    targets[0].pid.to_string()
-                } else {
-                    "them".to_string()
-                }
-            );
-            Some(format!(
-                "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
-                target_pids(targets),
-                who_they_are(targets).join("; ")
-            ))
+            let _ = write!(sentence, " - killing {} should free it.", them(targets));
+            Some(kill_line(targets, index))
         }
         Remedy::ResetOrReboot { stuck } => {
             if !account.culprits.is_empty() {
@@ -641,6 +622,16 @@ fn remedy_words(sentence: &mut String, index: u32, account: &GpuAccount) -> Opti
                 "; the driver asks for a reboot of the node: no kill or GPU reset frees it.",
             );
             Some("systemctl reboot   # after draining the node's workloads".to_string())
+        }
+        Remedy::CannotTell {
+            reason: reason @ Blindness::WorkersNotVisible,
+        } => {
+            let _ = write!(
+                sentence,
+                "; no kill is suggested: {}.",
+                blindness_words(*reason)
+            );
+            None
         }
         Remedy::CannotTell { reason } => {
             let _ = write!(
@@ -738,6 +729,23 @@ fn duration_words(seconds: u64) -> String {
         120..=7199 => format!("{} min", seconds / 60),
         _ => format!("{} h {} min", seconds / 3600, seconds % 3600 / 60),
     }
+}
+
+/// `524` for one target, `them` for several.
+fn them(targets: &[KillTarget]) -> String {
+    match targets {
+        [one] => one.pid.to_string(),
+        _ => "them".to_string(),
+    }
+}
+
+/// `kill 795 796   # 795 is ...; then: vram-exporter check --gpu 0 --wait 30s`.
+fn kill_line(targets: &[KillTarget], index: u32) -> String {
+    format!(
+        "kill {}   # {}; then: vram-exporter check --gpu {index} --wait 30s",
+        target_pids(targets),
+        who_they_are(targets).join("; ")
+    )
 }
 
 /// `795 796`: the PIDs to kill.

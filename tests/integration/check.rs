@@ -588,6 +588,16 @@ fn exit_status_2_when_nvml_is_missing() {
         "{}",
         outcome.stderr
     );
+    // What was tried, what the loader said and what to do; not nvml-wrapper's "a
+    // libloading error occurred".
+    assert!(
+        last.contains(&format!(
+            "cannot load NVML from {0} (the path --nvml.library gives): {0}: cannot open shared object file: No such file or directory; point --nvml.library at the NVIDIA driver's libnvidia-ml.so.1",
+            missing.display()
+        )),
+        "{last}"
+    );
+    assert!(!outcome.stderr.contains("libloading"), "{}", outcome.stderr);
     // A script still gets its document, with the reason in it.
     let outcome = rig.run(&[
         "check",

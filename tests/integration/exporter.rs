@@ -348,7 +348,30 @@ fn missing_nvml_serves_health_series_and_recovers_when_it_appears() {
         "one clear error, not one per scrape:\n{}",
         exporter.log()
     );
-    assert!(exporter.log().contains("cannot load NVML"));
+    // The one line says, with the path, that it keeps trying and what is served
+    // meanwhile, which /-/ready and docs/reference.md agree with.
+    let log = exporter.log();
+    let said = log
+        .lines()
+        .find(|line| line.contains("level=error"))
+        .unwrap();
+    for words in [
+        format!("msg=\"cannot load NVML from {}; retrying until it loads (1 s, doubling to 300 s)", library.display()),
+        "serving vram_nvml_up 0 with vram_nvml_error{error=\\\"missing\\\"} 1 meanwhile, and /-/ready answers 200".to_string(),
+        format!("(the path --nvml.library gives): {}: cannot open shared object file", library.display()),
+        "point --nvml.library at the NVIDIA driver's libnvidia-ml.so.1".to_string(),
+    ] {
+        assert!(said.contains(&words), "{words} not in: {said}");
+    }
+    assert!(!log.contains("libloading"), "{log}");
+    assert_eq!(
+        metrics.value("vram_nvml_error", &[("error", "missing")]),
+        1.0
+    );
+    assert_eq!(exporter.get("/-/ready").status, 200);
+    let reference = std::fs::read_to_string(repository().join("docs/reference.md")).unwrap();
+    assert!(reference
+        .contains("`/-/ready` answers 200 as soon as the server listens, whatever NVML does"));
 
     // The driver gets installed: a later scrape (after the back-off) finds it.
     std::os::unix::fs::symlink(fake_nvml_library(), &library).unwrap();

@@ -1,6 +1,6 @@
 //! The README and docs/fake-nvml.md tell a contributor to run the exporter against the
 //! fake NVML in two commands, and `check` in a third; this runs them from the repository
-//! root as printed: `cargo build -p fake-nvml`, then the exporter with the documented
+//! root as printed: `cargo build --release -p fake-nvml`, then the exporter with the documented
 //! scenario and the documented library path `target/debug/libfake_nvml.so`, on a free
 //! port, scraped.
 
@@ -12,8 +12,8 @@ use std::process::Command;
 const SCENARIO: &str = "fake-nvml/examples/healthy-and-orphan.json";
 
 /// The two commands, as the doc shows them.
-const BUILD: &str = "cargo build -p fake-nvml";
-const RUN: &str = "FAKE_NVML_SCENARIO=fake-nvml/examples/healthy-and-orphan.json cargo run -- --nvml.library target/debug/libfake_nvml.so";
+const BUILD: &str = "cargo build --release -p fake-nvml";
+const RUN: &str = "FAKE_NVML_SCENARIO=fake-nvml/examples/healthy-and-orphan.json cargo run --release -- --nvml.library target/release/libfake_nvml.so";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -39,8 +39,8 @@ fn documented_run() -> ((String, String), Vec<String>) {
     let (assignment, rest) = RUN.split_once(' ').unwrap();
     let (key, value) = assignment.split_once('=').unwrap();
     let args = rest
-        .strip_prefix("cargo run -- ")
-        .expect("the second command is `cargo run -- ...`")
+        .strip_prefix("cargo run --release -- ")
+        .expect("the second command is `cargo run --release -- ...`")
         .split_whitespace()
         .map(str::to_string)
         .collect();
@@ -77,9 +77,8 @@ fn the_doc_gives_the_two_commands() {
 #[test]
 fn the_documented_commands_serve_a_healthy_gpu_and_an_orphan() {
     // The first command, as printed, from the repository root, into the default target
-    // folder the second command's library path names. It may rewrite the library the
-    // other tests load: they load a copy, taken here before the build at the latest.
-    fake_nvml_library();
+    // folder the second command's library path names (the release profile's: the
+    // library the other tests load is the debug one, and they load a copy).
     let build = Command::new("sh")
         .arg("-c")
         .arg(BUILD)
@@ -92,7 +91,7 @@ fn the_documented_commands_serve_a_healthy_gpu_and_an_orphan() {
         "`{BUILD}` failed:\n{}",
         String::from_utf8_lossy(&build.stderr)
     );
-    let library = repo().join("target/debug/libfake_nvml.so");
+    let library = repo().join("target/release/libfake_nvml.so");
     assert!(
         library.is_file(),
         "`{BUILD}` did not leave {} where the doc says",
@@ -131,4 +130,45 @@ fn the_documented_commands_serve_a_healthy_gpu_and_an_orphan() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("4194304"), "{stdout}");
+}
+
+#[test]
+fn a_missing_or_misspelled_scenario_variable_is_named_once() {
+    let library = fake_nvml_library();
+    let check = |scenario: Option<&str>| {
+        let mut command = Command::new(exporter_binary());
+        command
+            .current_dir(repo())
+            .env_remove("FAKE_NVML_SCENARIO")
+            .args(["check", "--nvml.library"])
+            .arg(&library);
+        if let Some(scenario) = scenario {
+            command.env("FAKE_NVML_SCENARIO", scenario);
+        }
+        let output = command.output().unwrap();
+        // No scenario is a host without a driver: NVML is not available, exit 2.
+        assert_eq!(output.status.code(), Some(2), "{output:?}");
+        String::from_utf8(output.stderr).unwrap()
+    };
+    let unset = check(None);
+    let hints: Vec<&str> = unset
+        .lines()
+        .filter(|line| line.starts_with("fake-nvml: "))
+        .collect();
+    assert_eq!(
+        hints,
+        [format!("fake-nvml: FAKE_NVML_SCENARIO is not set, so there is no scenario and NVML answers as on a host without a driver (NVML_ERROR_DRIVER_NOT_LOADED): set it to a scenario file, e.g. FAKE_NVML_SCENARIO={SCENARIO} (docs/fake-nvml.md)")],
+        "{unset}"
+    );
+    let misspelled = "fake-nvml/examples/healthy-and-orphans.json";
+    let said = check(Some(misspelled));
+    let hints: Vec<&str> = said
+        .lines()
+        .filter(|line| line.starts_with("fake-nvml: "))
+        .collect();
+    assert_eq!(
+        hints,
+        [format!("fake-nvml: FAKE_NVML_SCENARIO names {misspelled}, which does not exist, so NVML answers as on a host without a driver (NVML_ERROR_DRIVER_NOT_LOADED) until it does")],
+        "{said}"
+    );
 }

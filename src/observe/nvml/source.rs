@@ -46,7 +46,19 @@ const LOADING: &str = "nvmlInit_v2";
 /// Why NVML gave no reading.
 #[derive(Debug, Error)]
 enum Failure {
-    /// The library could not be loaded or initialised.
+    /// The dynamic loader could not open the library. nvml-wrapper calls this "a
+    /// libloading error occurred", which tells a user nothing: the message says what was
+    /// tried, what the loader answered and what to do about it instead.
+    #[error("cannot load NVML from {library} ({}): {loader}; {}", tried(*.given), remedy(*.given))]
+    Open {
+        /// The library's path, as given or the default name.
+        library: String,
+        /// Whether `--nvml.library` named it.
+        given: bool,
+        /// The dynamic loader's answer (dlerror).
+        loader: String,
+    },
+    /// The library loaded, but could not be initialised.
     #[error("cannot load NVML from {library}")]
     Load {
         /// The library's path, as given.
@@ -529,17 +541,26 @@ impl LibraryState {
             }
             Err(failure) => {
                 let reason = match &failure {
-                    Failure::Load {
-                        source: NvmlError::LibloadingError(_),
-                        ..
-                    } => NvmlFailure::Missing,
+                    Failure::Open { .. } => NvmlFailure::Missing,
                     Failure::Load { .. } => NvmlFailure::InitFailed,
                     Failure::StoppedAnswering(_) => NvmlFailure::Failed,
                 };
                 let error = one_line(&failure);
                 let backoff = previous_backoff.map_or(FIRST_RETRY, |b| (b * 2).min(MAX_RETRY));
                 if previous_backoff.is_none() && loading.lifespan == Lifespan::Serving {
-                    tracing::error!(error = %error, retry_in = ?backoff, "cannot load NVML; serving vram_nvml_up 0 and retrying");
+                    // Said once, at start, so that a mistyped path does not pass for a
+                    // healthy start: what is served meanwhile, and that it keeps trying.
+                    let library = match &loading.path {
+                        Some(path) => path.to_string_lossy(),
+                        None => SYSTEM_LIBRARY.into(),
+                    };
+                    tracing::error!(
+                        error = %error,
+                        "cannot load NVML from {library}; retrying until it loads ({} s, doubling to {} s), serving vram_nvml_up 0 with vram_nvml_error{{error=\"{}\"}} 1 meanwhile, and /-/ready answers 200",
+                        FIRST_RETRY.as_secs(),
+                        MAX_RETRY.as_secs(),
+                        reason.as_str(),
+                    );
                 } else {
                     tracing::debug!(error = %error, retry_in = ?backoff, "NVML still not loadable");
                 }
@@ -554,6 +575,24 @@ impl LibraryState {
     }
 }
 
+/// Where the library was looked for, as [`Failure::Open`] says it.
+fn tried(given: bool) -> &'static str {
+    if given {
+        "the path --nvml.library gives"
+    } else {
+        "looked up where the dynamic loader looks: ldconfig's cache, LD_LIBRARY_PATH"
+    }
+}
+
+/// What to do when the library cannot be opened.
+fn remedy(given: bool) -> &'static str {
+    if given {
+        "point --nvml.library at the NVIDIA driver's libnvidia-ml.so.1 (`ldconfig -p | grep libnvidia-ml` shows where it is), or leave the flag out"
+    } else {
+        "install the NVIDIA driver's NVML library (Debian: libnvidia-ml1; Ubuntu: libnvidia-compute-<driver version>), or give its path with --nvml.library"
+    }
+}
+
 fn load(path: Option<&std::path::Path>) -> Result<Nvml, Failure> {
     let library = match path {
         Some(path) => path.as_os_str(),
@@ -562,9 +601,16 @@ fn load(path: Option<&std::path::Path>) -> Result<Nvml, Failure> {
     Nvml::builder()
         .lib_path(library)
         .init()
-        .map_err(|source| Failure::Load {
-            library: library.to_string_lossy().into_owned(),
-            source,
+        .map_err(|source| match source {
+            NvmlError::LibloadingError(loader) => Failure::Open {
+                library: library.to_string_lossy().into_owned(),
+                given: path.is_some(),
+                loader: loader.to_string(),
+            },
+            source => Failure::Load {
+                library: library.to_string_lossy().into_owned(),
+                source,
+            },
         })
 }
 

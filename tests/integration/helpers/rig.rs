@@ -139,28 +139,10 @@ impl Rig {
     /// appears, exactly where the exporter reads the maps of a process that holds a GPU's
     /// device file.
     pub fn procfs_whose_maps_block(&self, pid: u32, device: &Path) -> BlockingMaps {
-        let procfs = self.dir.path().join("proc");
-        fs::create_dir_all(procfs.join("self/ns")).unwrap();
-        std::os::unix::fs::symlink("pid:[4026531836]", procfs.join("self/ns/pid")).unwrap();
+        let procfs = self.procfs_with_owner(pid, device, ('D', 4_194_560), "", "");
         let process = procfs.join(pid.to_string());
-        fs::create_dir_all(process.join("fd")).unwrap();
-        std::os::unix::fs::symlink(device, process.join("fd/5")).unwrap();
-        std::os::unix::fs::symlink(control_node(device), process.join("fd/6")).unwrap();
-        fs::write(
-            process.join("stat"),
-            format!(
-                "{pid} (stuck-job) D 1 {pid} {pid} 0 -1 4194560 1000 0 0 0 100 20 0 0 20 0 4 0 \
-                 123456 8388608000 20000 18446744073709551615 1 1 0 0 0 0 0 4096 16386 0 0 0 \
-                 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
-            ),
-        )
-        .unwrap();
-        fs::write(
-            process.join("status"),
-            "Name:\tstuck-job\nUid:\t0\t0\t0\t0\n",
-        )
-        .unwrap();
         let maps = process.join("maps");
+        fs::remove_file(&maps).unwrap();
         let path = std::ffi::CString::new(maps.to_str().unwrap()).unwrap();
         // SAFETY: mkfifo reads the NUL-terminated path we own.
         assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");

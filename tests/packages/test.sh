@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# The packages, tested by installing them (tests/run.sh runs this after cargo test):
+#
+# - deploy/packages/build.sh builds the .deb, the .rpm and the tarball twice, the second
+#   time with a higher package revision, as a rebuilt package would have; the second
+#   build compiles nothing and leaves the release build as it was;
+# - the packages' and the tarball's binary is target/release/vram-exporter, byte for
+#   byte, and its dynamic dependencies are glibc's alone, of the version the docs name;
+# - the .rpm's version, files, config marks, scripts and requirements, read with rpm -qp;
+# - a clean Debian root, made here with mmdebstrap from this host's release and package
+#   sources, into which tests/packages/in-root.sh installs the .deb, runs it, upgrades
+#   it over an edited flags file, removes it while the exporter runs as its user, and
+#   purges it (that script says what it checks).
+#
+# No clean RPM root is made: that takes a Fedora, RHEL or Rocky repository, and this
+# suite reaches only Debian's packages; the .rpm's install scripts are the .deb's, which
+# run here (each takes both package managers' arguments).
+#
+# It ends with "N package checks passed", or the check that failed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repository=$PWD
+
+passed=0
+ok() {
+    passed=$((passed + 1))
+    echo "ok - $*"
+}
+fail() {
+    echo "tests/packages/test.sh: FAILED: $*" >&2
+    exit 1
+}
+
+[[ $(id -u) -eq 0 ]] || fail "it makes a Debian root and installs into it with chroot: run it as root"
+for program in mmdebstrap rpm dpkg-deb readelf ldd sha256sum; do
+    command -v "$program" >/dev/null || fail "$program is missing (tests/run.sh installs it)"
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+release=target/release/vram-exporter
+deploy/packages/build.sh --out "$work/1" >"$work/build-1.log"
+[[ -x $release ]] || fail "build.sh left no $release"
+built_at=$(stat -c %Y.%s "$release")
+deploy/packages/build.sh --out "$work/2" --package-revision 2 >"$work/build-2.log" 2>"$work/build-2.err"
+# Nothing compiled: the package build keeps the release profile fresh.
+if grep -q "Compiling" "$work/build-2.err"; then
+    fail "the second package build compiled something: $(grep Compiling "$work/build-2.err")"
+fi
+[[ $(stat -c %Y.%s "$release") == "$built_at" ]] || fail "the second package build rewrote $release"
+cargo build --release --locked --bin vram-exporter 2>"$work/cargo.err"
+if grep -q "Compiling" "$work/cargo.err"; then
+    fail "cargo build --release after the package builds compiled: $(grep Compiling "$work/cargo.err")"
+fi
+ok "a second package build and a plain cargo build --release compile nothing"
+
+# "vram-exporter 0.1.0 (revision d70a36fb2e96)"
+version_line=$("$release" --version)
+crate_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+revision=$(sed -n 's/^vram-exporter [^ ]* (revision \(.*\))$/\1/p' <<<"$version_line")
+[[ $version_line == "vram-exporter $crate_version (revision $revision)" && -n $revision ]] ||
+    fail "unexpected --version: $version_line"
+suffix=${revision//-/.}
+
+one() {
+    local found
+    # shellcheck disable=SC2206
+    found=($1)
+    if ((${#found[@]} != 1)) || [[ ! -e ${found[0]} ]]; then
+        fail "expected one file $1, found: ${found[*]}"
+    fi
+    echo "${found[0]}"
+}
+deb1=$(one "$work/1/vram-exporter_*.deb")
+deb2=$(one "$work/2/vram-exporter_*.deb")
+rpm1=$(one "$work/1/vram-exporter-*.rpm")
+tarball=$(one "$work/1/vram-exporter-$crate_version.linux-*.tar.gz")
+
+# --- the .deb, from outside ---------------------------------------------------------
+[[ $(dpkg-deb -f "$deb1" Version) == "$crate_version-1+$suffix" ]] ||
+    fail "the .deb's version is $(dpkg-deb -f "$deb1" Version), not $crate_version-1+$suffix"
+[[ $(dpkg-deb -f "$deb2" Version) == "$crate_version-2+$suffix" ]] ||
+    fail "the rebuilt .deb's version is $(dpkg-deb -f "$deb2" Version)"
+dpkg --compare-versions "$(dpkg-deb -f "$deb2" Version)" gt "$(dpkg-deb -f "$deb1" Version)" ||
+    fail "the rebuilt .deb's version is not higher"
+ok "the .deb's version is the crate's with the revision --version prints ($(dpkg-deb -f "$deb1" Version))"
+
+dpkg-deb --fsys-tarfile "$deb1" | tar -xOf - ./usr/bin/vram-exporter >"$work/deb-binary"
+cmp -s "$work/deb-binary" "$release" || fail "the .deb's binary is not $release"
+ok "the .deb's binary is $release, byte for byte ($(stat -c %s "$release") bytes)"
+
+depends=$(dpkg-deb -f "$deb1" Depends)
+[[ $depends =~ ^libc6\ \(\>=\ 2\.[0-9]+\),\ passwd,\ systemd-sysusers$ ]] ||
+    fail "the .deb depends on more than glibc, sysusers and passwd: $depends"
+ok "the .deb depends on glibc, systemd-sysusers and passwd alone: $depends"
+
+[[ $(dpkg-deb --info "$deb1" conffiles) == /etc/default/vram-exporter ]] ||
+    fail "the .deb's conffiles: $(dpkg-deb --info "$deb1" conffiles)"
+ok "the .deb marks /etc/default/vram-exporter, and only it, as configuration"
+
+packaged_files() {
+    sort <<EOF
+/usr/bin/vram-exporter
+/usr/lib/systemd/system/vram-exporter-textfile.service
+/usr/lib/systemd/system/vram-exporter-textfile.timer
+/usr/lib/systemd/system/vram-exporter.service
+/usr/lib/sysusers.d/vram-exporter.conf
+/usr/share/doc/vram-exporter/README.md
+/usr/share/doc/vram-exporter/vram-exporter.help.txt
+/usr/share/vram-exporter/vram-exporter.json
+/usr/share/vram-exporter/vram-exporter.rules.yml
+$1
+EOF
+}
+diff <(packaged_files "$(printf '%s\n' /etc/default/vram-exporter /usr/share/doc/vram-exporter/copyright)") \
+    <(dpkg-deb --fsys-tarfile "$deb1" | tar -tf - | grep -v '/$' | sed 's|^\.||' | sort) ||
+    fail "the .deb's files differ from the expected (above)"
+ok "the .deb holds the binary, the three units, the sysusers file, rules, dashboard, flags file and help"
+
+# The packaged units are deploy/systemd's with the packaged binary's path.
+dpkg-deb -x "$deb1" "$work/deb-tree"
+for unit in vram-exporter.service vram-exporter-textfile.service vram-exporter-textfile.timer; do
+    diff <(sed 's|^ExecStart=/usr/bin/|ExecStart=/usr/local/bin/|' "$work/deb-tree/usr/lib/systemd/system/$unit") \
+        "deploy/systemd/$unit" || fail "the packaged $unit differs from deploy/systemd/$unit by more than the binary's path"
+done
+cmp -s "$work/deb-tree/usr/lib/sysusers.d/vram-exporter.conf" deploy/systemd/vram-exporter.sysusers.conf ||
+    fail "the packaged sysusers file is not deploy/systemd's"
+cmp -s "$work/deb-tree/usr/share/vram-exporter/vram-exporter.rules.yml" alerts/vram-exporter.rules.yml ||
+    fail "the packaged rules are not alerts/'s"
+cmp -s "$work/deb-tree/usr/share/vram-exporter/vram-exporter.json" dashboards/vram-exporter.json ||
+    fail "the packaged dashboard is not dashboards/'s"
+grep -qxF "\$ vram-exporter textfile --help" "$work/deb-tree/usr/share/doc/vram-exporter/vram-exporter.help.txt" ||
+    fail "the packaged help lacks the textfile command's"
+diff <("$release" --help) <(sed -n '/^\$ vram-exporter --help$/,/^\$ vram-exporter check --help$/p' \
+    "$work/deb-tree/usr/share/doc/vram-exporter/vram-exporter.help.txt" | sed '1d;$d' | sed '$d') ||
+    fail "the packaged help is not what --help prints"
+ok "the packaged units, sysusers file, rules and dashboard are the repository's; the help is --help's"
+
+# --- the .rpm, read with rpm -qp -----------------------------------------------------
+rpm_query() { rpm -qp --nosignature "$@" "$rpm1" 2>/dev/null; }
+[[ $(rpm_query --qf '%{VERSION}-%{RELEASE}') == "$crate_version-1.$suffix" ]] ||
+    fail "the .rpm's version is $(rpm_query --qf '%{VERSION}-%{RELEASE}')"
+ok "the .rpm's version is the crate's with the revision --version prints ($(rpm_query --qf '%{VERSION}-%{RELEASE}'))"
+diff <(packaged_files "$(printf '%s\n' /etc/sysconfig/vram-exporter /usr/share/licenses/vram-exporter/LICENSE)") \
+    <(rpm_query --list | sort) || fail "the .rpm's files differ from the expected (above)"
+ok "the .rpm holds the same files as the .deb, its flags file in /etc/sysconfig"
+[[ $(rpm_query --configfiles) == /etc/sysconfig/vram-exporter ]] ||
+    fail "the .rpm's config files: $(rpm_query --configfiles)"
+[[ $(rpm_query --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' | grep ' /etc/') == "cn /etc/sysconfig/vram-exporter" ]] ||
+    fail "the .rpm's flags file is not config(noreplace): $(rpm_query --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]')"
+ok "the .rpm marks /etc/sysconfig/vram-exporter, and only it, as config(noreplace)"
+[[ $(rpm_query --qf '[%{FILEDIGESTS} %{FILENAMES}\n]' | sed -n 's| /usr/bin/vram-exporter$||p') == \
+    "$(sha256sum "$release" | cut -d' ' -f1)" ]] || fail "the .rpm's binary is not $release"
+ok "the .rpm's binary is $release (its SHA-256)"
+for script in POSTIN:postinst PREUN:prerm POSTUN:postrm; do
+    diff <(rpm_query --qf "%{${script%%:*}}") "deploy/packages/scripts/${script#*:}" ||
+        fail "the .rpm's %{${script%%:*}} is not deploy/packages/scripts/${script#*:}"
+done
+[[ $(rpm_query --qf '%{PREIN}') == "(none)" ]] || fail "the .rpm has a pre-install script"
+ok "the .rpm's scripts are the .deb's maintainer scripts (post-install, pre- and post-uninstall)"
+# Its requirements: glibc's libraries, libgcc_s (which glibc itself needs), the shell its
+# scripts run in, sysusers and userdel, and the config() mark rpm gives every package
+# with a config file; nothing else.
+unexpected=$(rpm_query --requires | grep -v -E '^(libc\.so\.6|libm\.so\.6|ld-linux-x86-64\.so\.2|libgcc_s\.so\.1)\(|^rtld\(GNU_HASH\)$|^rpmlib\(|^config\(vram-exporter\) = |^/bin/sh$|^/usr/bin/systemd-sysusers$|^/usr/sbin/userdel$' || true)
+[[ -z $unexpected ]] || fail "the .rpm requires more: $unexpected"
+ok "the .rpm requires glibc's libraries, /bin/sh, systemd-sysusers and userdel alone"
+
+# --- the tarball ---------------------------------------------------------------------
+(cd "$work/1" && sha256sum --check --quiet "$(basename "$tarball").sha256") || fail "the tarball's SHA-256 does not match"
+name=$(basename "$tarball" .tar.gz)
+diff <(printf '%s\n' LICENSE README.md systemd/vram-exporter-textfile.service systemd/vram-exporter-textfile.timer \
+    systemd/vram-exporter.service systemd/vram-exporter.sysusers.conf vram-exporter vram-exporter.flags \
+    vram-exporter.help.txt vram-exporter.json vram-exporter.rules.yml | sed "s|^|$name/|") \
+    <(tar -tzf "$tarball" | grep -v '/$') || fail "the tarball's files differ from the expected (above)"
+tar -xzf "$tarball" -C "$work"
+cmp -s "$work/$name/vram-exporter" "$release" || fail "the tarball's binary is not $release"
+for file in LICENSE README.md; do
+    cmp -s "$work/$name/$file" "$file" || fail "the tarball's $file is not the repository's"
+done
+ok "the tarball's SHA-256 matches; it holds the binary ($release), units, rules, dashboard, LICENSE and README"
+
+# Only glibc's libraries (and libgcc_s.so.1, which glibc's own packages depend on):
+# NVML is loaded at run time.
+needed=$(readelf -d "$release" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort | tr '\n' ' ')
+[[ $needed == "ld-linux-x86-64.so.2 libc.so.6 libgcc_s.so.1 libm.so.6 " ]] ||
+    fail "the binary needs more than glibc's libraries: $needed"
+unresolved=$(ldd "$release" | grep -v -E '^\s*(linux-vdso\.so\.1|/lib64/ld-linux-x86-64\.so\.2|(libc|libm|libgcc_s)\.so\.[0-9]+ => )' || true)
+[[ -z $unresolved ]] || fail "ldd finds more: $unresolved"
+ok "the binary's dynamic dependencies are glibc's alone: $needed"
+glibc=$(readelf -V "$release" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -n 1)
+grep -qF "glibc $glibc or newer" docs/deployment.md ||
+    fail "docs/deployment.md does not say the binary needs glibc $glibc or newer (readelf -V)"
+ok "docs/deployment.md names the glibc the binary needs ($glibc, from readelf -V)"
+
+echo "no clean RPM root: making one takes a Fedora, RHEL or Rocky repository, and this suite reaches only Debian's packages; the .rpm's scripts are the .deb's, which run below" >&2
+
+# --- a clean Debian root ---------------------------------------------------------------
+# This host's release and its package sources (as files mmdebstrap pastes in), so that
+# the binary meets the glibc it was built against.
+codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release)
+[[ -n $codename ]] || fail "/etc/os-release names no VERSION_CODENAME"
+sources=()
+for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [[ -s $file ]] && grep -q -v -E '^\s*(#|$)' "$file" && sources+=("$file")
+done
+((${#sources[@]})) || fail "this host has no apt sources for mmdebstrap to use"
+cp "$deb1" "$work/v1.deb"
+cp "$deb2" "$work/v2.deb"
+echo "making a clean $codename root with mmdebstrap and installing into it" >&2
+mmdebstrap --quiet --variant=apt --include=systemd,passwd \
+    --customize-hook="$repository/tests/packages/in-root.sh \"\$1\" $work $repository" \
+    "$codename" /dev/null "${sources[@]}"
+[[ -s $work/in-root.passed ]] || fail "tests/packages/in-root.sh did not finish"
+passed=$((passed + $(cat "$work/in-root.passed")))
+
+echo "$passed package checks passed"
