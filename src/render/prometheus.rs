@@ -6,8 +6,8 @@
 use crate::classify::{
     CallHealth, Engine, EngineError, EngineHealth, ExporterProcess, GoneReason, GpuAccount,
     GpuError, GpuVerdict, InstanceVerdict, KubeletSource, KubernetesView, MemoryReading,
-    NvmlFailure, OrphanReason, OwnerState, PodName, Process, ProcfsView, RecoveryAction, Report,
-    Role, Seen, StateTally,
+    OrphanReason, OwnerState, PodName, Process, ProcfsView, RecoveryAction, Report, Role, Seen,
+    StateTally,
 };
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -333,9 +333,10 @@ fn per_gpu<'a, V>(
         .filter_map(move |gpu| Some((GpuLabels::of(gpu), value(gpu)?)))
 }
 
-/// One sample per kind per GPU that `is` answers for: 1 for the kind the GPU shows, 0 for
-/// the others.
-fn one_hot<'a, K: 'a, L: 'a>(
+/// One sample per GPU for the kind it shows (`is` answers true), always 1; a GPU that
+/// shows none of the kinds has none. The other kinds' zeros are left out: on a fleet they
+/// were most of the series and said nothing (docs/fleet.md, "Cardinality").
+fn active_kind<'a, K: 'a, L: 'a>(
     gpus: &'a [GpuVerdict],
     kinds: impl IntoIterator<Item = K> + Clone + 'a,
     label: impl Fn(&K) -> L + Copy + 'a,
@@ -343,7 +344,7 @@ fn one_hot<'a, K: 'a, L: 'a>(
 ) -> impl Iterator<Item = ((GpuLabels, L), i64)> + 'a {
     gpus.iter().flat_map(move |gpu| {
         kinds.clone().into_iter().filter_map(move |kind| {
-            Some(((GpuLabels::of(gpu), label(&kind)), flag(is(gpu, &kind)?)))
+            is(gpu, &kind)?.then(|| ((GpuLabels::of(gpu), label(&kind)), 1))
         })
     })
 }
@@ -498,13 +499,13 @@ fn exporter_health(
     gauge(
         encoder,
         "vram_nvml_error",
-        "1 for the reason NVML gave no reading (missing, init_failed, not_answering, failed), else 0; all 0 while it answers.",
-        NvmlFailure::iter().map(|kind| {
+        "1 for the reason NVML gave no reading (missing, init_failed, not_answering, failed); absent while it answers.",
+        report.nvml.failure().map(|kind| {
             (
                 ErrorLabel {
                     error: kind.as_str(),
                 },
-                flag(report.nvml.failure() == Some(kind)),
+                1i64,
             )
         }),
     )?;
@@ -576,8 +577,8 @@ fn gpu_identity(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fmt::Re
     gauge(
         encoder,
         "vram_gpu_error",
-        "1 for the kind of NVML failure this GPU shows (gpu_lost, reset_required, not_supported, no_permission, unknown, timeout: a call that has not returned), else 0.",
-        one_hot(
+        "1 for the kind of NVML failure this GPU shows (gpu_lost, reset_required, not_supported, no_permission, unknown, timeout: a call that has not returned); absent while the GPU answers.",
+        active_kind(
             gpus,
             GpuError::iter(),
             |kind| ErrorLabel {
@@ -690,6 +691,18 @@ fn by_kind<'a, A: Clone + 'a, K: Copy + 'static, L: 'a>(
     })
 }
 
+/// [`by_kind`] without the kinds whose figure is 0: counts of processes by state, reason
+/// or role, where an idle GPU had a zero for every kind and a fleet paid a series for each
+/// (docs/fleet.md, "Cardinality"). A missing kind reads as none.
+fn nonzero_by_kind<'a, A: Clone + 'a, K: Copy + 'static, L: 'a>(
+    accounts: impl Iterator<Item = (A, &'a GpuAccount)> + 'a,
+    kinds: &'static [K],
+    label: fn(K) -> L,
+    figure: impl Fn(&GpuAccount, K) -> u64 + Copy + 'a,
+) -> impl Iterator<Item = ((A, L), u64)> + 'a {
+    by_kind(accounts, kinds, label, figure).filter(|(_, value)| *value != 0)
+}
+
 /// Orphaned bytes by reason, per account.
 fn orphaned_by_reason<'a, A: Clone + 'a>(
     accounts: impl Iterator<Item = (A, &'a GpuAccount)> + 'a,
@@ -710,7 +723,7 @@ fn holders_by_role<'a, A: Clone + 'a>(
     accounts: impl Iterator<Item = (A, &'a GpuAccount)> + 'a,
 ) -> impl Iterator<Item = ((A, RoleLabel), u64)> + 'a {
     let count = |account: &GpuAccount, role| account.holders(role).len() as u64;
-    by_kind(
+    nonzero_by_kind(
         accounts,
         Role::VARIANTS,
         |role| RoleLabel {
@@ -738,17 +751,17 @@ fn owners(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Resu
     let by_state_series: [(&str, &str, TallyOf); 2] = [
         (
             "vram_owner_processes",
-            "Processes NVML charges memory to on this GPU, by state; gone means no live process holds the context any more (it exited, or its PID names another process now).",
+            "Processes NVML charges memory to on this GPU, by state; gone means no live process holds the context any more (it exited, or its PID names another process now). A state without owners has no series.",
             StateTally::processes,
         ),
         (
             "vram_owned_bytes",
-            "Bytes NVML charges to owners in each state.",
+            "Bytes NVML charges to owners in each state; a state without owners has no series.",
             StateTally::bytes,
         ),
     ];
     for (name, help, tally) in by_state_series {
-        let owners = by_kind(
+        let owners = nonzero_by_kind(
             gpu_accounts(measured),
             OwnerState::VARIANTS,
             state_label,
@@ -759,8 +772,8 @@ fn owners(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Resu
     gauge(
         encoder,
         "vram_gone_owner_processes",
-        "Gone owners by why: exited, or reused (the PID names another process now, one without a context on this GPU or with another start time).",
-        by_kind(
+        "Gone owners by why: exited, or reused (the PID names another process now, one without a context on this GPU or with another start time); a reason without owners has no series.",
+        nonzero_by_kind(
             gpu_accounts(measured),
             GoneReason::VARIANTS,
             |reason| ReasonLabel {
@@ -772,18 +785,20 @@ fn owners(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Resu
     gauge(
         encoder,
         "vram_owner_processes_usage_unavailable",
-        "Owners whose memory usage NVML reports as unavailable; while a live one exists, unattributed memory is not called orphaned.",
+        "Owners whose memory usage NVML reports as unavailable; while a live one exists, unattributed memory is not called orphaned. Absent when there are none.",
         measured
             .iter()
-            .map(|(gpu, account)| (GpuLabels::of(gpu), account.usage_unavailable_owners)),
+            .map(|(gpu, account)| (GpuLabels::of(gpu), account.usage_unavailable_owners))
+            .filter(|(_, owners)| *owners != 0),
     )?;
     gauge(
         encoder,
         "vram_exited_container_processes",
-        "Live owners and culprits of this GPU whose container has ended (PID 1 of their PID namespace exited): they survived the SIGKILL that ends a container, typically stuck in the driver.",
-        measured.iter().map(|(gpu, account)| {
-            (GpuLabels::of(gpu), account.exited_container_processes())
-        }),
+        "Live owners and culprits of this GPU whose container has ended (PID 1 of their PID namespace exited): they survived the SIGKILL that ends a container, typically stuck in the driver. Absent when there are none.",
+        measured
+            .iter()
+            .map(|(gpu, account)| (GpuLabels::of(gpu), account.exited_container_processes()))
+            .filter(|(_, processes)| *processes != 0),
     )
 }
 
@@ -806,7 +821,7 @@ fn orphans(encoder: &mut DescriptorEncoder, measured: &Measured<'_>) -> fmt::Res
     gauge(
         encoder,
         "vram_holder_processes",
-        "Processes holding this GPU's device file while it has orphaned memory, by role: culprit (holds a context here: its end frees the memory), bystander (no context here: an NVML client or another GPU's job; or the MPS control daemon or server; never blamed), undetermined (mappings unreadable). 0 while nothing is orphaned.",
+        "Processes holding this GPU's device file while it has orphaned memory, by role: culprit (holds a context here: its end frees the memory), bystander (no context here: an NVML client or another GPU's job; or the MPS control daemon or server; never blamed), undetermined (mappings unreadable). Only roles with holders have a series: none while nothing is orphaned.",
         holders_by_role(gpu_accounts(measured)),
     )?;
     gauge(
@@ -951,7 +966,7 @@ fn encode_kubernetes(encoder: &mut DescriptorEncoder, kubernetes: &KubernetesVie
         encoder,
         [
             ("vram_kubelet_up", "1 when the last read of this kubelet source (pod_resources: the pod-resources API; pod_logs: the pod log directories) succeeded, 0 when it failed or the source is absent."),
-            ("vram_kubelet_error", "1 for the kind of failure of this kubelet source's last read (absent: nothing at its path, no kubelet or not mounted; unavailable, timeout, rpc_error, malformed, unreadable), else 0."),
+            ("vram_kubelet_error", "1 for the kind of failure of this kubelet source's last read (absent: nothing at its path, no kubelet or not mounted; unavailable, timeout, rpc_error, malformed, unreadable); no series while it reads."),
             ("vram_kubelet_last_success_timestamp_seconds", "When the answer of this kubelet source in use was read, in seconds since the Unix epoch; 0 when it never answered. A failing source keeps serving its last good answer."),
         ],
         KubeletSource::iter().map(|source| {
@@ -978,7 +993,7 @@ fn encode_container_engines(
         encoder,
         [
             ("vram_container_engine_up", "1 when the last call to this container engine's socket (docker, podman) succeeded, 0 when it failed or the socket is absent."),
-            ("vram_container_engine_error", "1 for the kind of failure of this container engine's last call (absent: no socket at its path; unavailable, timeout, http_error, malformed), else 0."),
+            ("vram_container_engine_error", "1 for the kind of failure of this container engine's last call (absent: no socket at its path; unavailable, timeout, http_error, malformed); no series while it answers."),
             ("vram_container_engine_last_success_timestamp_seconds", "When a call to this container engine last succeeded, in seconds since the Unix epoch; 0 when none has. Containers it named stay named."),
         ],
         engines.iter().map(|(engine, health)| {
@@ -1015,10 +1030,13 @@ where
         error.0,
         error.1,
         sources.clone().flat_map(|(label, health, kinds)| {
-            kinds.iter().map(move |&kind| {
-                let labels = (label.clone(), ErrorLabel { error: kind.into() });
-                (labels, flag(health.error == Some(kind)))
-            })
+            kinds
+                .iter()
+                .filter(move |&&kind| health.error == Some(kind))
+                .map(move |&kind| {
+                    let labels = (label.clone(), ErrorLabel { error: kind.into() });
+                    (labels, 1i64)
+                })
         }),
     )?;
     gauge(
@@ -1046,7 +1064,7 @@ fn encode_instance_verdicts(
         encoder,
         "vram_mig_owner_processes",
         "Processes NVML charges memory to in this MIG instance, by state (as vram_owner_processes).",
-        by_kind(
+        nonzero_by_kind(
             accounts(),
             OwnerState::VARIANTS,
             state_label,
@@ -1234,8 +1252,8 @@ fn encode_gpu_health(encoder: &mut DescriptorEncoder, gpus: &[GpuVerdict]) -> fm
     gauge(
         encoder,
         "vram_gpu_recovery_action",
-        "1 for the recovery action the driver asks for (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, recover_imex_domain, bus_reset, system_reboot; unknown for a value this exporter does not know), else 0; absent where the driver cannot say (before 565).",
-        one_hot(
+        "1 for the recovery action the driver asks for, one series per GPU (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, recover_imex_domain, bus_reset, system_reboot; unknown for a value this exporter does not know); absent where the driver cannot say (before 565).",
+        active_kind(
             gpus,
             // Every named action, then `Unrecognised(0)`: `unknown` for any value this
             // build does not know.

@@ -28,6 +28,8 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_owner_processes",
     "vram_owned_bytes",
     "vram_orphaned_bytes",
+    "vram_left_behind_bytes",
+    "vram_left_behind_since_timestamp_seconds",
     "vram_unattributed_bytes",
     "vram_left_behind_bytes",
     "vram_left_behind_since_timestamp_seconds",
@@ -111,6 +113,48 @@ fn all_panels(dashboard: &Value) -> Vec<&Value> {
     let mut out = Vec::new();
     walk(&dashboard["panels"], &mut out);
     out
+}
+
+/// The title of the row that holds the fleet's panels: they read the fleet recording
+/// rules, by cluster and node, over a central store (fleet.rs runs them against one).
+const FLEET_ROW: &str = "Fleet (clusters and nodes, from the fleet recording rules)";
+
+/// The panels of the Fleet row: those that follow it, up to the next row.
+fn fleet_row_panels(dashboard: &Value) -> Vec<&Value> {
+    let top = dashboard["panels"].as_array().unwrap();
+    let row = top
+        .iter()
+        .position(|panel| panel["type"] == "row" && panel["title"] == FLEET_ROW)
+        .unwrap_or_else(|| panic!("the dashboard has no row {FLEET_ROW:?}"));
+    top[row + 1..]
+        .iter()
+        .take_while(|panel| panel["type"] != "row")
+        .collect()
+}
+
+/// The Fleet row's PromQL with every variable as "All" (`.*`), for a live Prometheus.
+pub fn fleet_row_queries() -> Vec<String> {
+    let dashboard = load_dashboard();
+    fleet_row_panels(&dashboard)
+        .into_iter()
+        .flat_map(targets)
+        .filter_map(|target| target["expr"].as_str())
+        .map(substitute_variables)
+        .collect()
+}
+
+/// The names the shipped rules record (`record:`), which dashboards may read besides the
+/// exporter's metrics.
+fn recorded_names() -> Vec<String> {
+    let rules = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("alerts/vram-exporter.rules.yml"),
+    )
+    .expect("the rules file");
+    rules
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("- record:"))
+        .map(|name| name.trim().to_string())
+        .collect()
 }
 
 fn panel_name(panel: &Value) -> String {
@@ -580,9 +624,10 @@ fn dashboard_queries_name_no_instance() {
                 .strip_prefix('"')
                 .and_then(|v| v.split('"').next())
                 .unwrap_or(value);
+            // The Fleet row names the same label its node.
             assert!(
-                *op == "=~" && (value == "$instance" || value == "${instance}"),
-                "{panel}: instance must be selected as instance=~\"$instance\", found instance{op}\"{value}\" in {expr}"
+                *op == "=~" && ["$instance", "${instance}", "$node", "${node}"].contains(&value),
+                "{panel}: instance must be selected as instance=~\"$instance\" (or $node), found instance{op}\"{value}\" in {expr}"
             );
         }
         assert!(
@@ -596,12 +641,15 @@ fn dashboard_queries_name_no_instance() {
 fn dashboard_queries_ask_only_for_exporter_metrics_and_up() {
     let queries = raw_queries(&load_dashboard());
     assert!(!queries.is_empty(), "the dashboard has no queries");
+    let recorded = recorded_names();
     for (panel, expr) in &queries {
         let names = metric_names(expr);
         assert!(!names.is_empty(), "{panel}: no metric found in {expr}");
         for name in names {
             assert!(
-                name == "up" || CONTRACT_METRICS.contains(&name.as_str()),
+                name == "up"
+                    || CONTRACT_METRICS.contains(&name.as_str())
+                    || recorded.contains(&name),
                 "{panel}: {name} is not an exporter metric (in {expr})"
             );
         }
@@ -884,11 +932,18 @@ const EMPTY_IN_THE_LIVE_SCENARIO: &[(&str, &str)] = &[(
      which may not read root's, gives this panel data",
 )];
 
-/// Panels, each with its targets' PromQL, in the dashboard's order.
+/// Panels, each with its targets' PromQL, in the dashboard's order; the Fleet row is left
+/// to fleet.rs, which runs it over clusters of nodes and the recording rules it reads.
 fn panel_queries(dashboard: &Value) -> Vec<(String, Vec<String>)> {
+    let fleet: Vec<&Value> = fleet_row_panels(dashboard);
     all_panels(dashboard)
         .into_iter()
         .filter(|panel| targets(panel).next().is_some())
+        .filter(|panel| {
+            !fleet
+                .iter()
+                .any(|fleet_panel| std::ptr::eq(*fleet_panel, *panel))
+        })
         .map(|panel| {
             (
                 panel["title"].as_str().unwrap_or("untitled").to_string(),

@@ -116,8 +116,11 @@ fn links_are_found_outside_code_and_anchors_checked() {
 
 /// Flags of other programs that the documents name in the exporter's dotted style, each
 /// with the program that takes it.
-const OTHER_PROGRAMS_FLAGS: [(&str, &str); 1] =
-    [("--collector.textfile.directory", "node_exporter")];
+const OTHER_PROGRAMS_FLAGS: [(&str, &str); 2] = [
+    ("--collector.textfile.directory", "node_exporter"),
+    // The central Prometheus of docs/fleet.md.
+    ("--web.enable-remote-write-receiver", "prometheus"),
+];
 
 /// The flags the exporter takes: what every command's `--help` lists, and the hidden
 /// ones `src/cli.rs` declares (`long = "..."`) for tests and benchmarks.

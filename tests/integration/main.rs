@@ -19,6 +19,7 @@ mod e2e;
 mod engines;
 mod exporter;
 mod fake_nvml_docs;
+mod fleet;
 mod gpu_health;
 mod helm;
 mod holders;

@@ -44,9 +44,19 @@ impl Metrics {
             .collect()
     }
 
-    /// The value of the one sample of `name` with `labels`; fails if there is not exactly one.
+    /// The value of the one sample of `name` with `labels`; fails if there is not exactly
+    /// one, except in a sparse family, where a missing member is 0 and a written one must
+    /// not be 0.
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let found = self.find(name, labels);
+        if SPARSE_FAMILIES.contains(&name) {
+            assert!(
+                found.len() <= 1 && found.iter().all(|sample| sample.2 != 0.0),
+                "{name}{labels:?} writes its non-zero members once each, found {found:?}:\n{}",
+                self.text
+            );
+            return found.first().map_or(0.0, |sample| sample.2);
+        }
         assert_eq!(
             found.len(),
             1,
@@ -62,6 +72,24 @@ impl Metrics {
         self.samples.iter().any(|(sample, _, _)| sample == name)
     }
 }
+
+/// Families that write only their non-zero members (docs/reference.md): counts by kind
+/// and the one active kind of a state set.
+pub const SPARSE_FAMILIES: &[&str] = &[
+    "vram_nvml_error",
+    "vram_gpu_error",
+    "vram_gpu_recovery_action",
+    "vram_owner_processes",
+    "vram_owned_bytes",
+    "vram_gone_owner_processes",
+    "vram_owner_processes_usage_unavailable",
+    "vram_exited_container_processes",
+    "vram_holder_processes",
+    "vram_mig_owner_processes",
+    "vram_mig_holder_processes",
+    "vram_kubelet_error",
+    "vram_container_engine_error",
+];
 
 fn parse_sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
     let (name_and_labels, value) = line.rsplit_once(' ').expect("sample value");
