@@ -379,6 +379,14 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
             (sentence, suggestion)
         }
         Sentence::KilledStuck { bytes, pids } => {
+            let killed = list(
+                account
+                    .owners
+                    .iter()
+                    .filter(|owner| pids.contains(&owner.pid))
+                    .filter_map(Owner::process)
+                    .map(killed_words),
+            );
             let mut sentence = format!(
                 "{label}: {} held by {} killed but stuck in the driver (a SIGKILL pending in uninterruptible sleep): {}",
                 size_words(bytes),
@@ -387,7 +395,7 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
                 } else {
                     format!("PIDs {}, which were", pid_list(&pids))
                 },
-                list(account.owners.iter().filter_map(Owner::process).filter(|process| process.killed()).map(killed_words))
+                killed
             );
             let suggestion = remedy_words(&mut sentence, index, account);
             (sentence, suggestion)
