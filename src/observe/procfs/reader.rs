@@ -15,6 +15,7 @@ use super::reading::{
 };
 use super::references::{self, Descriptors, FdDirectory, OpenFile};
 use super::root::{gone, ProcRoot, Unread};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs;
 use std::io;
@@ -160,19 +161,20 @@ impl<'a> Reader<'a> {
         ours
     }
 
+    /// `status` when the caller read it already, else the status of `dir` read now.
+    fn status_of<'s>(&self, dir: &Path, status: Option<&'s Status>) -> Option<Cow<'s, Status>> {
+        match status {
+            Some(status) => Some(Cow::Borrowed(status)),
+            None => self.root.status(dir).ok().map(Cow::Owned),
+        }
+    }
+
     /// The PID that the process `pid` of the procfs has in our namespace.
     fn local_pid(&self, pid: u32, dir: &Path, status: Option<&Status>) -> Option<u32> {
         let Position::Foreign { level, namespace } = self.placement.position else {
             return (self.placement.position == Position::Own).then_some(pid);
         };
-        let read;
-        let status = match status {
-            Some(status) => status,
-            None => {
-                read = self.root.status(dir).ok()?;
-                &read
-            }
-        };
+        let status = self.status_of(dir, status)?;
         let levels = status.nspid.as_ref()?;
         // Only a process of our very namespace is checked; one nested deeper would need
         // its namespace's ancestry, which procfs does not show.
@@ -444,14 +446,7 @@ impl<'a> Reader<'a> {
         if stat.state != b'D' {
             return None;
         }
-        let read;
-        let status = match status {
-            Some(status) => status,
-            None => {
-                read = self.root.status(dir).ok()?;
-                &read
-            }
-        };
+        let status = self.status_of(dir, status)?;
         status.kill_pending().then(|| {
             earlier
                 .and_then(|facts| facts.kill_pending_since_unix_seconds)
