@@ -4,7 +4,9 @@ one NVIDIA GPU, in one run, so every figure of the table comes from the same GPU
 same load and the same minute.
 
     python3 tests/gpu/peers.py --binary target/release/vram-exporter --out DIR
-    python3 tests/gpu/peers.py --splice DIR/peers.md --into docs/benchmarks.md
+
+DIR/peers.md is kept whole in its day's folder of benches/runs/; docs/benchmarks.md
+quotes the latest run's figures.
 
 Side by side it starts vram-exporter (--binary), nvitop-exporter (installed from the
 wheels in PEERS/whl with `pip install --no-index --no-deps --target` into a temporary
@@ -60,8 +62,6 @@ _spec = importlib.util.spec_from_file_location("gpu_suite", os.path.join(HERE, "
 suite = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(suite)
 
-BEGIN = "<!-- peers:begin -->"
-END = "<!-- peers:end -->"
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 MiB = 1 << 20
 VRAM = "vram-exporter"
@@ -535,7 +535,7 @@ def machine():
 
 def shown_path(path):
     """A path as peers.md shows it: relative to the checkout when inside it, DIR when it
-    is some other absolute path of this host (peers.md goes into the docs)."""
+    is some other absolute path of this host (peers.md is kept in benches/runs/)."""
     if not os.path.isabs(path):
         return path
     inside = os.path.relpath(path, ROOT)
@@ -641,28 +641,6 @@ def render(result):
     return "\n".join(lines) + "\n"
 
 
-# --- splicing into docs/benchmarks.md -----------------------------------------------
-
-def splice(table_path, doc_path):
-    """Replace what stands between the peer markers of `doc_path` with `table_path`."""
-    try:
-        with open(table_path) as f:
-            table = f.read().strip()
-        with open(doc_path) as f:
-            doc = f.read()
-    except OSError as error:
-        raise SystemExit(f"peers: {error.filename}: {error.strerror}")
-    if BEGIN in table or END in table:
-        raise SystemExit(f"peers: {table_path} holds a peer marker itself; give peers.md")
-    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
-        raise SystemExit(f"peers: {doc_path} needs exactly one {BEGIN} followed by one {END}")
-    head, rest = doc.split(BEGIN)
-    _, tail = rest.split(END)
-    with open(doc_path, "w") as f:
-        f.write(f"{head}{BEGIN}\n{table}\n{END}{tail}")
-    print(f"peers: {doc_path} now holds {table_path}")
-
-
 # --- the run ------------------------------------------------------------------------
 
 def parse_args(argv):
@@ -682,14 +660,9 @@ def parse_args(argv):
                         help="scrapes per exporter for latency (20-2000)")
     parser.add_argument("--smi-runs", type=int, default=20, help="runs of the nvidia-smi pair (1-200)")
     parser.add_argument("--owner-gib", type=int, default=8, help="GiB each owner allocates (1-64)")
-    parser.add_argument("--splice", metavar="PEERS_MD", help="splice PEERS_MD into --into and exit")
-    parser.add_argument("--into", metavar="DOC", default=os.path.join(ROOT, "docs", "benchmarks.md"),
-                        help="the document whose peer markers --splice fills")
     args = parser.parse_args(argv)
-    if args.splice:
-        return args
     if not args.out:
-        parser.error("--out DIR is needed (or --splice PEERS_MD)")
+        parser.error("--out DIR is needed")
     for flag, low, high in (("duration", 10, 300), ("idle", 3, 60), ("warmup", 0, 60),
                             ("scrapes", 20, 2000), ("smi_runs", 1, 200), ("owner_gib", 1, 64)):
         if not low <= getattr(args, flag) <= high:
@@ -703,9 +676,6 @@ def parse_args(argv):
 def main(argv=None, gpu=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.splice:
-        splice(args.splice, args.into)
-        return 0
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     gpu = gpu or suite.Gpu()
