@@ -5,6 +5,8 @@ use super::command::Cli;
 use super::config::Config;
 use super::errors::CliError;
 
+/// The `Config` that the words `args` (after the program's name) resolve to, or the one
+/// line their mistake says.
 pub(super) fn parse(args: &[&str]) -> Result<Config, String> {
     let mut argv = vec!["vram-exporter"];
     argv.extend_from_slice(args);
