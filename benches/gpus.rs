@@ -50,7 +50,7 @@ fn main() {
         .map(|minor| Holder::spawn(&rig.device(minor)))
         .collect();
     let scenario = |hang: Option<&std::path::Path>, call_ms: u64| {
-        let mut gpus = Gpus::new().every_call_takes(call_ms);
+        let mut gpus = Gpus::new();
         for (index, owner) in (0..GPUS).zip(&owners) {
             let mut gpu = Gpu::one_owner(index, owner.pid);
             if let (true, Some(until)) = (index == HUNG, hang) {
@@ -58,7 +58,10 @@ fn main() {
             }
             gpus = gpus.gpu(gpu);
         }
-        gpus.into_json()
+        let mut scenario = gpus.into_json();
+        // A slow driver: every NVML call sleeps `call_ms` first.
+        scenario["delays_ms"]["*"] = serde_json::json!(call_ms);
+        scenario
     };
     println!(
         "machine: {} cores; binary {}",

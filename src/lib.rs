@@ -26,6 +26,7 @@ use observe::{Lifespan, LiveHost, PidNamespace, Source};
 use render::prometheus::RenderOptions;
 use std::process::ExitCode;
 use std::sync::Arc;
+use web::ServeConfig;
 
 /// Parse flags, run the chosen mode, and turn any error into one line and an exit status.
 pub fn run() -> ExitCode {
@@ -51,54 +52,53 @@ fn fail(error: anyhow::Error) -> ExitCode {
     ExitCode::from(exit_codes::ERROR)
 }
 
+/// Run the mode `config` chose: the one place that tells the modes apart.
 fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
+    let one_shot = || exporter(&config, Lifespan::OneShot);
+    match &config.mode {
+        Mode::Serve(serve) => serve_metrics(serve.clone(), &config),
+        Mode::Check(check) => commands::check::run(&one_shot()?, check),
+        Mode::Snapshot { output, timeout } => {
+            commands::snapshot::run(&one_shot()?, output.as_deref(), *timeout)
+        }
+        Mode::Textfile { output, timeout } => {
+            commands::textfile::run(&Arc::new(one_shot()?), output, *timeout)
+        }
+    }
+}
+
+/// Serve metrics until stopped.
+fn serve_metrics(serve: ServeConfig, config: &Config) -> anyhow::Result<ExitCode> {
     // A mistake in the web config file (or a certificate it names) is a start-up error,
     // reported before anything else and before the port is taken.
-    let web = match &config.mode {
-        Mode::Serve(serve) => match &serve.web_config_file {
-            Some(path) => Some(web::WebConfig::load(path)?),
-            None => Some(web::WebConfig::none()),
-        },
-        _ => None,
+    let web = match &serve.web_config_file {
+        Some(path) => web::WebConfig::load(path)?,
+        None => web::WebConfig::none(),
     };
-    let lifespan = match config.mode {
-        Mode::Serve(_) => Lifespan::Serving,
-        _ => Lifespan::OneShot,
-    };
-    let exporter = Exporter::new(
-        source(&config, lifespan)
+    let exporter = Arc::new(exporter(config, Lifespan::Serving)?.with_own_process());
+    warn_if_blind(&exporter, config);
+    // A missing NVML is logged now, not at the first scrape; the server does not wait
+    // for it (a hung init is the first scrape's to report).
+    exporter.start_loading_nvml();
+    web::run(serve, exporter, web)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The exporter every mode looks through.
+fn exporter(config: &Config, lifespan: Lifespan) -> anyhow::Result<Exporter> {
+    if let Some(path) = &config.replay {
+        // A snapshot that cannot be read is a mistake to report now, not a scrape later.
+        observe::read_snapshot(path)?;
+    }
+    Ok(Exporter::new(
+        source(config, lifespan)
             .with_kubernetes(&config.kubernetes, lifespan)
             .with_containers(&config.containers, lifespan),
         config.settings.clone(),
         RenderOptions {
             per_process_limit: config.per_process_limit,
         },
-    );
-    let exporter = Arc::new(match lifespan {
-        Lifespan::Serving => exporter.with_own_process(),
-        Lifespan::OneShot => exporter,
-    });
-    if let Some(path) = &config.replay {
-        // A snapshot that cannot be read is a mistake to report now, not a scrape later.
-        observe::read_snapshot(path)?;
-    }
-    if matches!(config.mode, Mode::Serve(_)) {
-        warn_if_blind(&exporter, &config);
-        // A missing NVML is logged now, not at the first scrape; the server does not wait
-        // for it (a hung init is the first scrape's to report).
-        exporter.start_loading_nvml();
-    }
-    match config.mode {
-        Mode::Serve(serve) => {
-            web::run(serve, exporter, web.unwrap_or_else(web::WebConfig::none))?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Mode::Check(check) => commands::check::run(&exporter, &check),
-        Mode::Snapshot { output, timeout } => {
-            commands::snapshot::run(&exporter, output.as_deref(), timeout)
-        }
-        Mode::Textfile { output, timeout } => commands::textfile::run(&exporter, &output, timeout),
-    }
+    ))
 }
 
 fn source(config: &Config, lifespan: Lifespan) -> Source {

@@ -1,6 +1,6 @@
 //! `vram-exporter snapshot`: the raw observation as JSON, for a bug report.
 
-use super::written_status;
+use super::{write_atomically, written_status};
 use crate::exporter::{Exporter, HolderScanPolicy};
 use crate::observe::Snapshot;
 use anyhow::Context;
@@ -31,7 +31,7 @@ pub fn run(
     let mut json = serde_json::to_string_pretty(&snapshot)?;
     json.push('\n');
     match output {
-        Some(path) => super::textfile::write_atomically(path, json.as_bytes())
+        Some(path) => write_atomically(path, json.as_bytes())
             .with_context(|| format!("cannot write snapshot to {}", path.display()))?,
         None => {
             use std::io::Write;

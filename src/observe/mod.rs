@@ -4,7 +4,8 @@
 //! - [`nvml`]: the GPUs, their memory and the processes NVML charges for it, MIG, and
 //!   what the driver says each GPU needs;
 //! - [`procfs`]: the processes NVML names and those that hold NVIDIA device files, with
-//!   the container, pod and Slurm job step each runs in, and which Slurm steps still run;
+//!   the container, pod and Slurm job step each runs in;
+//! - [`slurm`]: which Slurm job steps still run, from their slurmstepds;
 //! - [`kubernetes`]: the kubelet's pod-resources API and pod log directories;
 //! - [`containers`]: the container engines' names for the containers processes run in.
 //!
@@ -26,6 +27,7 @@ mod lifespan;
 pub(crate) mod nvml;
 mod pod_uid;
 pub mod procfs;
+pub(crate) mod slurm;
 mod snapshot;
 mod worker;
 
@@ -38,15 +40,17 @@ pub use nvml::{
 };
 pub use procfs::{
     CgroupAttribution, HolderScan, Identity, Leader, Lineage, NamespaceInit, NarrowAccess, NodeSet,
-    PidNamespace, ProcessFacts, ProcessLookup, ProcfsView, References, Relative, RunningStep,
-    Runtime, SlurmReading, SlurmStep,
+    PidNamespace, ProcessFacts, ProcessLookup, ProcfsView, References, Relative, Runtime,
+    SlurmStep,
 };
+pub use slurm::{RunningStep, SlurmReading};
 pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot, StuckRead};
 
 use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::{NvmlSource, NvmlThread};
-use self::procfs::{Memory, OwnersRead, Placement, ProcRoot, Slurmstepds};
+use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
+use self::slurm::Slurmstepds;
 use self::worker::{InCall, NoAnswer, Worker};
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
@@ -428,8 +432,8 @@ impl LiveHost {
             return None;
         }
         let deadline = scan_deadline(Instant::now(), self.scan_budget, Some(until));
-        let (root, slurmstepds) = (self.proc_root.clone(), Arc::clone(&self.slurmstepds));
-        let job = move |_: &mut Memory| lock(&slurmstepds).look(&root, &wanted, deadline);
+        let (procfs, slurmstepds) = (self.proc_root.root.clone(), Arc::clone(&self.slurmstepds));
+        let job = move |_: &mut Memory| lock(&slurmstepds).look(&procfs, &wanted, deadline);
         Some(match self.procfs.run(LOOKING_FOR_SLURMSTEPDS, until, job) {
             Ok(reading) => {
                 self.procfs_answers();

@@ -5,7 +5,8 @@
 use super::containers::ContainersReading;
 use super::kubernetes::KubernetesReading;
 use super::nvml::NvmlReading;
-use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView, SlurmReading};
+use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView};
+use super::slurm::SlurmReading;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

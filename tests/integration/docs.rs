@@ -123,7 +123,7 @@ const OTHER_PROGRAMS_FLAGS: [(&str, &str); 2] = [
 ];
 
 /// The flags the exporter takes: what every command's `--help` lists, and the hidden
-/// ones `src/cli.rs` declares (`long = "..."`) for tests and benchmarks.
+/// ones the files of `src/cli/` declare (`long = "..."`) for tests and benchmarks.
 fn exporter_flags() -> Vec<String> {
     let mut flags = Vec::new();
     for command in [&[][..], &["check"], &["snapshot"], &["textfile"]] {
@@ -135,7 +135,18 @@ fn exporter_flags() -> Vec<String> {
         assert!(help.status.success(), "{command:?} --help");
         flags.extend(dotted_flags(&String::from_utf8(help.stdout).unwrap()));
     }
-    let cli = std::fs::read_to_string(repository().join("src/cli.rs")).unwrap();
+    let mut cli = String::new();
+    let mut folders = vec![repository().join("src/cli")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                folders.push(path);
+            } else {
+                cli.push_str(&std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
     flags.extend(
         cli.split("long = \"")
             .skip(1)

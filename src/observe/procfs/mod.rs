@@ -13,7 +13,6 @@
 //! - `pidns`: whether a process's container has ended, from its PID namespace.
 //! - `cgroup`: the container, pod and Slurm job step a process runs in
 //!   ([`CgroupAttribution`]).
-//! - `slurm`: which Slurm job steps still run, from their slurmstepd ([`SlurmReading`]).
 //! - `own_process`: the exporter's own CPU time, memory and descriptors ([`OwnProcess`]).
 //! - [`parse`]: the text formats, parsed by hand where procfs-core cannot serve.
 
@@ -28,7 +27,6 @@ mod reader;
 mod reading;
 mod references;
 mod root;
-mod slurm;
 
 pub use cgroup::{
     parse_cgroup_file, parse_cgroup_path, short_container_id, slurm_step_in, CgroupAttribution,
@@ -45,5 +43,3 @@ pub use reading::{
     ProcessLookup, ProcfsView, References, Relative,
 };
 pub use root::{PidNamespace, ProcRoot, DEVICE_PREFIX};
-pub(crate) use slurm::Slurmstepds;
-pub use slurm::{RunningStep, SlurmReading};

@@ -10,7 +10,6 @@ pub struct Gpus {
     gpus: Vec<Value>,
     init_error: Option<String>,
     hangs: Value,
-    delays_ms: Value,
 }
 
 impl Gpus {
@@ -19,7 +18,6 @@ impl Gpus {
             gpus: Vec::new(),
             init_error: None,
             hangs: json!({}),
-            delays_ms: json!({}),
         }
     }
 
@@ -27,14 +25,6 @@ impl Gpus {
     /// exists: a wedged driver whose init or device count hangs.
     pub fn hang(mut self, symbol: &str, until_file: &Path) -> Gpus {
         self.hangs[symbol] = json!({ "until_file": until_file });
-        self
-    }
-
-    /// Every NVML call sleeps `ms` first: a slow driver.
-    // The benchmark of GPUs read side by side (benches/gpus.rs) uses it.
-    #[allow(dead_code)]
-    pub fn every_call_takes(mut self, ms: u64) -> Gpus {
-        self.delays_ms["*"] = json!(ms);
         self
     }
 
@@ -54,7 +44,6 @@ impl Gpus {
             "init_error": self.init_error,
             "gpus": self.gpus,
             "hangs": self.hangs,
-            "delays_ms": self.delays_ms,
         })
     }
 }

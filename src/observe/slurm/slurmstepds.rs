@@ -15,12 +15,11 @@
 //! are among them; a step a complete walk found no slurmstepd for is taken as ended for
 //! [`ENDED_FOR`] before the next walk looks again (a requeued job runs its steps anew).
 
-use super::root::ProcRoot;
-use serde::{Deserialize, Serialize};
+use super::reading::{RunningStep, SlurmReading};
 use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// How long a step a complete walk found no slurmstepd for counts as ended without
@@ -29,33 +28,6 @@ pub(crate) const ENDED_FOR: Duration = Duration::from_secs(10);
 
 /// The command name every slurmstepd has, whatever title it gives itself.
 const SLURMSTEPD: &str = "slurmstepd";
-
-/// The job steps whose slurmstepd was seen running.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SlurmReading {
-    /// Each running step, once, in order.
-    pub running_steps: Vec<RunningStep>,
-    /// Whether every process was looked at: when not, a step not listed may still run.
-    pub complete: bool,
-}
-
-/// One job step whose slurmstepd runs.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct RunningStep {
-    /// The job.
-    pub job_id: u64,
-    /// The step: a number, `batch`, `extern`, `interactive`.
-    pub step: String,
-}
-
-impl SlurmReading {
-    /// Whether step `step` of job `job_id` runs; `None` for any step of the job.
-    pub fn runs(&self, job_id: u64, step: Option<&str>) -> bool {
-        self.running_steps
-            .iter()
-            .any(|running| running.job_id == job_id && step.is_none_or(|step| running.step == step))
-    }
-}
 
 /// The slurmstepds found so far, and the steps found ended, kept from one look to the next.
 #[derive(Debug, Default)]
@@ -69,23 +41,24 @@ pub(crate) struct Slurmstepds {
 
 impl Slurmstepds {
     /// Which of the `wanted` steps run (a step `None`: any step of the job): from the
-    /// slurmstepds known to run still, walking over every process under `root` (until
-    /// `deadline`) only when a wanted step is neither among them nor recently found ended.
+    /// slurmstepds known to run still, walking over every process of the procfs mounted
+    /// at `procfs` (until `deadline`) only when a wanted step is neither among them nor
+    /// recently found ended.
     pub(crate) fn look(
         &mut self,
-        root: &ProcRoot,
+        procfs: &Path,
         wanted: &[WantedStep],
         deadline: Instant,
     ) -> SlurmReading {
         let now = Instant::now();
         self.known
-            .retain(|(pid, step)| still_runs(&root.pid_dir(*pid), step));
+            .retain(|(pid, step)| still_runs(&pid_dir(procfs, *pid), step));
         self.ended
             .retain(|_, found| now.duration_since(*found) < ENDED_FOR);
         let settled =
             |step: &WantedStep| is_among(step, &self.known) || self.ended.contains_key(step);
         if !wanted.iter().all(settled) {
-            let walk = walk(root, deadline);
+            let walk = walk(procfs, deadline);
             if walk.complete {
                 for step in wanted {
                     if !is_among(step, &walk.found) {
@@ -133,9 +106,9 @@ struct Walk {
     complete: bool,
 }
 
-/// Every slurmstepd under `root`, looking until `deadline`.
-fn walk(root: &ProcRoot, deadline: Instant) -> Walk {
-    let Ok(pids) = root.pids() else {
+/// Every slurmstepd of the procfs at `procfs`, looking until `deadline`.
+fn walk(procfs: &Path, deadline: Instant) -> Walk {
+    let Ok(pids) = pids(procfs) else {
         return Walk {
             found: Vec::new(),
             complete: false,
@@ -149,7 +122,7 @@ fn walk(root: &ProcRoot, deadline: Instant) -> Walk {
                 complete: false,
             };
         }
-        if let Some(step) = slurmstepd_at(&root.pid_dir(pid)) {
+        if let Some(step) = slurmstepd_at(&pid_dir(procfs, pid)) {
             found.push((pid, step));
         }
     }
@@ -157,6 +130,29 @@ fn walk(root: &ProcRoot, deadline: Instant) -> Walk {
         found,
         complete: true,
     }
+}
+
+/// Every PID the procfs at `procfs` lists. Read here rather than through `procfs`'s
+/// reader: a source folder imports no other, and a walk needs only the numbered names.
+fn pids(procfs: &Path) -> std::io::Result<Vec<u32>> {
+    Ok(fs::read_dir(procfs)?
+        .flatten()
+        .filter_map(|entry| pid_name(entry.file_name().to_str()?))
+        .collect())
+}
+
+/// The PID a procfs entry named `name` is the directory of: digits, never 0 (`self`,
+/// `stat` and the other files are not processes).
+fn pid_name(name: &str) -> Option<u32> {
+    if name.is_empty() || !name.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    name.parse().ok().filter(|&pid| pid != 0)
+}
+
+/// The process directory of `pid`.
+fn pid_dir(procfs: &Path, pid: u32) -> PathBuf {
+    procfs.join(pid.to_string())
 }
 
 /// The step of the slurmstepd whose process directory is `dir`, if it is one.
@@ -242,11 +238,8 @@ mod tests {
         dir
     }
 
-    fn root(dir: &tempfile::TempDir) -> ProcRoot {
-        ProcRoot {
-            root: dir.path().to_path_buf(),
-            device_prefix: b"/dev/nvidia".to_vec(),
-        }
+    fn root(dir: &tempfile::TempDir) -> &Path {
+        dir.path()
     }
 
     fn wanted(steps: &[(u64, &str)]) -> Vec<(u64, Option<String>)> {
@@ -272,7 +265,7 @@ mod tests {
             (13, "python3", b"python3\0train.py\0"),
             (14, "slurmstepd", b"slurmstepd: [7.0]\0"),
         ]);
-        let reading = Slurmstepds::default().look(&root(&dir), &wanted(&[(7, "0")]), soon());
+        let reading = Slurmstepds::default().look(root(&dir), &wanted(&[(7, "0")]), soon());
         assert_eq!(
             reading.running_steps,
             [running(7, "0"), running(7, "batch")]
@@ -288,7 +281,7 @@ mod tests {
         fs::write(process.join("comm"), "slurmstepd\n").unwrap();
         fs::write(process.join("cmdline"), b"slurmstepd: [9.0]\0").unwrap();
         std::os::unix::fs::chown(&process, Some(1000), None).unwrap();
-        let reading = Slurmstepds::default().look(&root(&dir), &wanted(&[(9, "0")]), soon());
+        let reading = Slurmstepds::default().look(root(&dir), &wanted(&[(9, "0")]), soon());
         assert!(!reading.runs(9, None));
     }
 
@@ -297,32 +290,29 @@ mod tests {
         let dir = procfs_with(&[(10, "slurmstepd", b"slurmstepd: [7.0]\0")]);
         let mut stepds = Slurmstepds::default();
         assert!(stepds
-            .look(&root(&dir), &wanted(&[(7, "0"), (8, "0")]), soon())
+            .look(root(&dir), &wanted(&[(7, "0"), (8, "0")]), soon())
             .runs(7, Some("0")));
         // Known, and 8.0 found ended: a look past its deadline needs no walk.
-        let reading = stepds.look(&root(&dir), &wanted(&[(7, "0"), (8, "0")]), Instant::now());
+        let reading = stepds.look(root(&dir), &wanted(&[(7, "0"), (8, "0")]), Instant::now());
         assert!(reading.complete && reading.runs(7, Some("0")) && !reading.runs(8, None));
         // The slurmstepd ends: checked again, it is gone, and its step with it.
         fs::write(dir.path().join("10/cmdline"), b"").unwrap();
-        let reading = stepds.look(&root(&dir), &wanted(&[(7, "0")]), soon());
+        let reading = stepds.look(root(&dir), &wanted(&[(7, "0")]), soon());
         assert!(reading.complete && !reading.runs(7, None));
         // A job whose cgroup names no step, found without a slurmstepd, is remembered as
         // ended too: the next look past its deadline needs no walk.
-        assert!(stepds.look(&root(&dir), &[(11, None)], soon()).complete);
-        let reading = stepds.look(&root(&dir), &[(11, None)], Instant::now());
+        assert!(stepds.look(root(&dir), &[(11, None)], soon()).complete);
+        let reading = stepds.look(root(&dir), &[(11, None)], Instant::now());
         assert!(reading.complete && !reading.runs(11, None));
         // A step never seen needs a walk: one past its deadline is incomplete.
-        let reading = stepds.look(&root(&dir), &wanted(&[(9, "batch")]), Instant::now());
+        let reading = stepds.look(root(&dir), &wanted(&[(9, "batch")]), Instant::now());
         assert!(!reading.complete);
     }
 
     #[test]
     fn a_missing_procfs_is_incomplete() {
         let reading = Slurmstepds::default().look(
-            &ProcRoot {
-                root: "/nonexistent/proc".into(),
-                device_prefix: Vec::new(),
-            },
+            Path::new("/nonexistent/proc"),
             &wanted(&[(7, "0")]),
             soon(),
         );
