@@ -302,12 +302,12 @@ pub fn judge_owner(
     process: &NvmlProcess,
     lookup: Option<&OwnerLookup>,
     minor: Option<u32>,
-    frame: &Frame,
+    lens: &ProcessLens,
 ) -> Owner {
     let first_seen = lookup.and_then(|lookup| lookup.first_seen.clone());
     Owner {
         pid: process.pid,
-        standing: standing(process, lookup, minor, frame),
+        standing: standing(process, lookup, minor, lens),
         used_bytes: process.used_bytes,
         first_seen,
         lists: process.lists,
@@ -318,7 +318,7 @@ fn standing(
     process: &NvmlProcess,
     lookup: Option<&OwnerLookup>,
     minor: Option<u32>,
-    frame: &Frame,
+    lens: &ProcessLens,
 ) -> Standing {
     let Some(lookup) = lookup else {
         return Standing::Gone(WhyGone::Exited);
@@ -342,7 +342,7 @@ fn standing(
         .is_none_or(|first| first.start_time_ticks == facts.start_time_ticks);
     if exiting(facts) {
         return if same_process {
-            Standing::Exiting(Box::new(Process::new(facts, frame)))
+            Standing::Exiting(Box::new(Process::new(facts, lens)))
         } else {
             Standing::Gone(WhyGone::Exited)
         };
@@ -361,11 +361,11 @@ fn standing(
         // is not the process first seen under it (the first exited and freed its memory,
         // and a new CUDA process got the number before a scrape saw the gap).
         (Context::Here, _) | (Context::Unprovable, true) => {
-            Standing::Live(Box::new(Process::new(facts, frame)))
+            Standing::Live(Box::new(Process::new(facts, lens)))
         }
         (Context::Absent | Context::Unprovable, _) | (Context::Unknown(_), false) => {
             Standing::Gone(WhyGone::Reused {
-                by: Box::new(Process::new(facts, frame)),
+                by: Box::new(Process::new(facts, lens)),
             })
         }
         (Context::Unknown(why), true) => Standing::Unknown(why),
@@ -399,7 +399,7 @@ fn exiting(facts: &ProcessFacts) -> bool {
 /// clock ticks after boot become dates, the procfs's PIDs become ours, cgroups become
 /// named containers and Slurm jobs that run or have ended.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Frame<'a> {
+pub struct ProcessLens<'a> {
     /// When the host booted, in seconds since the Unix epoch.
     pub boot_time_unix_seconds: Option<u64>,
     /// Clock ticks per second of start times.
@@ -412,7 +412,7 @@ pub struct Frame<'a> {
     pub containers: Option<&'a ContainersReading>,
 }
 
-impl Frame<'_> {
+impl ProcessLens<'_> {
     /// When a process that started `ticks` after boot started, in seconds since the epoch.
     pub fn started(&self, ticks: u64) -> Option<u64> {
         let boot = self.boot_time_unix_seconds?;

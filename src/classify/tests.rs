@@ -4,7 +4,7 @@
 use super::fixtures::*;
 use super::*;
 use crate::observe::{
-    GpuHealth, NvmlLists, ProcessLookup, RecoveryAction, References, SlurmReading,
+    GpuHealth, NvmlLists, ProcessFacts, ProcessLookup, RecoveryAction, References, SlurmReading,
 };
 
 // Owners: identity and context.
