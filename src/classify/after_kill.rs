@@ -10,7 +10,10 @@
 //! meant to run alone has: a worker spawned by Python's `multiprocessing`, or a member
 //! of a shell job, whose group's leader has exited and whose parent adopted it.
 
-use super::{JobState, Leader, Owner, Process, ProcessLens, ProcessState, Started};
+use super::owners::Owner;
+use super::process::{Process, ProcessLens, ProcessState, Started};
+use super::slurm::JobState;
+use crate::observe::Leader;
 use serde::Serialize;
 
 /// How long a kill may wait in uninterruptible sleep before it is called stuck: past it,

@@ -20,36 +20,37 @@ mod process;
 mod remedy;
 mod report;
 mod sentence;
+mod settings;
 pub(crate) mod slurm;
 mod suspects;
 #[cfg(test)]
 mod tests;
+mod verdict;
 
-use account::{account_for_gpu, AccountScope};
-pub use account::{Finding, GpuAccount, OrphanReason, StateTally, UnattributedTrust};
+use account::{account_for_gpu, AccountScope, HostContext};
 pub use after_kill::{
     killed_stuck, Clue, KilledStuck, LeftBehindOwner, Parent, Seen, KILL_STUCK_SECONDS,
 };
 pub use exporter_process::{exporter_process, ExporterProcess};
-pub use notes::Note;
 pub use owners::{
-    judge_owner, GoneReason, Owner, OwnerState, ProcessLens, Standing, Started, StateQualifier,
-    WhyGone, WhyUnknown,
+    judge_owner, GoneReason, Owner, OwnerState, Standing, StateQualifier, WhyGone, WhyUnknown,
 };
-pub use process::{Process, ProcessState};
-pub use remedy::{Blindness, KillTarget, LookAgain, Remedy};
+pub use process::{KillTarget, Process, ProcessLens, ProcessState, Started};
 pub use report::{
     orphaned_bytes_of, AssignedPod, CheckStatus, GpuOutcome, GpuVerdict, Health, InstanceVerdict,
     MigMode, NvmlStatus, Report, ScanSummary, Written,
 };
 pub use sentence::{ChargedTo, Departure, Sentence};
+pub use settings::Settings;
 use suspects::Within;
 pub use suspects::{Evidence, Role, Suspect};
-
-use crate::observe::{
-    GpuHealth, GpuReading, GpuState, NvmlProcess, NvmlReading, Observation, ProcessList,
+pub use verdict::{
+    Blindness, Finding, GpuAccount, JobToCancel, LeftBehind, LookAgain, Note, OrphanReason, Remedy,
+    StateTally, UnattributedTrust,
 };
-use std::collections::{BTreeMap, BTreeSet};
+
+use crate::observe::{GpuReading, GpuState, NvmlProcess, NvmlReading, Observation, ProcessList};
+use std::collections::BTreeMap;
 
 // What the verdict carries of the observation, named here so that the renderers need
 // nothing from `observe`.
@@ -63,64 +64,7 @@ pub use crate::observe::{
     Relative, RemappedRows, RetiredPages, StuckCall, StuckRead, XidReading,
 };
 pub use pods::{GpuPod, KubernetesView, PodName};
-pub use slurm::{JobState, JobToCancel, LeftBehind, SlurmJob};
-
-/// Tunables of the classification.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    /// Bytes per listed context that the driver uses without charging any process
-    /// (measured: about 9 MiB per context on an H200); below this, used memory that no
-    /// process is charged for is noise, not an orphan.
-    pub context_overhead_bytes: u64,
-    /// Command names of this site's NVML clients (monitoring agents), besides the
-    /// built-in ones: a label for bystanders, never a reason to blame or to clear.
-    pub agent_comms: Vec<String>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            context_overhead_bytes: 16 * 1024 * 1024,
-            agent_comms: Vec::new(),
-        }
-    }
-}
-
-impl Settings {
-    /// Whether a command name is a known NVML client's.
-    pub fn is_known_agent(&self, comm: &str) -> bool {
-        MANAGEMENT_AGENTS.contains(&comm) || self.agent_comms.iter().any(|name| name == comm)
-    }
-}
-
-/// NVML clients that hold the same device files as a CUDA process (measured on an H200)
-/// without a context; names as `comm` shows them (15 bytes). Only a label: the rule that
-/// clears them is that they map nothing of the GPU.
-const MANAGEMENT_AGENTS: &[&str] = &[
-    "vram-exporter",
-    "nvidia-persiste",
-    "nv-hostengine",
-    "dcgm-exporter",
-    "dcgmi",
-    "nvidia-smi",
-    "nvidia-powerd",
-    "nvidia-fabricma",
-    "nvidia_gpu_expo",
-    "nvtop",
-];
-
-/// What every GPU's account is judged against: built once per classification, after the
-/// owners of every GPU are judged (a holder of one GPU may be another's owner).
-struct HostContext<'a> {
-    observation: &'a Observation,
-    settings: &'a Settings,
-    lens: &'a ProcessLens<'a>,
-    scan: Option<ScanSummary>,
-    /// NVML index of every GPU each PID (ours) is a live owner of.
-    live_owner_gpus: BTreeMap<u32, Vec<u32>>,
-    /// Every PID NVML lists on some GPU or MIG device.
-    listed: BTreeSet<u32>,
-}
+pub use slurm::{JobState, SlurmJob};
 
 /// Classify a whole observation.
 pub fn classify(observation: &Observation, settings: &Settings) -> Report {
@@ -160,7 +104,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         .as_ref()
         .map(|kubernetes| pods::kubernetes_view(kubernetes, &observation.nvml));
     if let Some(view) = &kubernetes {
-        pods::name_pods(&mut gpus, view);
+        name_pods(&mut gpus, view);
     }
     Report {
         nvml,
@@ -348,4 +292,59 @@ fn judge_owners(
         .iter()
         .map(|process| judge_owner(process, observation.owners.get(&process.pid), minor, lens))
         .collect()
+}
+
+/// Name the pod of every process the verdicts mention, and the pods each GPU is assigned to.
+fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
+    let name = |process: &mut Process| {
+        process.pod = view.pod_of(process.cgroup.pod_uid.as_deref()).cloned();
+    };
+    for gpu in gpus {
+        gpu.assigned_to = view
+            .gpu_pods
+            .iter()
+            .filter(|assigned| assigned.gpu == gpu.index)
+            .map(|assigned| AssignedPod {
+                pod: PodName {
+                    namespace: assigned.namespace.clone(),
+                    name: assigned.pod.clone(),
+                },
+                container: assigned.container.clone(),
+            })
+            .collect();
+        let accounts = std::iter::once(&mut gpu.outcome)
+            .chain(
+                gpu.instances
+                    .iter_mut()
+                    .map(|instance| &mut instance.outcome),
+            )
+            .filter_map(|outcome| match outcome {
+                GpuOutcome::Measured(account) => Some(account),
+                GpuOutcome::Failed { .. } | GpuOutcome::NotAnswering { .. } => None,
+            });
+        for account in accounts {
+            for owner in &mut account.owners {
+                match &mut owner.standing {
+                    Standing::Live(process) | Standing::Gone(WhyGone::Reused { by: process }) => {
+                        name(process)
+                    }
+                    Standing::Exiting(process) => name(process),
+                    Standing::Gone(WhyGone::Exited) | Standing::Unknown(_) => {}
+                }
+            }
+            for suspect in account
+                .culprits
+                .iter_mut()
+                .chain(&mut account.bystanders)
+                .chain(&mut account.undetermined)
+            {
+                name(&mut suspect.process);
+            }
+            for note in &mut account.notes {
+                if let Note::OwnerPidReused { now, .. } = note {
+                    name(now);
+                }
+            }
+        }
+    }
 }

@@ -1,151 +1,26 @@
 //! The facts about a GPU worth a line of their own, decided from a finished account: the
 //! driver's requests, owners in odd states, culprits' circumstances, who is set apart.
 
+use super::owners::{Owner, OwnerState, Standing, WhyGone};
+use super::process::{Process, ProcessState};
 use super::remedy::scan_blindness;
-use super::{
-    slurm, Blindness, CgroupAttribution, GpuAccount, JobState, LeftBehind, Owner, OwnerState,
-    Process, ProcessState, RecoveryAction, ScanSummary, SlurmJob, Standing, UnattributedTrust,
-    WhyGone, WhyUnknown,
-};
-use serde::Serialize;
-
-/// A fact about a GPU worth a line of its own.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "note", rename_all = "snake_case")]
-pub enum Note {
-    /// The driver's recovery action for the GPU is something other than none.
-    DriverAsks {
-        /// What it asks for.
-        action: RecoveryAction,
-    },
-    /// NVML refused a process list (MIG needs privileges for the GPU's aggregate list).
-    ProcessListDenied {
-        /// NVML's words.
-        message: String,
-    },
-    /// NVML's memory figures contradict each other; they were clamped.
-    MemoryInconsistent,
-    /// Unattributed memory that is not called orphaned, and why.
-    UnattributedNotCounted {
-        /// The bytes.
-        bytes: u64,
-        /// Why they are not counted.
-        trust: UnattributedTrust,
-    },
-    /// A live owner is stopped.
-    OwnerStopped {
-        /// Its PID.
-        pid: u32,
-        /// Its command name.
-        comm: String,
-    },
-    /// A live owner is in uninterruptible sleep.
-    OwnerInUninterruptibleSleep {
-        /// Its PID.
-        pid: u32,
-        /// Its command name.
-        comm: String,
-    },
-    /// A live owner's main thread exited while other threads hold the context.
-    OwnerZombieLeader {
-        /// Its PID.
-        pid: u32,
-        /// Its command name.
-        comm: String,
-    },
-    /// An owner cannot be judged.
-    OwnerUnknown {
-        /// Its PID.
-        pid: u32,
-        /// Why.
-        detail: WhyUnknown,
-    },
-    /// An owner's PID names another process now.
-    OwnerPidReused {
-        /// The owner's PID.
-        pid: u32,
-        /// The command name first seen under it, when the exporter saw the owner.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        was: Option<String>,
-        /// The process that has the PID now.
-        now: Box<Process>,
-    },
-    /// NVML cannot report an owner's memory.
-    OwnerUsageUnavailable {
-        /// Its PID.
-        pid: u32,
-        /// Its command name, when alive.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        comm: Option<String>,
-    },
-    /// A live owner outlived its container.
-    OwnerContainerEnded {
-        /// Its PID.
-        pid: u32,
-        /// Its command name.
-        comm: String,
-        /// Its container and pod.
-        #[serde(flatten)]
-        cgroup: CgroupAttribution,
-    },
-    /// More owner notes than a person can read were left out.
-    MoreOwnerNotes {
-        /// How many.
-        count: u64,
-    },
-    /// Culprits were named, but the scan did not see every process: there may be more.
-    MoreHoldersPossible {
-        /// Why.
-        reason: Blindness,
-    },
-    /// Culprits outlived their container: killing again may not free the memory.
-    CulpritsContainerEnded {
-        /// Their PIDs.
-        pids: Vec<u32>,
-    },
-    /// Culprits run in Slurm job steps that have ended, or of which it cannot be told
-    /// whether they run: Slurm will not end them, so they are to be killed.
-    CulpritsLeftBySlurm {
-        /// Each such culprit, with its job.
-        culprits: Vec<LeftBehind>,
-    },
-    /// A live owner runs in a Slurm job step that has ended: Slurm left it behind.
-    OwnerLeftBySlurm {
-        /// Its PID.
-        pid: u32,
-        /// Its command name.
-        comm: String,
-        /// Its job and step.
-        job: SlurmJob,
-    },
-    /// A culprit is in uninterruptible sleep: it dies only when it leaves the driver.
-    CulpritInUninterruptibleSleep,
-    /// A culprit is stopped: SIGKILL still ends it, SIGTERM waits until it is continued.
-    CulpritStopped,
-    /// Processes hold the device file whose mappings could not be read.
-    UndeterminedHolders {
-        /// Their PIDs.
-        pids: Vec<u32>,
-    },
-    /// Processes hold the device file without a context here (the bystanders other than
-    /// the MPS control daemon and server): set apart, never blamed.
-    BystandersNotBlamed {
-        /// Their PIDs, in the order [`GpuAccount::bystanders`] lists them.
-        pids: Vec<u32>,
-    },
-    /// The MPS control daemon and server hold the device file: set apart, never blamed
-    /// for a client's memory (ending either ends MPS for every client).
-    MpsNotBlamed {
-        /// Their PIDs, in the order [`GpuAccount::bystanders`] lists them.
-        pids: Vec<u32>,
-    },
-}
+use super::report::ScanSummary;
+use super::slurm::JobState;
+use super::verdict::{GpuAccount, LeftBehind, Note, UnattributedTrust};
+use crate::observe::RecoveryAction;
 
 /// Most notes about owners one GPU carries; `check --json` still lists every owner.
 const MAX_OWNER_NOTES: usize = 32;
 
-pub(super) fn decide(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Note> {
+pub(super) fn decide(
+    account: &GpuAccount,
+    scan: Option<ScanSummary>,
+    recovery: Option<RecoveryAction>,
+) -> Vec<Note> {
     let mut notes = Vec::new();
+    if let Some(action) = recovery.filter(|action| *action != RecoveryAction::NoneNeeded) {
+        notes.push(Note::DriverAsks { action });
+    }
     if let Some(message) = &account.processes_denied {
         notes.push(Note::ProcessListDenied {
             message: message.clone(),
@@ -217,7 +92,7 @@ pub(super) fn decide(account: &GpuAccount, scan: Option<ScanSummary>) -> Vec<Not
         if !ended.is_empty() {
             notes.push(Note::CulpritsContainerEnded { pids: ended });
         }
-        let left = slurm::left_behind(account.culprits.iter().map(|culprit| &culprit.process));
+        let left = left_by_slurm(account.culprits.iter().map(|culprit| &culprit.process));
         if !left.is_empty() {
             notes.push(Note::CulpritsLeftBySlurm { culprits: left });
         }
@@ -295,4 +170,18 @@ fn owner_note(owner: &Owner) -> Option<Note> {
         }),
         Standing::Exiting(_) | Standing::Gone(WhyGone::Exited) => None,
     }
+}
+
+/// The culprits whose Slurm step has ended, or of which it cannot be told.
+fn left_by_slurm<'a>(culprits: impl IntoIterator<Item = &'a Process>) -> Vec<LeftBehind> {
+    culprits
+        .into_iter()
+        .filter_map(|process| {
+            let job = process.slurm_job.as_ref()?;
+            (job.state != JobState::Running).then(|| LeftBehind {
+                pid: process.pid,
+                job: job.clone(),
+            })
+        })
+        .collect()
 }

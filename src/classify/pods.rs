@@ -3,7 +3,6 @@
 //! container however many time-slicing replicas it got, and pod names by uid. Pure: a
 //! function of the two readings, as the rest of classification is.
 
-use super::{AssignedPod, GpuOutcome, GpuVerdict, Note, Process, Standing, WhyGone};
 pub use crate::observe::kubernetes::PodName;
 use crate::observe::kubernetes::{DeviceAssignment, KubernetesReading, SourceHealth};
 use crate::observe::{GpuReading, NvmlReading};
@@ -127,61 +126,6 @@ fn gpu_of<'a>(
     let index = id.split_once(':').map_or(id, |(gpu, _)| gpu);
     let index: u32 = index.parse().ok()?;
     gpus.iter().find(|gpu| gpu.index == index)
-}
-
-/// Name the pod of every process the verdicts mention, and the pods each GPU is assigned to.
-pub(super) fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
-    let name = |process: &mut Process| {
-        process.pod = view.pod_of(process.cgroup.pod_uid.as_deref()).cloned();
-    };
-    for gpu in gpus {
-        gpu.assigned_to = view
-            .gpu_pods
-            .iter()
-            .filter(|assigned| assigned.gpu == gpu.index)
-            .map(|assigned| AssignedPod {
-                pod: PodName {
-                    namespace: assigned.namespace.clone(),
-                    name: assigned.pod.clone(),
-                },
-                container: assigned.container.clone(),
-            })
-            .collect();
-        let accounts = std::iter::once(&mut gpu.outcome)
-            .chain(
-                gpu.instances
-                    .iter_mut()
-                    .map(|instance| &mut instance.outcome),
-            )
-            .filter_map(|outcome| match outcome {
-                GpuOutcome::Measured(account) => Some(account),
-                GpuOutcome::Failed { .. } | GpuOutcome::NotAnswering { .. } => None,
-            });
-        for account in accounts {
-            for owner in &mut account.owners {
-                match &mut owner.standing {
-                    Standing::Live(process) | Standing::Gone(WhyGone::Reused { by: process }) => {
-                        name(process)
-                    }
-                    Standing::Exiting(process) => name(process),
-                    Standing::Gone(WhyGone::Exited) | Standing::Unknown(_) => {}
-                }
-            }
-            for suspect in account
-                .culprits
-                .iter_mut()
-                .chain(&mut account.bystanders)
-                .chain(&mut account.undetermined)
-            {
-                name(&mut suspect.process);
-            }
-            for note in &mut account.notes {
-                if let Note::OwnerPidReused { now, .. } = note {
-                    name(now);
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,15 @@
 //! A process as the verdict names it: its state in `ps`'s words and everything read of
-//! it, with its start time so that a PID is never taken for another process.
+//! it, with its start time so that a PID is never taken for another process; the lens
+//! through which its raw numbers read (dates, PIDs, containers, jobs); and a process to
+//! end, by identity.
 
-use super::{
-    CgroupAttribution, ContainerName, Lineage, NamespaceInit, OwnerState, PodName, ProcessLens,
-    ProcfsView, References, SlurmJob, Started,
+use super::slurm::SlurmJob;
+use crate::observe::containers::ContainerName;
+use crate::observe::containers::ContainersReading;
+use crate::observe::kubernetes::PodName;
+use crate::observe::{
+    CgroupAttribution, Lineage, NamespaceInit, ProcessFacts, ProcfsView, References, SlurmReading,
 };
-use crate::observe::ProcessFacts;
 use serde::Serialize;
 
 /// A process's state as `ps` names it; [`ProcessState::owner_state`] is the coarser
@@ -57,19 +61,6 @@ impl ProcessState {
             ProcessState::DiskSleep => "in uninterruptible sleep",
             ProcessState::Zombie => "zombie",
             ProcessState::Dead => "dead",
-        }
-    }
-
-    /// The coarse state of the `state` label: running covers running, sleeping and idle.
-    pub fn owner_state(self) -> OwnerState {
-        match self {
-            ProcessState::Running | ProcessState::Sleeping | ProcessState::Idle => {
-                OwnerState::Running
-            }
-            ProcessState::Stopped | ProcessState::TracingStop => OwnerState::Stopped,
-            ProcessState::DiskSleep => OwnerState::Uninterruptible,
-            ProcessState::Zombie => OwnerState::Zombie,
-            ProcessState::Dead => OwnerState::Gone,
         }
     }
 }
@@ -211,5 +202,88 @@ impl Process {
     /// Killed, and the kill waits: a SIGKILL pending in uninterruptible sleep.
     pub fn killed(&self) -> bool {
         self.state == ProcessState::DiskSleep && self.kill_pending_since_unix_seconds.is_some()
+    }
+}
+
+/// How the observation's raw numbers read where the verdict is given: start times in
+/// clock ticks after boot become dates, the procfs's PIDs become ours, cgroups become
+/// named containers and Slurm jobs that run or have ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProcessLens<'a> {
+    /// When the host booted, in seconds since the Unix epoch.
+    pub boot_time_unix_seconds: Option<u64>,
+    /// Clock ticks per second of start times.
+    pub ticks_per_second: u64,
+    /// Whether the procfs read shows our PID namespace.
+    pub procfs_view: ProcfsView,
+    /// The Slurm job steps that run, when they were looked for.
+    pub slurm: Option<&'a SlurmReading>,
+    /// The names the container engines gave containers, when they are watched.
+    pub containers: Option<&'a ContainersReading>,
+}
+
+impl ProcessLens<'_> {
+    /// When a process that started `ticks` after boot started, in seconds since the epoch.
+    pub fn started(&self, ticks: u64) -> Option<u64> {
+        let boot = self.boot_time_unix_seconds?;
+        Some(boot + ticks / self.ticks_per_second.max(1))
+    }
+
+    /// When a process that started `ticks` after boot started, as a person reads it: a
+    /// date when the boot time is known, else the seconds after boot (clock ticks are
+    /// the kernel's unit, not a person's).
+    pub fn start(&self, ticks: u64) -> Started {
+        match self.started(ticks) {
+            Some(unix_seconds) => Started::At { unix_seconds },
+            None => Started::AfterBoot {
+                seconds: ticks / self.ticks_per_second.max(1),
+            },
+        }
+    }
+}
+
+/// When a process started, as the verdict says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    /// At this time, in seconds since the Unix epoch.
+    At {
+        /// Seconds since the Unix epoch.
+        unix_seconds: u64,
+    },
+    /// This many seconds after the host booted: the observation has no boot time (a
+    /// snapshot recorded without it).
+    AfterBoot {
+        /// Whole seconds after boot.
+        seconds: u64,
+    },
+}
+
+/// A culprit to end, by identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KillTarget {
+    /// Its PID here.
+    pub pid: u32,
+    /// Its start time in clock ticks after boot: a PID names it only with this.
+    pub start_time_ticks: u64,
+    /// When it started, in seconds since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_unix_seconds: Option<u64>,
+    /// When it started, as the verdict says it (JSON has both figures above).
+    #[serde(skip)]
+    pub started: Started,
+    /// Command name.
+    pub comm: String,
+}
+
+impl KillTarget {
+    /// A process to end, by identity.
+    pub fn of(process: &Process) -> KillTarget {
+        KillTarget {
+            pid: process.pid,
+            start_time_ticks: process.start_time_ticks,
+            started_unix_seconds: process.started_unix_seconds,
+            started: process.started,
+            comm: process.comm.clone(),
+        }
     }
 }

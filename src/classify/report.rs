@@ -1,10 +1,15 @@
 //! The verdict for the whole host and for each GPU and MIG instance in it, and what
 //! `check` and the written files report of it.
 
-use super::{
-    Engine, EngineHealth, ExporterProcess, Finding, GpuAccount, GpuError, GpuHealth,
-    KubernetesView, NvmlFailure, OwnerState, PodName, ProcfsView, RecoveryAction, RemappedRows,
-    RetiredPages, StuckCall, StuckRead, XidReading,
+use super::exporter_process::ExporterProcess;
+use super::owners::OwnerState;
+use super::pods::KubernetesView;
+use super::verdict::{Finding, GpuAccount};
+use crate::observe::containers::{Engine, EngineHealth};
+use crate::observe::kubernetes::PodName;
+use crate::observe::{
+    GpuError, GpuHealth, NvmlFailure, ProcfsView, RecoveryAction, RemappedRows, RetiredPages,
+    StuckCall, StuckRead, XidReading,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -5,7 +5,9 @@
 //! control daemon and server are bystanders whatever they map (see `mps`).
 
 use super::mps::{MpsPart, MPS_COMM};
-use super::{Owner, Process, ProcessLens, Settings};
+use super::owners::Owner;
+use super::process::{Process, ProcessLens};
+use super::settings::Settings;
 use crate::observe::{NarrowAccess, ProcessFacts, ProcfsView, References};
 use serde::Serialize;
 use std::collections::BTreeMap;
