@@ -10,7 +10,9 @@ use super::process::ProcessLens;
 use super::report::ScanSummary;
 use super::settings::Settings;
 use super::suspects::{self, HolderSearch, Role, Within};
-use super::verdict::{capacity, Finding, GpuAccount, Remedy, StateTally, UnattributedTrust};
+use super::verdict::{
+    capacity, Finding, GpuAccount, Remedy, StateTally, Suggestion, UnattributedTrust,
+};
 use super::{notes, remedy};
 use crate::observe::{MemoryReading, Observation, RecoveryAction};
 use std::collections::{BTreeMap, BTreeSet};
@@ -147,6 +149,7 @@ pub(super) fn account_for_gpu(
         processes_denied: scope.denied.clone(),
         finding: Finding::Idle,
         remedy: Remedy::None,
+        suggestion: Suggestion::default(),
         notes: Vec::new(),
         owners,
     };
@@ -188,6 +191,7 @@ pub(super) fn account_for_gpu(
         .collect();
     account.finding = finding(&account);
     account.remedy = remedy::decide(&account, host.scan, scope.recovery, taken_at);
+    account.suggestion = remedy::suggest(&account, scope.index);
     account.notes = notes::decide(&account, host.scan, scope.recovery);
     account
 }

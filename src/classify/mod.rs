@@ -35,7 +35,7 @@ pub use exporter_process::{exporter_process, ExporterProcess};
 pub use owners::{
     judge_owner, GoneReason, Owner, OwnerState, Standing, StateQualifier, WhyGone, WhyUnknown,
 };
-pub use process::{KillTarget, Process, ProcessLens, ProcessState, Started};
+pub use process::{Ended, KillTarget, Process, ProcessLens, ProcessState, Started};
 pub use report::{
     orphaned_bytes_of, AssignedPod, CheckStatus, GpuOutcome, GpuVerdict, Health, InstanceVerdict,
     MigMode, NvmlStatus, Report, ScanSummary, Written,
@@ -45,8 +45,8 @@ pub use settings::Settings;
 use suspects::Within;
 pub use suspects::{Evidence, Role, Suspect};
 pub use verdict::{
-    Blindness, Finding, GpuAccount, JobToCancel, LeftBehind, LookAgain, Note, OrphanReason, Remedy,
-    StateTally, UnattributedTrust,
+    Advice, Blindness, Command, Finding, GpuAccount, JobToCancel, LeftBehind, LookAgain,
+    NotCounted, Note, OrphanReason, Remedy, StateTally, Suggestion, UnattributedTrust,
 };
 
 use crate::observe::{GpuReading, GpuState, NvmlProcess, NvmlReading, Observation, ProcessList};
@@ -64,7 +64,7 @@ pub use crate::observe::{
     Relative, RemappedRows, RetiredPages, StuckCall, StuckRead, XidReading,
 };
 pub use pods::{GpuPod, KubernetesView, PodName};
-pub use slurm::{JobState, SlurmJob};
+pub use slurm::{JobState, LeftBySlurm, SlurmEnded, SlurmJob};
 
 /// Classify a whole observation.
 pub fn classify(observation: &Observation, settings: &Settings) -> Report {

@@ -5,8 +5,8 @@ use super::owners::{Owner, OwnerState, Standing, WhyGone};
 use super::process::{Process, ProcessState};
 use super::remedy::scan_blindness;
 use super::report::ScanSummary;
-use super::slurm::JobState;
-use super::verdict::{GpuAccount, LeftBehind, Note, UnattributedTrust};
+use super::slurm::LeftBySlurm;
+use super::verdict::{GpuAccount, LeftBehind, NotCounted, Note};
 use crate::observe::RecoveryAction;
 
 /// Most notes about owners one GPU carries; `check --json` still lists every owner.
@@ -29,17 +29,13 @@ pub(super) fn decide(
     if account.memory_inconsistent {
         notes.push(Note::MemoryInconsistent);
     }
-    if account.unattributed_bytes > 0
-        && matches!(
-            account.unattributed_trust,
-            UnattributedTrust::Blind
-                | UnattributedTrust::OwnersUncertain
-                | UnattributedTrust::OsManaged
-        )
-    {
+    if let (true, Some(trust)) = (
+        account.unattributed_bytes > 0,
+        NotCounted::of(account.unattributed_trust),
+    ) {
         notes.push(Note::UnattributedNotCounted {
             bytes: account.unattributed_bytes,
-            trust: account.unattributed_trust,
+            trust,
         });
     }
     let mut owner_notes = Vec::new();
@@ -62,13 +58,16 @@ pub(super) fn decide(
         }
         let left_by_slurm = owner.process().and_then(|process| {
             let job = process.slurm_job.as_ref()?;
-            matches!(job.state, JobState::StepEnded | JobState::Ended).then(|| {
-                Note::OwnerLeftBySlurm {
+            match job.left_by_slurm()? {
+                LeftBySlurm::Ended(ended) => Some(Note::OwnerLeftBySlurm {
                     pid: owner.pid,
                     comm: process.comm.clone(),
                     job: job.clone(),
-                }
-            })
+                    ended,
+                }),
+                // An owner's step that may still run is Slurm's to end: no note.
+                LeftBySlurm::Unknown => None,
+            }
         });
         owner_notes.extend(left_by_slurm);
     }
@@ -178,9 +177,10 @@ fn left_by_slurm<'a>(culprits: impl IntoIterator<Item = &'a Process>) -> Vec<Lef
         .into_iter()
         .filter_map(|process| {
             let job = process.slurm_job.as_ref()?;
-            (job.state != JobState::Running).then(|| LeftBehind {
+            Some(LeftBehind {
                 pid: process.pid,
                 job: job.clone(),
+                why: job.left_by_slurm()?,
             })
         })
         .collect()

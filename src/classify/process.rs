@@ -199,10 +199,29 @@ impl Process {
         NamespaceInit::exited(self.pid_namespace_init)
     }
 
+    /// What ended around it when its PID namespace's PID 1 exited: its container, or a
+    /// PID namespace that no container id names; `None` while it has not.
+    pub fn ended(&self) -> Option<Ended> {
+        self.container_ended()
+            .then_some(match self.cgroup.container_id {
+                Some(_) => Ended::Container,
+                None => Ended::PidNamespace,
+            })
+    }
+
     /// Killed, and the kill waits: a SIGKILL pending in uninterruptible sleep.
     pub fn killed(&self) -> bool {
         self.state == ProcessState::DiskSleep && self.kill_pending_since_unix_seconds.is_some()
     }
+}
+
+/// What ended around a process that outlived its PID namespace's PID 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Its container (its cgroup names one).
+    Container,
+    /// A PID namespace no container id names.
+    PidNamespace,
 }
 
 /// How the observation's raw numbers read where the verdict is given: start times in

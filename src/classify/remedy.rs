@@ -7,7 +7,9 @@ use super::process::{KillTarget, Process};
 use super::report::ScanSummary;
 use super::slurm::JobState;
 use super::suspects::Evidence;
-use super::verdict::{Blindness, Finding, GpuAccount, JobToCancel, Remedy};
+use super::verdict::{
+    Advice, Blindness, Command, Finding, GpuAccount, JobToCancel, LookAgain, Remedy, Suggestion,
+};
 use crate::observe::RecoveryAction;
 
 /// What gives orphaned memory back, in order: end the culprits; say "cannot tell" when
@@ -108,6 +110,137 @@ pub(super) fn decide(
             .iter()
             .map(|bystander| bystander.process.pid)
             .collect(),
+    }
+}
+
+/// Seconds the look after a kill or an MPS restart waits for the memory to be freed.
+const AFTER_ACTING_WAIT_SECONDS: u64 = 30;
+/// Seconds the look waits for a kill that waits in the driver, or after stopping owners.
+const STUCK_WAIT_SECONDS: u64 = 60;
+/// Seconds the look waits for memory the driver is freeing (0.13-0.18 s after a SIGKILL
+/// on an H200).
+const FREEING_WAIT_SECONDS: u64 = 5;
+
+/// The remedy as a person acts on it on GPU `gpu` (a MIG instance's GPU for its own
+/// account): which way the verdict says it, the commands, and the look that tells
+/// whether they worked, with how long it waits.
+pub(super) fn suggest(account: &GpuAccount, gpu: u32) -> Suggestion {
+    let look = |seconds: u64| Command::look(gpu, Some(seconds), false);
+    let pids = |targets: &[KillTarget]| targets.iter().map(|target| target.pid).collect::<Vec<_>>();
+    // Culprits are named only where memory is orphaned; a kill that waits is theirs then,
+    // else the owners'.
+    let culprits_named = !account.culprits.is_empty();
+    let (advice, commands, then, wait) = match &account.remedy {
+        Remedy::None => (Advice::None, vec![], None, None),
+        Remedy::Kill { targets } => (
+            Advice::Kill {
+                targets: targets.clone(),
+            },
+            vec![Command::kill(pids(targets))],
+            Some(look(AFTER_ACTING_WAIT_SECONDS)),
+            Some(AFTER_ACTING_WAIT_SECONDS),
+        ),
+        Remedy::CancelJobs { jobs, targets } => {
+            let mut commands = vec![Command::scancel(jobs.iter().map(|job| job.job_id))];
+            if !targets.is_empty() {
+                commands.push(Command::kill(pids(targets)));
+            }
+            (
+                Advice::CancelJobs {
+                    jobs: jobs.clone(),
+                    targets: targets.clone(),
+                },
+                commands,
+                Some(look(AFTER_ACTING_WAIT_SECONDS)),
+                Some(AFTER_ACTING_WAIT_SECONDS),
+            )
+        }
+        Remedy::Wait => {
+            let (advice, seconds) = if account.finding == Finding::BeingFreed {
+                (Advice::WaitWhileFreed, FREEING_WAIT_SECONDS)
+            } else if culprits_named {
+                (Advice::WaitForKilledCulprits, STUCK_WAIT_SECONDS)
+            } else {
+                (Advice::WaitForKilledOwners, STUCK_WAIT_SECONDS)
+            };
+            (advice, vec![look(seconds)], None, Some(seconds))
+        }
+        Remedy::KillLeftBehind { targets } => (
+            Advice::KillLeftBehind {
+                targets: targets.clone(),
+            },
+            vec![Command::kill(pids(targets))],
+            Some(look(AFTER_ACTING_WAIT_SECONDS)),
+            Some(AFTER_ACTING_WAIT_SECONDS),
+        ),
+        Remedy::ResetOrReboot { stuck } => {
+            let stuck = stuck.clone();
+            let advice = if culprits_named {
+                Advice::ResetOrRebootForCulprits { stuck }
+            } else {
+                Advice::ResetOrRebootForOwners { stuck }
+            };
+            (advice, vec![Command::reset_gpu(gpu)], None, None)
+        }
+        Remedy::RestartMps {
+            servers,
+            daemons,
+            clients,
+        } => (
+            Advice::RestartMps {
+                servers: servers.clone(),
+                daemons: daemons.clone(),
+                clients: clients.clone(),
+            },
+            vec![Command::quit_mps(), Command::start_mps()],
+            Some(look(AFTER_ACTING_WAIT_SECONDS)),
+            Some(AFTER_ACTING_WAIT_SECONDS),
+        ),
+        Remedy::StopOwners { pids } => (
+            Advice::StopOwners { pids: pids.clone() },
+            vec![],
+            Some(look(STUCK_WAIT_SECONDS)),
+            Some(STUCK_WAIT_SECONDS),
+        ),
+        Remedy::ResetGpu { blockers } if blockers.is_empty() => (
+            Advice::ResetUnheld,
+            vec![Command::reset_gpu(gpu)],
+            None,
+            None,
+        ),
+        Remedy::ResetGpu { blockers } => (
+            Advice::ResetOnceClientsStop {
+                blockers: blockers.clone(),
+            },
+            vec![Command::reset_gpu(gpu)],
+            None,
+            None,
+        ),
+        Remedy::Reboot => (Advice::Reboot, vec![Command::reboot()], None, None),
+        Remedy::CannotTell {
+            reason: reason @ Blindness::WorkersNotVisible,
+        } => (
+            Advice::WorkersUnreachable { reason: *reason },
+            vec![],
+            None,
+            None,
+        ),
+        Remedy::CannotTell { reason } => (
+            Advice::CannotTell { reason: *reason },
+            reason
+                .look_again()
+                .map(|how| Command::look(gpu, None, how == LookAgain::AsRoot))
+                .into_iter()
+                .collect(),
+            None,
+            None,
+        ),
+    };
+    Suggestion {
+        advice,
+        commands,
+        then,
+        wait_seconds: wait,
     }
 }
 

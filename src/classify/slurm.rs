@@ -80,6 +80,37 @@ impl SlurmJob {
     }
 }
 
+/// What of a Slurm job has ended, where Slurm will no longer end a process of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlurmEnded {
+    /// The whole job, on this node.
+    Job,
+    /// The process's step, while the job runs on.
+    Step,
+}
+
+/// Why Slurm will not end a process of its job, where it may not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeftBySlurm {
+    /// Its job or step has ended: Slurm no longer tracks it.
+    Ended(SlurmEnded),
+    /// Whether Slurm still runs its step cannot be told.
+    Unknown,
+}
+
+impl SlurmJob {
+    /// Why Slurm will not end this job's process; `None` while its step runs, when
+    /// cancelling the job ends it.
+    pub fn left_by_slurm(&self) -> Option<LeftBySlurm> {
+        match self.state {
+            JobState::Running => None,
+            JobState::StepEnded => Some(LeftBySlurm::Ended(SlurmEnded::Step)),
+            JobState::Ended => Some(LeftBySlurm::Ended(SlurmEnded::Job)),
+            JobState::Unknown => Some(LeftBySlurm::Unknown),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

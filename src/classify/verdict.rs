@@ -5,7 +5,7 @@
 use super::after_kill::LeftBehindOwner;
 use super::owners::{GoneReason, Owner, OwnerState, WhyUnknown};
 use super::process::{KillTarget, Process};
-use super::slurm::SlurmJob;
+use super::slurm::{LeftBySlurm, SlurmEnded, SlurmJob};
 use super::suspects::{Role, Suspect};
 use crate::observe::{CgroupAttribution, MemoryReading, RecoveryAction};
 use serde::Serialize;
@@ -142,6 +142,9 @@ pub struct GpuAccount {
     pub finding: Finding,
     /// What would give orphaned memory back.
     pub remedy: Remedy,
+    /// The remedy as a person acts on it: how the verdict says it, and the commands.
+    #[serde(skip)]
+    pub suggestion: Suggestion,
     /// Facts worth a line each.
     pub notes: Vec<Note>,
 }
@@ -399,7 +402,7 @@ pub enum Note {
         /// The bytes.
         bytes: u64,
         /// Why they are not counted.
-        trust: UnattributedTrust,
+        trust: NotCounted,
     },
     /// A live owner is stopped.
     OwnerStopped {
@@ -486,6 +489,9 @@ pub enum Note {
         comm: String,
         /// Its job and step.
         job: SlurmJob,
+        /// What of the job has ended.
+        #[serde(skip)]
+        ended: SlurmEnded,
     },
     /// A culprit is in uninterruptible sleep: it dies only when it leaves the driver.
     CulpritInUninterruptibleSleep,
@@ -517,4 +523,208 @@ pub struct LeftBehind {
     pub pid: u32,
     /// Its job and step, and whether the job runs.
     pub job: SlurmJob,
+    /// Why Slurm will not end it.
+    #[serde(skip)]
+    pub why: LeftBySlurm,
+}
+
+/// Unattributed memory that is not called orphaned, by why not (the `trust` of the note;
+/// the cases where the remainder is counted, or is no measurement, have notes of their
+/// own or none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotCounted {
+    /// Not in the host PID namespace: NVML hides foreign processes.
+    Blind,
+    /// An owner's usage or state cannot be told: the remainder may be that owner's.
+    OwnersUncertain,
+    /// The operating system manages the GPU's memory.
+    OsManaged,
+}
+
+impl NotCounted {
+    /// Why `trust` leaves unattributed memory uncounted, where a note says so.
+    pub(super) fn of(trust: UnattributedTrust) -> Option<NotCounted> {
+        match trust {
+            UnattributedTrust::Blind => Some(NotCounted::Blind),
+            UnattributedTrust::OwnersUncertain => Some(NotCounted::OwnersUncertain),
+            UnattributedTrust::OsManaged => Some(NotCounted::OsManaged),
+            UnattributedTrust::Counted | UnattributedTrust::Inconsistent => None,
+        }
+    }
+}
+
+/// The remedy as a person acts on it: which way the verdict says it (the case, with the
+/// facts it names) and the commands to run, as data. Decided in `remedy.rs`; the
+/// renderers put each case into fixed words and print the commands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Suggestion {
+    /// Which way the verdict says the remedy.
+    #[serde(skip)]
+    pub advice: Advice,
+    /// The commands, in the order to run them; empty when none would help.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<Command>,
+    /// The look that tells whether they worked, when one follows them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub then: Option<Command>,
+    /// Seconds the suggested look waits for the memory to be freed, when it waits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_seconds: Option<u64>,
+}
+
+impl Suggestion {
+    /// Whether there is anything to run.
+    pub fn is_empty(&self) -> bool {
+        self.commands.is_empty() && self.then.is_none()
+    }
+}
+
+/// Which way the verdict says its remedy: one case per way, each with the facts it
+/// names. [`Remedy`] is the same decision as scripts read it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Advice {
+    /// Nothing to do, or to suggest.
+    #[default]
+    None,
+    /// End the culprits.
+    Kill {
+        /// The culprits, in PID order.
+        targets: Vec<KillTarget>,
+    },
+    /// Cancel the Slurm jobs whose steps hold the memory, and kill the other culprits.
+    CancelJobs {
+        /// The jobs, each with its culprits.
+        jobs: Vec<JobToCancel>,
+        /// The other culprits.
+        targets: Vec<KillTarget>,
+    },
+    /// End the workers a server left behind.
+    KillLeftBehind {
+        /// The workers, in PID order.
+        targets: Vec<KillTarget>,
+    },
+    /// The culprits were killed and their kill waits in the driver: wait, and look again.
+    WaitForKilledCulprits,
+    /// Owners were killed and their kill waits in the driver: wait, and look again.
+    WaitForKilledOwners,
+    /// Owners are exiting and the driver is freeing their memory: look again shortly.
+    WaitWhileFreed,
+    /// The culprits were killed and have waited in the driver past hope.
+    ResetOrRebootForCulprits {
+        /// The stuck culprits.
+        stuck: Vec<KillTarget>,
+    },
+    /// Owners were killed and have waited in the driver past hope.
+    ResetOrRebootForOwners {
+        /// The stuck owners.
+        stuck: Vec<KillTarget>,
+    },
+    /// Only restarting MPS frees a dead client's memory that its server holds.
+    RestartMps {
+        /// The MPS servers.
+        servers: Vec<u32>,
+        /// Their control daemons.
+        daemons: Vec<u32>,
+        /// The live clients the restart ends too.
+        clients: Vec<u32>,
+    },
+    /// Stopping the live owners may free it.
+    StopOwners {
+        /// The live owners.
+        pids: Vec<u32>,
+    },
+    /// No process holds the device file: only a GPU reset frees it.
+    ResetUnheld,
+    /// Only NVML clients hold the device file: a GPU reset, once they are stopped.
+    ResetOnceClientsStop {
+        /// The NVML clients.
+        blockers: Vec<u32>,
+    },
+    /// The driver asks for a reboot.
+    Reboot,
+    /// The left-behind workers cannot be reached from here: no kill is suggested.
+    WorkersUnreachable {
+        /// Why.
+        reason: Blindness,
+    },
+    /// Which process holds the memory cannot be told.
+    CannotTell {
+        /// Why.
+        reason: Blindness,
+    },
+}
+
+/// A command the exporter suggests and never runs, as a script would run it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Command {
+    /// The program.
+    pub program: &'static str,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// What it reads on standard input, when it reads a command there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<&'static str>,
+}
+
+impl Command {
+    fn new(program: &'static str, args: impl IntoIterator<Item = String>) -> Command {
+        Command {
+            program,
+            args: args.into_iter().collect(),
+            stdin: None,
+        }
+    }
+
+    /// `kill PID...`
+    pub(super) fn kill(pids: impl IntoIterator<Item = u32>) -> Command {
+        Command::new("kill", pids.into_iter().map(|pid| pid.to_string()))
+    }
+
+    /// `scancel JOB...`
+    pub(super) fn scancel(jobs: impl IntoIterator<Item = u64>) -> Command {
+        Command::new("scancel", jobs.into_iter().map(|job| job.to_string()))
+    }
+
+    /// `vram-exporter check --gpu INDEX [--wait SECONDSs]`, as root where `as_root`.
+    pub(super) fn look(gpu: u32, wait_seconds: Option<u64>, as_root: bool) -> Command {
+        let mut args = vec!["check".to_string(), "--gpu".to_string(), gpu.to_string()];
+        if let Some(seconds) = wait_seconds {
+            args.extend(["--wait".to_string(), format!("{seconds}s")]);
+        }
+        if as_root {
+            Command::new(
+                "sudo",
+                std::iter::once("vram-exporter".to_string()).chain(args),
+            )
+        } else {
+            Command::new("vram-exporter", args)
+        }
+    }
+
+    /// `nvidia-smi --gpu-reset -i INDEX`
+    pub(super) fn reset_gpu(gpu: u32) -> Command {
+        Command::new(
+            "nvidia-smi",
+            ["--gpu-reset".to_string(), "-i".to_string(), gpu.to_string()],
+        )
+    }
+
+    /// `echo quit | nvidia-cuda-mps-control`: ends the MPS control daemon and its servers.
+    pub(super) fn quit_mps() -> Command {
+        Command {
+            stdin: Some("quit"),
+            ..Command::new("nvidia-cuda-mps-control", [])
+        }
+    }
+
+    /// `nvidia-cuda-mps-control -d`: starts the MPS control daemon.
+    pub(super) fn start_mps() -> Command {
+        Command::new("nvidia-cuda-mps-control", ["-d".to_string()])
+    }
+
+    /// `systemctl reboot`
+    pub(super) fn reboot() -> Command {
+        Command::new("systemctl", ["reboot".to_string()])
+    }
 }

@@ -1337,3 +1337,29 @@ fn a_left_behind_worker_kill_cannot_reach_gets_no_kill_line() {
     );
     assert_eq!(words.suggestion, None);
 }
+
+#[test]
+fn json_gives_the_suggested_commands_as_data_beside_the_line_check_prints() {
+    let report = fork_orphan().report();
+    let verdict = &json_of(&report)["gpus"][0]["verdict"];
+    assert_eq!(
+        verdict["suggestion"],
+        "kill 524   # 524 is python3, started 2026-12-03 00:25:00 UTC; then: vram-exporter check --gpu 0 --wait 30s"
+    );
+    assert_eq!(
+        verdict["commands"],
+        json!([{ "program": "kill", "args": ["524"] }])
+    );
+    assert_eq!(
+        verdict["then"],
+        json!({ "program": "vram-exporter", "args": ["check", "--gpu", "0", "--wait", "30s"] })
+    );
+    assert_eq!(verdict["wait_seconds"], 30);
+
+    // Where nothing is suggested, the verdict keeps its three keys.
+    let idle = json_of(&Host::idle().report());
+    assert_eq!(
+        idle["gpus"][0]["verdict"],
+        json!({ "sentence": "GPU 0: idle; nothing orphaned.", "notes": [], "suggestion": null })
+    );
+}

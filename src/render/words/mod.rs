@@ -1,0 +1,25 @@
+//! A verdict in words: the sentence, its notes and the suggested command, for `check`'s
+//! text and for `check --json`'s `verdict`. Classify chose every case and every command;
+//! each case has fixed words here.
+
+mod notes;
+mod phrases;
+mod remedy;
+mod verdict;
+
+pub(in crate::render) use phrases::{plural, thousands};
+pub use phrases::{seconds_words, size_words};
+pub use verdict::{instance_verdict, verdict};
+
+use serde::Serialize;
+
+/// The verdict on one GPU in words, with the command that would help, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    /// One sentence for a person.
+    pub sentence: String,
+    /// Further facts worth a line each.
+    pub notes: Vec<String>,
+    /// A command the person may run; the exporter never runs it.
+    pub suggestion: Option<String>,
+}
