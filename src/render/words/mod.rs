@@ -9,17 +9,4 @@ mod verdict;
 
 pub(in crate::render) use phrases::{plural, thousands};
 pub use phrases::{seconds_words, size_words};
-pub use verdict::{instance_verdict, verdict};
-
-use serde::Serialize;
-
-/// The verdict on one GPU in words, with the command that would help, if any.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Verdict {
-    /// One sentence for a person.
-    pub sentence: String,
-    /// Further facts worth a line each.
-    pub notes: Vec<String>,
-    /// A command the person may run; the exporter never runs it.
-    pub suggestion: Option<String>,
-}
+pub use verdict::{instance_verdict, verdict, Verdict};

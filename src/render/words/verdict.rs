@@ -7,13 +7,24 @@ use super::phrases::{
     started_words, MAX_PIDS_NAMED,
 };
 use super::remedy::{remedy_clause, suggested_line};
-use super::Verdict;
 use crate::classify::{
     ChargedTo, Clue, Departure, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, Owner,
     Process, Seen, Sentence, UnattributedTrust,
 };
 use crate::dates::utc_words;
+use serde::Serialize;
 use std::fmt::Write;
+
+/// The verdict on one GPU in words, with the command that would help, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    /// One sentence for a person.
+    pub sentence: String,
+    /// Further facts worth a line each.
+    pub notes: Vec<String>,
+    /// A command the person may run; the exporter never runs it.
+    pub suggestion: Option<String>,
+}
 
 /// The verdict for one GPU.
 pub fn verdict(gpu: &GpuVerdict) -> Verdict {
