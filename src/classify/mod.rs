@@ -19,6 +19,7 @@ pub(crate) mod pods;
 mod process;
 mod remedy;
 mod report;
+mod selection;
 mod sentence;
 mod settings;
 pub(crate) mod slurm;
@@ -40,6 +41,7 @@ pub use report::{
     orphaned_bytes_of, AssignedPod, CheckStatus, GpuOutcome, GpuVerdict, Health, InstanceVerdict,
     MigMode, NvmlStatus, Report, ScanSummary, Written,
 };
+pub use selection::{HeldAs, NoSuchGpu, Selection};
 pub use sentence::{ChargedTo, Departure, Sentence};
 pub use settings::Settings;
 use suspects::Within;

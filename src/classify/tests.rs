@@ -1773,3 +1773,26 @@ fn memory_being_freed_is_looked_at_again_sooner_than_a_kill_that_waits() {
     assert_eq!(account.suggestion.advice, Advice::WaitWhileFreed);
     assert_eq!(account.suggestion.wait_seconds, Some(5));
 }
+
+// The GPUs `check` is asked about.
+
+#[test]
+fn a_selection_resolves_the_gpus_and_their_status_once() {
+    let report = fork_orphan().report();
+    let all = report.select(&[]).unwrap();
+    assert_eq!(all.gpus.len(), report.gpus.len());
+    assert_eq!(all.status, CheckStatus::Orphaned);
+    assert_eq!(all.held_as(), HeldAs::Orphaned);
+    assert!(all.awaits_freeing() && !all.unseen());
+    assert_eq!(all.to_free_bytes(), report.orphaned_bytes());
+    assert_eq!(all.orphaned_bytes(), report.orphaned_bytes());
+    let missing = report.select(&[0, 7]).unwrap_err();
+    assert_eq!(
+        missing.to_string(),
+        format!(
+            "there is no GPU 7; this host has {} (indices 0 to {})",
+            report.gpus.len(),
+            report.gpus.len() - 1
+        )
+    );
+}

@@ -9,9 +9,9 @@
 
 use super::words::{instance_verdict, verdict, Verdict};
 use crate::classify::{
-    orphaned_bytes_of, AssignedPod, CheckStatus, Finding, GpuAccount, GpuError, GpuVerdict,
-    InstanceVerdict, LeftBehindOwner, MemoryReading, Note, NvmlFailure, Owner, OwnerState,
-    ProcfsView, Remedy, Report, ScanSummary, StuckCall, StuckRead, Suggestion, Suspect,
+    AssignedPod, CheckStatus, Finding, GpuAccount, GpuError, GpuVerdict, InstanceVerdict,
+    LeftBehindOwner, MemoryReading, Note, NvmlFailure, Owner, OwnerState, ProcfsView, Remedy,
+    ScanSummary, Selection, StuckCall, StuckRead, Suggestion, Suspect,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -160,9 +160,10 @@ pub struct StateDocument {
 }
 
 /// Build the document for the GPUs chosen.
-pub fn check_document<'a>(report: &'a Report, gpus: &[&'a GpuVerdict]) -> CheckDocument<'a> {
+pub fn check_document<'a>(selection: &Selection<'a>) -> CheckDocument<'a> {
+    let (report, gpus) = (selection.report, &selection.gpus);
     CheckDocument {
-        status: report.check_status(gpus),
+        status: selection.status,
         nvml_up: report.nvml.is_up(),
         nvml_error: report.nvml.error(),
         nvml_failure: report.nvml.failure(),
@@ -172,7 +173,7 @@ pub fn check_document<'a>(report: &'a Report, gpus: &[&'a GpuVerdict]) -> CheckD
         host_pid_namespace: report.host_pid_namespace,
         procfs_view: report.procfs_view,
         holder_scan: report.holder_scan,
-        orphaned_bytes: orphaned_bytes_of(gpus.iter().copied()),
+        orphaned_bytes: selection.orphaned_bytes(),
         gpus: gpus.iter().map(|gpu| gpu_document(gpu)).collect(),
     }
 }

@@ -18,14 +18,12 @@ use std::collections::BTreeMap;
 
 /// `check --json` of every GPU of `report`.
 fn json_of(report: &Report) -> Value {
-    let gpus: Vec<_> = report.gpus.iter().collect();
-    serde_json::to_value(check_document(report, &gpus)).unwrap()
+    serde_json::to_value(check_document(&report.select(&[]).unwrap())).unwrap()
 }
 
 /// `check`'s text of every GPU of `report`.
 fn text_of(report: &Report) -> String {
-    let gpus: Vec<_> = report.gpus.iter().collect();
-    check_text(report, &gpus)
+    check_text(&report.select(&[]).unwrap())
 }
 
 #[derive(Debug)]

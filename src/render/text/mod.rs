@@ -4,12 +4,13 @@
 //! to blame, what would free the memory, which command) was made by the classifier; this
 //! only lays the words out.
 
+pub mod progress;
 mod table;
 
 pub use super::words::{instance_verdict, seconds_words, size_words, verdict, Verdict};
 pub use table::gpu_table;
 
-use crate::classify::{GpuVerdict, NvmlFailure, NvmlStatus, Report};
+use crate::classify::{NvmlFailure, NvmlStatus, Report, Selection};
 use std::fmt::Write;
 
 /// What did not answer in time, one line each: NVML itself, each GPU, the `/proc`
@@ -43,7 +44,8 @@ pub fn not_answering_lines(report: &Report) -> Vec<String> {
 }
 
 /// Every table, every verdict and the host's notes, for `check`.
-pub fn check_text(report: &Report, gpus: &[&GpuVerdict]) -> String {
+pub fn check_text(selection: &Selection) -> String {
+    let (report, gpus) = (selection.report, &selection.gpus);
     let mut out = String::new();
     match &report.nvml {
         NvmlStatus::Down {
@@ -73,11 +75,11 @@ pub fn check_text(report: &Report, gpus: &[&GpuVerdict]) -> String {
         let _ = writeln!(out, "No GPUs.");
         return out;
     }
-    for gpu in gpus {
+    for gpu in gpus.iter() {
         out.push_str(&gpu_table(gpu));
         out.push('\n');
     }
-    for gpu in gpus {
+    for gpu in gpus.iter() {
         let verdicts = std::iter::once(verdict(gpu)).chain(
             gpu.instances
                 .iter()
@@ -91,6 +93,20 @@ pub fn check_text(report: &Report, gpus: &[&GpuVerdict]) -> String {
             if let Some(suggestion) = &verdict.suggestion {
                 let _ = writeln!(out, "  suggested: {suggestion}");
             }
+        }
+    }
+    out
+}
+
+/// After `check --wait`, whose tables were printed before it: each GPU's sentence and
+/// suggestion say how it ended.
+pub fn verdicts_after_wait(selection: &Selection) -> String {
+    let mut out = String::new();
+    for gpu in &selection.gpus {
+        let words = verdict(gpu);
+        let _ = writeln!(out, "{}", words.sentence);
+        if let Some(suggestion) = &words.suggestion {
+            let _ = writeln!(out, "  suggested: {suggestion}");
         }
     }
     out
