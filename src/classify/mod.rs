@@ -3,9 +3,11 @@
 //! keeps it (with the evidence) and which merely watches, what would free it, and what
 //! `check` exits with. The renderers put this into words and series and decide nothing.
 //!
-//! One room per job: [`classify`] here walks the GPUs; `account.rs` does each GPU's
-//! accounting, `remedy.rs` and `notes.rs` decide from the finished account, `sentence.rs`
-//! which sentence it is; `report.rs` and `process.rs` hold the verdict's types.
+//! One room per job, each importing only the rooms below it: [`classify`] here walks the
+//! GPUs; `account.rs` does each GPU's accounting, `remedy.rs` and `notes.rs` decide from
+//! the finished account, `sentence.rs` which sentence it is, `selection.rs` what `check`
+//! reports of the GPUs asked about; `verdict.rs`, `report.rs` and `process.rs` hold the
+//! verdict's types.
 
 mod account;
 mod after_kill;
