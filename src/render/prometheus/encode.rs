@@ -1,7 +1,7 @@
 //! How a family is written: one gauge or counter family with its samples, and the
 //! shapes of samples the families share (per GPU, per kind, only the kinds shown).
 
-use super::labels::*;
+use super::labels::{GpuLabels, NoLabels, ReasonLabel, RoleLabel, StateLabel};
 use crate::classify::{
     GpuAccount, GpuVerdict, InstanceVerdict, MemoryReading, OrphanReason, OwnerState, Role,
     StateTally,

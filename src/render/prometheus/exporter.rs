@@ -1,8 +1,8 @@
 //! What the exporter says of itself: build info, NVML, what it can see of processes,
 //! its holder scan, and its own process under the names every exporter serves them by.
 
-use super::encode::*;
-use super::labels::*;
+use super::encode::{family, flag, gauge, single};
+use super::labels::{BuildLabels, CallLabel, ErrorLabel};
 use crate::classify::{ExporterProcess, ProcfsView, Report};
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::ConstCounter;

@@ -1,8 +1,14 @@
 //! Each GPU's identity and memory, its owners by state, its orphaned and left-behind
 //! memory and who holds it, and the per-process series.
 
-use super::encode::*;
-use super::labels::*;
+use super::encode::{
+    active_kind, flag, gauge, holders_by_role, nonzero_by_kind, orphaned_by_reason, per_gpu,
+    state_label, Measured, MemorySeries, TallyOf,
+};
+use super::labels::{
+    CallLabel, ErrorLabel, GpuInfoLabels, GpuLabels, HolderLabels, LeftBehindLabels, PlaceLabels,
+    ProcessLabels, ReasonLabel,
+};
 use crate::classify::{GoneReason, GpuAccount, GpuError, GpuVerdict, OwnerState, Seen, StateTally};
 use prometheus_client::encoding::DescriptorEncoder;
 use std::fmt;

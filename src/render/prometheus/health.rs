@@ -1,8 +1,8 @@
 //! What the driver says a GPU needs: its recovery action, row remapping or page
 //! retirement, and its Xid errors.
 
-use super::encode::*;
-use super::labels::*;
+use super::encode::{active_kind, counter, flag, gauge, per_gpu};
+use super::labels::{ActionLabel, CauseLabel, GpuLabels, XidLabel};
 use crate::classify::{GpuVerdict, RecoveryAction};
 use prometheus_client::encoding::DescriptorEncoder;
 use std::fmt;

@@ -1,7 +1,10 @@
 //! MIG devices: each one's identity and memory, and its verdict as a GPU's.
 
-use super::encode::*;
-use super::labels::*;
+use super::encode::{
+    flag, gauge, holders_by_role, nonzero_by_kind, orphaned_by_reason, per_gpu, state_label,
+    MeasuredInstances, MemorySeries,
+};
+use super::labels::{MigInfoLabels, MigLabels};
 use crate::classify::{GpuVerdict, OwnerState};
 use prometheus_client::encoding::DescriptorEncoder;
 use std::fmt;

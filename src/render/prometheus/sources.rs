@@ -1,8 +1,8 @@
 //! The sources asked on threads of their own: the kubelet (the pods each GPU is
 //! assigned to) and the container engines, each with its health.
 
-use super::encode::*;
-use super::labels::*;
+use super::encode::{flag, gauge, single};
+use super::labels::{EngineLabel, ErrorLabel, PodLabels, SourceLabel};
 use crate::classify::{
     CallHealth, Engine, EngineError, EngineHealth, KubeletSource, KubernetesView,
 };
