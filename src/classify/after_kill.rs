@@ -6,11 +6,14 @@
 //! A worker whose server was killed lives on, adopted by PID 1 or a subreaper, and holds
 //! its memory for nobody. The exporter knows it for sure when it saw the parent alive
 //! (by PID and start time) and then gone. A look that never saw the parent has only the
-//! process's place to go by, and says "possibly" where that place is one no service
+//! process's scope to go by, and says "possibly" where that scope is one no service
 //! meant to run alone has: a worker spawned by Python's `multiprocessing`, or a member
 //! of a shell job, whose group's leader has exited and whose parent adopted it.
 
-use super::{Frame, JobState, Leader, Owner, Process, ProcessState, Started};
+use super::owners::Owner;
+use super::process::{Process, ProcessLens, ProcessState, Started};
+use super::slurm::JobState;
+use crate::observe::Leader;
 use serde::Serialize;
 
 /// How long a kill may wait in uninterruptible sleep before it is called stuck: past it,
@@ -44,7 +47,7 @@ pub enum Seen {
         #[serde(skip_serializing_if = "Option::is_none")]
         alone_seconds: Option<u64>,
     },
-    /// The exporter never saw the parent: the owner's place says it was probably a
+    /// The exporter never saw the parent: the owner's scope says it was probably a
     /// worker of a process that has exited.
     Possibly {
         /// The process group whose leader (the process that started the job, or the
@@ -55,7 +58,7 @@ pub enum Seen {
         /// Its command name, when read.
         #[serde(skip_serializing_if = "Option::is_none")]
         adopted_by_comm: Option<String>,
-        /// What else its place says.
+        /// What else its scope says.
         clue: Clue,
     },
 }
@@ -76,7 +79,7 @@ pub struct Parent {
     pub started: Option<Started>,
 }
 
-/// What an owner's place says of a parent the exporter never saw.
+/// What an owner's scope says of a parent the exporter never saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Clue {
@@ -99,7 +102,7 @@ impl Seen {
 /// known; `None` for every process not proven or likely left behind. Never one whose
 /// container or Slurm job ended (those have verdicts of their own), nor one that leads
 /// its own process group (a service, a daemon, a container's main process).
-pub fn left_behind(owner: &Owner, frame: &Frame, taken_at: Option<u64>) -> Option<Seen> {
+pub fn left_behind(owner: &Owner, lens: &ProcessLens, taken_at: Option<u64>) -> Option<Seen> {
     let process = owner.process()?;
     let lineage = process.lineage.as_ref()?;
     // A process that leads its own process group (or session) detached itself from
@@ -120,11 +123,11 @@ pub fn left_behind(owner: &Owner, frame: &Frame, taken_at: Option<u64>) -> Optio
                 started_unix_seconds: lineage
                     .parent
                     .start_time_ticks
-                    .and_then(|ticks| frame.started(ticks)),
+                    .and_then(|ticks| lens.started(ticks)),
                 started: lineage
                     .parent
                     .start_time_ticks
-                    .map(|ticks| frame.start(ticks)),
+                    .map(|ticks| lens.start(ticks)),
             },
             exit_seen_unix_seconds: exit_seen,
             alone_seconds: taken_at.map(|now| now.saturating_sub(exit_seen)),

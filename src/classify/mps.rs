@@ -16,7 +16,7 @@
 //! write-only, the server read-write, as it holds every client's context). Their command
 //! name, `nvidia-cuda-mps` for both, is only a label.
 
-use super::Owner;
+use super::owners::Owner;
 use crate::observe::{NvmlLists, ProcessFacts};
 use std::collections::{BTreeMap, BTreeSet};
 

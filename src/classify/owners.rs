@@ -2,12 +2,8 @@
 //! and start time) and by evidence of a context (read-write shared mappings of the GPU's
 //! device file).
 
-use super::{Process, ProcessState};
-use crate::observe::containers::ContainersReading;
-use crate::observe::{
-    Identity, NvmlLists, NvmlProcess, OwnerLookup, ProcessFacts, ProcessLookup, ProcfsView,
-    SlurmReading,
-};
+use super::process::{Process, ProcessLens, ProcessState};
+use crate::observe::{Identity, NvmlLists, NvmlProcess, OwnerLookup, ProcessFacts, ProcessLookup};
 use serde::{Serialize, Serializer};
 use strum::{EnumCount, IntoStaticStr, VariantArray};
 
@@ -302,12 +298,12 @@ pub fn judge_owner(
     process: &NvmlProcess,
     lookup: Option<&OwnerLookup>,
     minor: Option<u32>,
-    frame: &Frame,
+    lens: &ProcessLens,
 ) -> Owner {
     let first_seen = lookup.and_then(|lookup| lookup.first_seen.clone());
     Owner {
         pid: process.pid,
-        standing: standing(process, lookup, minor, frame),
+        standing: standing(process, lookup, minor, lens),
         used_bytes: process.used_bytes,
         first_seen,
         lists: process.lists,
@@ -318,7 +314,7 @@ fn standing(
     process: &NvmlProcess,
     lookup: Option<&OwnerLookup>,
     minor: Option<u32>,
-    frame: &Frame,
+    lens: &ProcessLens,
 ) -> Standing {
     let Some(lookup) = lookup else {
         return Standing::Gone(WhyGone::Exited);
@@ -342,7 +338,7 @@ fn standing(
         .is_none_or(|first| first.start_time_ticks == facts.start_time_ticks);
     if exiting(facts) {
         return if same_process {
-            Standing::Exiting(Box::new(Process::new(facts, frame)))
+            Standing::Exiting(Box::new(Process::new(facts, lens)))
         } else {
             Standing::Gone(WhyGone::Exited)
         };
@@ -361,11 +357,11 @@ fn standing(
         // is not the process first seen under it (the first exited and freed its memory,
         // and a new CUDA process got the number before a scrape saw the gap).
         (Context::Here, _) | (Context::Unprovable, true) => {
-            Standing::Live(Box::new(Process::new(facts, frame)))
+            Standing::Live(Box::new(Process::new(facts, lens)))
         }
         (Context::Absent | Context::Unprovable, _) | (Context::Unknown(_), false) => {
             Standing::Gone(WhyGone::Reused {
-                by: Box::new(Process::new(facts, frame)),
+                by: Box::new(Process::new(facts, lens)),
             })
         }
         (Context::Unknown(why), true) => Standing::Unknown(why),
@@ -395,55 +391,17 @@ fn exiting(facts: &ProcessFacts) -> bool {
             && facts.mappings.nodes().is_some_and(|nodes| nodes.is_empty()))
 }
 
-/// How the observation's raw numbers read where the verdict is given: start times in
-/// clock ticks after boot become dates, the procfs's PIDs become ours, cgroups become
-/// named containers and Slurm jobs that run or have ended.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Frame<'a> {
-    /// When the host booted, in seconds since the Unix epoch.
-    pub boot_time_unix_seconds: Option<u64>,
-    /// Clock ticks per second of start times.
-    pub ticks_per_second: u64,
-    /// Whether the procfs read shows our PID namespace.
-    pub procfs_view: ProcfsView,
-    /// The Slurm job steps that run, when they were looked for.
-    pub slurm: Option<&'a SlurmReading>,
-    /// The names the container engines gave containers, when they are watched.
-    pub containers: Option<&'a ContainersReading>,
-}
-
-impl Frame<'_> {
-    /// When a process that started `ticks` after boot started, in seconds since the epoch.
-    pub fn started(&self, ticks: u64) -> Option<u64> {
-        let boot = self.boot_time_unix_seconds?;
-        Some(boot + ticks / self.ticks_per_second.max(1))
-    }
-
-    /// When a process that started `ticks` after boot started, as a person reads it: a
-    /// date when the boot time is known, else the seconds after boot (clock ticks are
-    /// the kernel's unit, not a person's).
-    pub fn start(&self, ticks: u64) -> Started {
-        match self.started(ticks) {
-            Some(unix_seconds) => Started::At { unix_seconds },
-            None => Started::AfterBoot {
-                seconds: ticks / self.ticks_per_second.max(1),
-            },
+impl ProcessState {
+    /// The coarse state of the `state` label: running covers running, sleeping and idle.
+    pub fn owner_state(self) -> OwnerState {
+        match self {
+            ProcessState::Running | ProcessState::Sleeping | ProcessState::Idle => {
+                OwnerState::Running
+            }
+            ProcessState::Stopped | ProcessState::TracingStop => OwnerState::Stopped,
+            ProcessState::DiskSleep => OwnerState::Uninterruptible,
+            ProcessState::Zombie => OwnerState::Zombie,
+            ProcessState::Dead => OwnerState::Gone,
         }
     }
-}
-
-/// When a process started, as the verdict says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Started {
-    /// At this time, in seconds since the Unix epoch.
-    At {
-        /// Seconds since the Unix epoch.
-        unix_seconds: u64,
-    },
-    /// This many seconds after the host booted: the observation has no boot time (a
-    /// snapshot recorded without it).
-    AfterBoot {
-        /// Whole seconds after boot.
-        seconds: u64,
-    },
 }

@@ -2,7 +2,8 @@
 //! words `check` prints and the data of `check --json` cannot disagree. The renderers
 //! put the sentence into words (plurals, lists) and choose none of it.
 
-use super::{capacity, Finding, GpuAccount, OwnerState, UnattributedTrust, WhyGone};
+use super::owners::{OwnerState, WhyGone};
+use super::verdict::{capacity, Finding, GpuAccount, UnattributedTrust};
 use strum::VariantArray;
 
 /// Which sentence a GPU's verdict is, with the facts it names.

@@ -1,6 +1,7 @@
-//! Slurm: the job a process runs in, whether Slurm still runs its step, and what that
-//! makes of the command that would free a GPU. Pure: a function of the process's cgroup
-//! and of the slurmstepds the observation found.
+//! Slurm: the job a process runs in, and whether Slurm still runs its step. Pure: a
+//! function of the process's cgroup and of the slurmstepds the observation found. What
+//! that makes of the remedy is decided in `remedy.rs` (cancel the job) and `notes.rs`
+//! (which culprits Slurm left behind).
 //!
 //! A step runs while its slurmstepd lives. A process whose step has ended was left behind
 //! by Slurm (proctrack/linuxproc and proctrack/pgid lose a forked process that left its
@@ -9,7 +10,6 @@
 //! runs is Slurm's to end: `scancel` ends the job the way its user and Slurm's
 //! accounting expect.
 
-use super::{KillTarget, Process};
 use crate::observe::{ProcessFacts, SlurmReading};
 use serde::Serialize;
 
@@ -80,63 +80,35 @@ impl SlurmJob {
     }
 }
 
-/// A Slurm job to cancel, and the culprits that run in its steps.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct JobToCancel {
-    /// The job id.
-    pub job_id: u64,
-    /// Its user.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// The culprits in its running steps, each named with its start time.
-    pub culprits: Vec<KillTarget>,
+/// What of a Slurm job has ended, where Slurm will no longer end a process of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlurmEnded {
+    /// The whole job, on this node.
+    Job,
+    /// The process's step, while the job runs on.
+    Step,
 }
 
-/// Culprits whose own step Slurm still runs, grouped by job; the others are left to kill.
-pub(super) fn jobs_to_cancel(culprits: &[&Process]) -> (Vec<JobToCancel>, Vec<KillTarget>) {
-    let mut jobs: Vec<JobToCancel> = Vec::new();
-    let mut others = Vec::new();
-    for process in culprits {
-        let target = KillTarget::of(process);
-        match &process.slurm_job {
-            Some(job) if job.state == JobState::Running => {
-                match jobs.iter_mut().find(|known| known.job_id == job.job_id) {
-                    Some(known) => known.culprits.push(target),
-                    None => jobs.push(JobToCancel {
-                        job_id: job.job_id,
-                        user: job.user.clone(),
-                        culprits: vec![target],
-                    }),
-                }
-            }
-            _ => others.push(target),
+/// Why Slurm will not end a process of its job, where it may not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeftBySlurm {
+    /// Its job or step has ended: Slurm no longer tracks it.
+    Ended(SlurmEnded),
+    /// Whether Slurm still runs its step cannot be told.
+    Unknown,
+}
+
+impl SlurmJob {
+    /// Why Slurm will not end this job's process; `None` while its step runs, when
+    /// cancelling the job ends it.
+    pub fn left_by_slurm(&self) -> Option<LeftBySlurm> {
+        match self.state {
+            JobState::Running => None,
+            JobState::StepEnded => Some(LeftBySlurm::Ended(SlurmEnded::Step)),
+            JobState::Ended => Some(LeftBySlurm::Ended(SlurmEnded::Job)),
+            JobState::Unknown => Some(LeftBySlurm::Unknown),
         }
     }
-    jobs.sort_by_key(|job| job.job_id);
-    (jobs, others)
-}
-
-/// A culprit whose Slurm step has ended or may have: Slurm will not end it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct LeftBehind {
-    /// Its PID.
-    pub pid: u32,
-    /// Its job and step, and whether the job runs.
-    pub job: SlurmJob,
-}
-
-/// The culprits whose Slurm step has ended, or of which it cannot be told.
-pub(super) fn left_behind<'a>(culprits: impl IntoIterator<Item = &'a Process>) -> Vec<LeftBehind> {
-    culprits
-        .into_iter()
-        .filter_map(|process| {
-            let job = process.slurm_job.as_ref()?;
-            (job.state != JobState::Running).then(|| LeftBehind {
-                pid: process.pid,
-                job: job.clone(),
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

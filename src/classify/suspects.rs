@@ -5,7 +5,9 @@
 //! control daemon and server are bystanders whatever they map (see `mps`).
 
 use super::mps::{MpsPart, MPS_COMM};
-use super::{Frame, Owner, Process, Settings};
+use super::owners::Owner;
+use super::process::{Process, ProcessLens};
+use super::settings::Settings;
 use crate::observe::{NarrowAccess, ProcessFacts, ProcfsView, References};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -140,8 +142,9 @@ impl Suspect {
     }
 }
 
-/// The GPU a candidate is judged for, and who owns what.
-pub(super) struct Scene<'a> {
+/// One GPU's search for the holders of its orphaned memory: the GPU (or MIG instance),
+/// who owns what on every GPU, and its MPS parts.
+pub(super) struct HolderSearch<'a> {
     /// Minor number of the GPU's device node.
     pub minor: u32,
     /// Its NVML index.
@@ -161,16 +164,18 @@ pub(super) struct Scene<'a> {
 /// owner listed apart). Culprits come first.
 pub(super) fn suspects(
     holders: &[ProcessFacts],
-    scene: &Scene<'_>,
+    search: &HolderSearch<'_>,
     settings: &Settings,
-    frame: &Frame,
+    lens: &ProcessLens,
 ) -> Vec<Suspect> {
     let mut found: Vec<Suspect> = holders
         .iter()
-        .filter(|holder| holder.touches_gpu(scene.minor))
-        .filter(|holder| in_instance(holder, scene.within))
-        .filter(|holder| !is_live_owner_here(holder, scene) || scene.mps.contains_key(&holder.pid))
-        .map(|holder| judge(holder, scene, settings, frame))
+        .filter(|holder| holder.touches_gpu(search.minor))
+        .filter(|holder| in_instance(holder, search.within))
+        .filter(|holder| {
+            !is_live_owner_here(holder, search) || search.mps.contains_key(&holder.pid)
+        })
+        .map(|holder| judge(holder, search, settings, lens))
         .collect();
     found.sort_by_key(|suspect| (suspect.role != Role::Culprit, suspect.process.pid));
     found
@@ -190,27 +195,32 @@ fn in_instance(holder: &ProcessFacts, within: &Within) -> bool {
     }
 }
 
-fn is_live_owner_here(holder: &ProcessFacts, scene: &Scene<'_>) -> bool {
+fn is_live_owner_here(holder: &ProcessFacts, search: &HolderSearch<'_>) -> bool {
     holder.local_pid.is_some_and(|pid| {
-        scene
+        search
             .live_owner_gpus
             .get(&pid)
-            .is_some_and(|gpus| gpus.contains(&scene.index))
+            .is_some_and(|gpus| gpus.contains(&search.index))
     })
 }
 
-fn judge(holder: &ProcessFacts, scene: &Scene<'_>, settings: &Settings, frame: &Frame) -> Suspect {
+fn judge(
+    holder: &ProcessFacts,
+    search: &HolderSearch<'_>,
+    settings: &Settings,
+    lens: &ProcessLens,
+) -> Suspect {
     let mut evidence = Vec::new();
     let other_gpus: Vec<u32> = holder
         .local_pid
-        .and_then(|pid| scene.live_owner_gpus.get(&pid))
+        .and_then(|pid| search.live_owner_gpus.get(&pid))
         .cloned()
         .unwrap_or_default();
     let narrow = holder
         .mappings
         .nodes()
-        .and_then(|nodes| nodes.gpu_without_read_write(scene.minor));
-    let role = if let Some(part) = scene.mps.get(&holder.pid) {
+        .and_then(|nodes| nodes.gpu_without_read_write(search.minor));
+    let role = if let Some(part) = search.mps.get(&holder.pid) {
         // Never a culprit of a client's orphan, whatever it maps.
         evidence.push(match *part {
             MpsPart::ControlDaemon { server } => Evidence::MpsControlDaemon { server },
@@ -221,19 +231,19 @@ fn judge(holder: &ProcessFacts, scene: &Scene<'_>, settings: &Settings, frame: &
     } else {
         match &holder.mappings {
             References::Read(nodes)
-                if nodes.maps_gpu_read_write(scene.minor)
-                    && *scene.within == Within::UnknownInstance =>
+                if nodes.maps_gpu_read_write(search.minor)
+                    && *search.within == Within::UnknownInstance =>
             {
                 evidence.push(Evidence::MapsGpu);
                 evidence.push(Evidence::InstanceUnknown);
                 Role::Undetermined
             }
-            References::Read(nodes) if nodes.maps_gpu_read_write(scene.minor) => {
+            References::Read(nodes) if nodes.maps_gpu_read_write(search.minor) => {
                 evidence.push(Evidence::MapsGpu);
                 if other_gpus.is_empty() {
                     evidence.push(Evidence::Inherited);
                 }
-                evidence.extend(kinship(holder, scene, frame));
+                evidence.extend(kinship(holder, search, lens));
                 Role::Culprit
             }
             References::Read(_) => {
@@ -249,7 +259,7 @@ fn judge(holder: &ProcessFacts, scene: &Scene<'_>, settings: &Settings, frame: &
             }
             References::Unreadable | References::NotRead => {
                 evidence.push(Evidence::MappingsUnreadable);
-                evidence.extend(kinship(holder, scene, frame));
+                evidence.extend(kinship(holder, search, lens));
                 Role::Undetermined
             }
         }
@@ -261,7 +271,7 @@ fn judge(holder: &ProcessFacts, scene: &Scene<'_>, settings: &Settings, frame: &
         evidence.push(Evidence::KnownAgent);
     }
     Suspect {
-        process: Process::new(holder, frame),
+        process: Process::new(holder, lens),
         role,
         evidence,
     }
@@ -269,12 +279,12 @@ fn judge(holder: &ProcessFacts, scene: &Scene<'_>, settings: &Settings, frame: &
 
 /// Ties between a holder and the GPU's gone owners: the signs that it inherited their
 /// context rather than opened the device itself.
-fn kinship(holder: &ProcessFacts, scene: &Scene<'_>, frame: &Frame) -> Vec<Evidence> {
+fn kinship(holder: &ProcessFacts, search: &HolderSearch<'_>, lens: &ProcessLens) -> Vec<Evidence> {
     // Parents, groups and sessions are the procfs's PIDs, owners' PIDs are ours.
-    if frame.procfs_view != ProcfsView::Own {
+    if lens.procfs_view != ProcfsView::Own {
         return Vec::new();
     }
-    let gone: Vec<&Owner> = scene
+    let gone: Vec<&Owner> = search
         .owners
         .iter()
         .filter(|owner| owner.gone().is_some())

@@ -3,14 +3,14 @@
 //! saying on stderr what it waits for while NVML or `/proc` is slow, so a person can tell
 //! a hung GPU from a hung tool.
 
-use crate::classify::{GpuVerdict, NvmlFailure, NvmlStatus, Report};
+use crate::classify::{CheckStatus, Report, Selection};
 use crate::cli::CheckConfig;
 use crate::exit_codes;
 use crate::exporter::{Exporter, HolderScanPolicy};
-use crate::observe::{ReaderThread, Waiting as Reading};
+use crate::observe::{ReaderThread, Waiting};
 use crate::render::json::check_document;
-use crate::render::text::{check_text, verdict};
-use crate::units::format_bytes;
+use crate::render::text::progress::{look_line, slow_calls_key, Awaited, SlowCall, WaitProgress};
+use crate::render::text::{check_text, verdicts_after_wait};
 use anyhow::{anyhow, bail};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -29,75 +29,41 @@ const LOOK_PROGRESS_EVERY: Duration = Duration::from_millis(250);
 /// Run `check`; the exit status is the verdict's (see [`exit_codes`]), or an error (2).
 pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode> {
     let report = look(exporter, HolderScanPolicy::Always, config.timeout)?;
-    let Some(wait) = config.wait else {
-        return finish(&report, config);
-    };
+    let first = report.select(&config.gpus)?;
     // Waits while memory is orphaned, left behind, held by a killed owner or being freed,
     // also beside a GPU that does not answer.
-    if !select(&report, config)?
-        .iter()
-        .any(|gpu| gpu.awaits_freeing())
-    {
-        return finish(&report, config);
-    }
+    let Some(wait) = config.wait.filter(|_| first.awaits_freeing()) else {
+        return finish(&first, config, Shown::Nothing);
+    };
     if !config.json {
-        print!("{}", check_text(&report, &select(&report, config)?));
+        print!("{}", check_text(&first));
         println!();
     }
     // What the wait waits for is named as the first look found it.
-    let word = held_word(&report, config)?;
+    let held = first.held_as();
     let started = Instant::now();
     let mut progress = Progress::new();
     loop {
         let polled = look(exporter, HolderScanPolicy::WhenOrphaned, config.timeout)?;
-        let still = selected_to_free_bytes(&polled, config)?;
+        let polled = polled.select(&config.gpus)?;
+        let still_held = polled.to_free_bytes();
         // Memory on a GPU that does not answer (or with NVML down) is not freed: it is
         // not seen.
-        let freed = still == 0 && !unseen(&polled, config)?;
-        let waited = started.elapsed();
-        if freed || waited >= wait {
-            progress.done(&if freed {
-                format!("{word} memory freed after {:.1}s", waited.as_secs_f64())
-            } else {
-                format!(
-                    "{} still {word} after {:.1}s",
-                    format_bytes(still),
-                    waited.as_secs_f64()
-                )
-            });
-            let last = look(exporter, HolderScanPolicy::Always, config.timeout)?;
-            return finish_after_wait(&last, config);
-        }
-        progress.show_waiting(Waiting {
-            still_held: still,
-            word,
-            waited,
+        let freed = still_held == 0 && !polled.unseen();
+        let waiting = WaitProgress {
+            still_held,
+            held,
+            waited: started.elapsed(),
             wait,
-        });
-        std::thread::sleep(config.wait_interval.min(wait - waited));
-    }
-}
-
-/// The GPUs the person asked about; an index that does not exist is an error. With NVML
-/// down there are none to choose from.
-fn select<'a>(report: &'a Report, config: &CheckConfig) -> anyhow::Result<Vec<&'a GpuVerdict>> {
-    if config.gpus.is_empty() || !report.nvml.is_up() {
-        return Ok(report.gpus.iter().collect());
-    }
-    for index in &config.gpus {
-        if !report.gpus.iter().any(|gpu| gpu.index == *index) {
-            bail!(
-                "there is no GPU {index}; this host has {} (indices 0 to {})",
-                report.gpus.len(),
-                report.gpus.len().saturating_sub(1)
-            );
+        };
+        if freed || waiting.waited >= wait {
+            progress.done(&waiting.end_line(freed));
+            let last = look(exporter, HolderScanPolicy::Always, config.timeout)?;
+            return finish(&last.select(&config.gpus)?, config, Shown::Tables);
         }
+        progress.show(&waiting.figure(), &waiting.line());
+        std::thread::sleep(config.wait_interval.min(wait - waiting.waited));
     }
-    Ok(report
-        .gpus
-        .iter()
-        .filter(|gpu| config.gpus.contains(&gpu.index))
-        .collect())
 }
 
 /// One look, done within `timeout`; while a reader is slow, what it waits for goes to
@@ -124,15 +90,14 @@ fn look(
                     return Ok(collected?.report);
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    let slow: Vec<Reading> = exporter
-                        .waiting()
-                        .into_iter()
+                    let waiting = exporter.waiting();
+                    let slow: Vec<SlowCall> = waiting
+                        .iter()
                         .filter(|reading| reading.since.elapsed() >= SLOW_CALL)
+                        .map(slow_call)
                         .collect();
                     if !slow.is_empty() {
-                        let key = slow.iter().map(|reading| reading_words(reading, false));
-                        let key: Vec<String> = key.collect();
-                        progress.show(&key.join("; "), &look_line(&slow, timeout));
+                        progress.show(&slow_calls_key(&slow), &look_line(&slow, timeout));
                         shown = true;
                     }
                 }
@@ -144,125 +109,52 @@ fn look(
     })
 }
 
-/// `waiting for GPU 1 (in nvmlDeviceGetMemoryInfo_v2 for 3.0s); this look ends by 30s
-/// (--timeout), reporting what has not answered`.
-fn look_line(slow: &[Reading], timeout: Duration) -> String {
-    let readings: Vec<String> = slow
-        .iter()
-        .map(|reading| reading_words(reading, true))
-        .collect();
-    format!(
-        "waiting for {}; this look ends by {:.0}s (--timeout), reporting what has not answered",
-        readings.join(", "),
-        timeout.as_secs_f64()
-    )
-}
-
-/// `GPU 1 (in nvmlDeviceGetMemoryInfo_v2 for 3.0s)`, without the time for a key that
-/// stays the same while it waits.
-fn reading_words(reading: &Reading, with_time: bool) -> String {
-    let what = match reading.reader {
-        ReaderThread::NvmlLibrary => "NVML".to_string(),
-        ReaderThread::Gpu(index) => format!("GPU {index}"),
-        ReaderThread::Procfs => "/proc".to_string(),
-    };
-    if with_time {
-        format!(
-            "{what} (in {} for {:.1}s)",
-            reading.call,
-            reading.since.elapsed().as_secs_f64()
-        )
-    } else {
-        format!("{what} (in {})", reading.call)
+/// A reader's call as the progress line names it.
+fn slow_call(reading: &Waiting) -> SlowCall<'_> {
+    SlowCall {
+        awaited: match reading.reader {
+            ReaderThread::NvmlLibrary => Awaited::Nvml,
+            ReaderThread::Gpu(index) => Awaited::Gpu(index),
+            ReaderThread::Procfs => Awaited::Procfs,
+        },
+        call: reading.call,
+        seconds: reading.since.elapsed().as_secs_f64(),
     }
 }
 
-/// Whether some GPU asked about could not be seen this time: NVML down, or the GPU not
-/// answering.
-fn unseen(report: &Report, config: &CheckConfig) -> anyhow::Result<bool> {
-    Ok(!report.nvml.is_up()
-        || select(report, config)?
-            .iter()
-            .any(|gpu| gpu.outcome.stuck().is_some()))
-}
-
-/// How the wait names the memory it waits for: `orphaned` while some is, else `held` (left
-/// behind, killed and stuck, being freed: never called orphaned).
-fn held_word(report: &Report, config: &CheckConfig) -> anyhow::Result<&'static str> {
-    let orphaned = select(report, config)?.iter().any(|gpu| gpu.has_orphan());
-    Ok(if orphaned { "orphaned" } else { "held" })
-}
-
-fn selected_to_free_bytes(report: &Report, config: &CheckConfig) -> anyhow::Result<u64> {
-    Ok(select(report, config)?
-        .iter()
-        .map(|gpu| gpu.to_free_bytes())
-        .fold(0, u64::saturating_add))
+/// What standard output shows already when the verdict is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    /// Nothing: the tables and verdicts go out whole.
+    Nothing,
+    /// The tables of the first look, before a wait: the verdicts alone say how it ended.
+    Tables,
 }
 
 /// Print the verdict and end with its exit status.
-fn finish(report: &Report, config: &CheckConfig) -> anyhow::Result<ExitCode> {
-    let gpus = select(report, config)?;
-    let code = exit_codes::of(report.check_status(&gpus));
+fn finish(selection: &Selection, config: &CheckConfig, shown: Shown) -> anyhow::Result<ExitCode> {
+    let code = exit_codes::of(selection.status);
     if config.json {
         // A script gets its document also when NVML is down, with the reason in it.
-        let mut json = serde_json::to_string_pretty(&check_document(report, &gpus))?;
+        let mut json = serde_json::to_string_pretty(&check_document(selection))?;
         json.push('\n');
         std::io::stdout().write_all(json.as_bytes())?;
-    } else if let NvmlStatus::Down { error, reason, .. } = &report.nvml {
-        if *reason != NvmlFailure::NotAnswering {
-            bail!("NVML is not available: {error}");
-        }
-        print!("{}", check_text(report, &gpus));
-        println!("\nexit status {code}: {}", exit_codes::meaning(code));
+        return Ok(ExitCode::from(code));
+    }
+    if selection.status == CheckStatus::NvmlDown {
+        bail!(
+            "NVML is not available: {}",
+            selection.report.nvml.error().unwrap_or_default()
+        );
+    }
+    // NVML that does not answer has no tables to have shown: its words are the verdict.
+    if shown == Shown::Tables && selection.report.nvml.is_up() {
+        print!("{}", verdicts_after_wait(selection));
     } else {
-        print!("{}", check_text(report, &gpus));
-        println!("\nexit status {code}: {}", exit_codes::meaning(code));
-    }
-    Ok(ExitCode::from(code))
-}
-
-/// After a wait the tables were printed already: the verdicts alone say how it ended.
-fn finish_after_wait(report: &Report, config: &CheckConfig) -> anyhow::Result<ExitCode> {
-    if config.json || !report.nvml.is_up() {
-        return finish(report, config);
-    }
-    let gpus = select(report, config)?;
-    let code = exit_codes::of(report.check_status(&gpus));
-    for gpu in &gpus {
-        let words = verdict(gpu);
-        println!("{}", words.sentence);
-        if let Some(suggestion) = &words.suggestion {
-            println!("  suggested: {suggestion}");
-        }
+        print!("{}", check_text(selection));
     }
     println!("\nexit status {code}: {}", exit_codes::meaning(code));
     Ok(ExitCode::from(code))
-}
-
-/// Where a wait stands.
-#[derive(Debug, Clone, Copy)]
-struct Waiting {
-    /// Bytes still to be freed on the GPUs asked about.
-    still_held: u64,
-    /// How they are named: `orphaned` or `held`.
-    word: &'static str,
-    /// Time waited so far.
-    waited: Duration,
-    /// Time the wait may take.
-    wait: Duration,
-}
-
-impl Waiting {
-    fn line(self) -> String {
-        format!(
-            "waiting: {} still {} ({:.1}s of {:.0}s)",
-            format_bytes(self.still_held),
-            self.word,
-            self.waited.as_secs_f64(),
-            self.wait.as_secs_f64()
-        )
-    }
 }
 
 /// Progress while waiting: a spinner line on a terminal, plain lines otherwise, on stderr
@@ -281,10 +173,6 @@ impl Progress {
             ticks: 0,
             last_plain: None,
         }
-    }
-
-    fn show_waiting(&mut self, waiting: Waiting) {
-        self.show(&format_bytes(waiting.still_held), &waiting.line());
     }
 
     /// Show `line`: on a terminal as a spinner line, else as a plain line when `figure`

@@ -7,11 +7,11 @@
 //! NVML's answer as three keys, one object per GPU whether or not it answered (`error` or
 //! `memory` null), the account's figures flat beside the sentence `check` prints.
 
-use super::text::{instance_verdict, verdict, Verdict};
+use super::words::{instance_verdict, verdict, Verdict};
 use crate::classify::{
-    orphaned_bytes_of, AssignedPod, CheckStatus, Finding, GpuAccount, GpuError, GpuVerdict,
-    InstanceVerdict, LeftBehindOwner, MemoryReading, Note, NvmlFailure, Owner, OwnerState,
-    ProcfsView, Remedy, Report, ScanSummary, StuckCall, StuckRead, Suspect,
+    AssignedPod, CheckStatus, Finding, GpuAccount, GpuError, GpuVerdict, InstanceVerdict,
+    LeftBehindOwner, MemoryReading, Note, NvmlFailure, Owner, OwnerState, ProcfsView, Remedy,
+    ScanSummary, Selection, StuckCall, StuckRead, Suggestion, Suspect,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -108,8 +108,8 @@ pub struct GpuDocument<'a> {
     /// Live owners and culprits whose container has ended (only when some have).
     #[serde(skip_serializing_if = "is_zero")]
     pub exited_container_processes: u64,
-    /// The verdict in words.
-    pub verdict: Verdict,
+    /// The verdict in words, and the suggested commands as data.
+    pub verdict: VerdictDocument<'a>,
     /// The verdict on each MIG instance, while MIG is enabled.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub instances: Vec<InstanceDocument<'a>>,
@@ -123,8 +123,22 @@ pub struct InstanceDocument<'a> {
     pub instance: &'a InstanceVerdict,
     /// All orphaned bytes.
     pub orphaned_bytes: u64,
-    /// The verdict in words.
-    pub verdict: Verdict,
+    /// The verdict in words, and the suggested commands as data.
+    pub verdict: VerdictDocument<'a>,
+}
+
+/// A verdict in words beside the commands it suggests, as data: `commands` (each a
+/// `program`, its `args`, and the `stdin` it reads, if any), `then` (the look that tells
+/// whether they worked) and `wait_seconds` (how long that look waits), each only where
+/// something is suggested.
+#[derive(Debug, Serialize)]
+pub struct VerdictDocument<'a> {
+    /// The sentence, notes and suggested command line `check` prints.
+    #[serde(flatten)]
+    pub words: Verdict,
+    /// The suggested commands, as data.
+    #[serde(flatten)]
+    pub suggested: Option<&'a Suggestion>,
 }
 
 /// A GPU that does not answer: the call it is stuck in.
@@ -146,9 +160,10 @@ pub struct StateDocument {
 }
 
 /// Build the document for the GPUs chosen.
-pub fn check_document<'a>(report: &'a Report, gpus: &[&'a GpuVerdict]) -> CheckDocument<'a> {
+pub fn check_document<'a>(selection: &Selection<'a>) -> CheckDocument<'a> {
+    let (report, gpus) = (selection.report, &selection.gpus);
     CheckDocument {
-        status: report.check_status(gpus),
+        status: selection.status,
         nvml_up: report.nvml.is_up(),
         nvml_error: report.nvml.error(),
         nvml_failure: report.nvml.failure(),
@@ -158,7 +173,7 @@ pub fn check_document<'a>(report: &'a Report, gpus: &[&'a GpuVerdict]) -> CheckD
         host_pid_namespace: report.host_pid_namespace,
         procfs_view: report.procfs_view,
         holder_scan: report.holder_scan,
-        orphaned_bytes: orphaned_bytes_of(gpus.iter().copied()),
+        orphaned_bytes: selection.orphaned_bytes(),
         gpus: gpus.iter().map(|gpu| gpu_document(gpu)).collect(),
     }
 }
@@ -215,7 +230,10 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
         notes: account.map_or(&[], |account| account.notes.as_slice()),
         exited_container_processes: account
             .map_or(0, |account| account.exited_container_processes()),
-        verdict: verdict(gpu),
+        verdict: VerdictDocument {
+            words: verdict(gpu),
+            suggested: account.map(|account| &account.suggestion),
+        },
         instances: gpu
             .instances
             .iter()
@@ -224,7 +242,10 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
                 orphaned_bytes: instance
                     .account()
                     .map_or(0, crate::classify::GpuAccount::orphaned_bytes),
-                verdict: instance_verdict(gpu, instance),
+                verdict: VerdictDocument {
+                    words: instance_verdict(gpu, instance),
+                    suggested: instance.account().map(|account| &account.suggestion),
+                },
             })
             .collect(),
     }

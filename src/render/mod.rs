@@ -4,6 +4,7 @@
 pub mod json;
 pub mod prometheus;
 pub mod text;
+pub mod words;
 
 #[cfg(test)]
 mod tests;

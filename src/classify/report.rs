@@ -1,0 +1,494 @@
+//! The verdict for the whole host and for each GPU and MIG instance in it, and what
+//! `check` and the written files report of it.
+
+use super::exporter_process::ExporterProcess;
+use super::owners::OwnerState;
+use super::pods::KubernetesView;
+use super::verdict::{Finding, GpuAccount};
+use crate::observe::containers::{Engine, EngineHealth};
+use crate::observe::kubernetes::PodName;
+use crate::observe::{
+    GpuError, GpuHealth, NvmlFailure, ProcfsView, RecoveryAction, RemappedRows, RetiredPages,
+    StuckCall, StuckRead, XidReading,
+};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// A GPU's account, or why there is none.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum GpuOutcome {
+    /// The readings succeeded.
+    Measured(Box<GpuAccount>),
+    /// A call failed: the GPU's figures are unknown, not zero.
+    Failed {
+        /// The kind of failure.
+        error: GpuError,
+        /// NVML's own words.
+        message: String,
+    },
+    /// A call has not returned in time (a GPU that fell off the bus, a wedged driver):
+    /// nothing is known of its memory, so it is neither orphaned nor fine: cannot tell.
+    NotAnswering {
+        /// The NVML function it is stuck in.
+        call: String,
+        /// Seconds it had been stuck when the look was made.
+        stuck_seconds: f64,
+    },
+}
+
+impl GpuOutcome {
+    /// The kind of failure, when the readings did not succeed: a GPU that does not
+    /// answer is a `timeout`.
+    pub fn error_kind(&self) -> Option<GpuError> {
+        match self {
+            GpuOutcome::Measured(_) => None,
+            GpuOutcome::Failed { error, .. } => Some(*error),
+            GpuOutcome::NotAnswering { .. } => Some(GpuError::Timeout),
+        }
+    }
+
+    /// The account when the readings succeeded.
+    pub fn account(&self) -> Option<&GpuAccount> {
+        match self {
+            GpuOutcome::Measured(account) => Some(account),
+            GpuOutcome::Failed { .. } | GpuOutcome::NotAnswering { .. } => None,
+        }
+    }
+
+    /// The call it is stuck in and for how long, when it does not answer.
+    pub fn stuck(&self) -> Option<(&str, f64)> {
+        match self {
+            GpuOutcome::NotAnswering {
+                call,
+                stuck_seconds,
+            } => Some((call, *stuck_seconds)),
+            GpuOutcome::Measured(_) | GpuOutcome::Failed { .. } => None,
+        }
+    }
+}
+
+/// The verdict for one GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuVerdict {
+    /// NVML's device index.
+    pub index: u32,
+    /// Stable identity; empty when NVML could not say.
+    pub uuid: String,
+    /// Product name.
+    pub name: String,
+    /// PCI bus id.
+    pub pci_bus_id: String,
+    /// Minor number of its device node.
+    pub minor: Option<u32>,
+    /// The containers the kubelet assigned it to (`namespace/pod`, `container`), when known.
+    pub assigned_to: Vec<AssignedPod>,
+    /// The account, or the failure.
+    pub outcome: GpuOutcome,
+    /// The verdict on each MIG device NVML listed (only while MIG is enabled): a context
+    /// lives in one.
+    pub instances: Vec<InstanceVerdict>,
+    /// Its MIG mode; `None` for a GPU without MIG.
+    pub mig: Option<MigMode>,
+    /// What the driver says the GPU needs.
+    pub health: Health,
+}
+
+/// A GPU's MIG mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigMode {
+    /// MIG is enabled now.
+    pub enabled: bool,
+    /// MIG will be enabled after the next GPU reset.
+    pub pending: bool,
+}
+
+/// What the driver says a GPU needs, as the verdict states it. Each part is `None` where
+/// this driver or GPU cannot say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Health {
+    /// The recovery action the driver asks for (drivers 565 and later).
+    pub recovery_action: Option<RecoveryAction>,
+    /// Row remapping (Ampere and later).
+    pub remapped_rows: Option<RemappedRows>,
+    /// Page retirement (GPUs before Ampere).
+    pub retired_pages: Option<RetiredPages>,
+    /// The operating system manages the GPU's memory (a coherent GH200/GB200 in NUMA
+    /// mode): pages stay allocated after a process exits there, which is normal.
+    pub memory_os_managed: bool,
+    /// Critical Xid errors counted since the exporter started; `None` when nothing
+    /// watches them.
+    pub xid: Option<XidReading>,
+}
+
+impl Health {
+    pub(super) fn of(health: &GpuHealth) -> Health {
+        Health {
+            recovery_action: health.recovery_action,
+            remapped_rows: health.remapped_rows,
+            retired_pages: health.retired_pages,
+            memory_os_managed: health.numa_node.is_some(),
+            xid: health.xid.clone(),
+        }
+    }
+}
+
+/// A container a GPU is assigned to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AssignedPod {
+    /// Its pod.
+    pub pod: PodName,
+    /// The container's name.
+    pub container: String,
+}
+
+/// The verdict on one MIG instance (a MIG device): the same account as a GPU's, for its
+/// own memory and processes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceVerdict {
+    /// Its index among the GPU's MIG devices.
+    pub index: u32,
+    /// `MIG-...`.
+    pub uuid: String,
+    /// NVML's name, e.g. `NVIDIA H200 MIG 1g.18gb`.
+    pub name: String,
+    /// Its profile, e.g. `1g.18gb`.
+    pub profile: String,
+    /// The GPU instance id.
+    pub gpu_instance_id: Option<u32>,
+    /// The compute instance id.
+    pub compute_instance_id: Option<u32>,
+    /// The account, or the failure.
+    #[serde(flatten)]
+    pub outcome: GpuOutcome,
+}
+
+impl InstanceVerdict {
+    /// The account when the instance answered.
+    pub fn account(&self) -> Option<&GpuAccount> {
+        self.outcome.account()
+    }
+
+    /// `GI 2, CI 0, 1g.18gb`, how people name an instance.
+    pub fn label(&self) -> String {
+        let id = |id: Option<u32>| id.map_or_else(|| "?".to_string(), |id| id.to_string());
+        format!(
+            "GI {}, CI {}, {}",
+            id(self.gpu_instance_id),
+            id(self.compute_instance_id),
+            if self.profile.is_empty() {
+                "MIG"
+            } else {
+                &self.profile
+            }
+        )
+    }
+}
+
+impl GpuVerdict {
+    /// The account when the GPU answered.
+    pub fn account(&self) -> Option<&GpuAccount> {
+        self.outcome.account()
+    }
+
+    /// Orphaned bytes, 0 for a GPU that did not answer.
+    pub fn orphaned_bytes(&self) -> u64 {
+        self.account().map_or(0, GpuAccount::orphaned_bytes)
+    }
+
+    /// Memory a person waits to see freed after acting: orphaned, left behind, held by
+    /// owners killed and stuck, or being freed; 0 for a GPU that did not answer.
+    pub fn to_free_bytes(&self) -> u64 {
+        self.account().map_or(0, |account| {
+            let left_behind = account
+                .left_behind
+                .iter()
+                .filter_map(|owner| owner.used_bytes)
+                .fold(0, u64::saturating_add);
+            [
+                account.orphaned_bytes(),
+                left_behind,
+                account.tally.bytes(OwnerState::Killed),
+                account.tally.bytes(OwnerState::Exiting),
+            ]
+            .into_iter()
+            .fold(0, u64::saturating_add)
+            .min(account.memory.used)
+        })
+    }
+
+    /// Whether the GPU or one of its MIG instances holds memory that `check --wait` waits
+    /// for: orphaned, left behind, killed and stuck, or being freed.
+    pub fn awaits_freeing(&self) -> bool {
+        std::iter::once(self.account())
+            .chain(self.instances.iter().map(InstanceVerdict::account))
+            .flatten()
+            .any(|account| {
+                matches!(
+                    account.finding,
+                    Finding::Orphaned
+                        | Finding::LeftBehind
+                        | Finding::KilledStuck
+                        | Finding::BeingFreed
+                )
+            })
+    }
+
+    /// Whether the GPU or one of its MIG instances holds orphaned memory.
+    pub fn has_orphan(&self) -> bool {
+        std::iter::once(self.account())
+            .chain(self.instances.iter().map(InstanceVerdict::account))
+            .flatten()
+            .any(|account| account.finding == Finding::Orphaned)
+    }
+
+    /// What `check` says of this GPU: the worst of the GPU's own verdict and its MIG
+    /// instances'; a GPU that does not answer says so.
+    pub fn status(&self) -> CheckStatus {
+        if self.outcome.stuck().is_some() {
+            return CheckStatus::NotAnswering;
+        }
+        std::iter::once(self.account())
+            .chain(self.instances.iter().map(InstanceVerdict::account))
+            .map(|account| match account.map(|account| account.finding) {
+                Some(Finding::Orphaned) => CheckStatus::Orphaned,
+                Some(Finding::LeftBehind | Finding::KilledStuck) => CheckStatus::LeftBehind,
+                Some(Finding::Idle | Finding::Owned) => CheckStatus::Clear,
+                Some(Finding::CannotTell | Finding::BeingFreed) | None => CheckStatus::CannotTell,
+            })
+            .max()
+            .unwrap_or(CheckStatus::Clear)
+    }
+}
+
+/// What `check` reports, in order of precedence: orphaned memory is reported even beside
+/// a GPU that cannot be read (one that answered that it is lost, say); but a look that
+/// did not complete, because NVML or a GPU did not answer in time, says so above all it
+/// found (which it still names): a script must not take a partial look for a whole one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckStatus {
+    /// Every byte has a live owner, or nothing is used.
+    Clear,
+    /// Some GPU's memory cannot be judged, or is being freed, and none is proven
+    /// orphaned.
+    CannotTell,
+    /// Some GPU's memory is held by workers a killed server left behind, or by owners
+    /// killed and stuck in the driver, and none is orphaned.
+    LeftBehind,
+    /// Some GPU holds memory without a live owner.
+    Orphaned,
+    /// NVML or a GPU did not answer in time: the look is incomplete.
+    NotAnswering,
+    /// NVML is missing or failed: nothing can be said.
+    NvmlDown,
+}
+
+impl Report {
+    /// What `check` reports for the GPUs shown. NVML that does not answer is "cannot
+    /// tell", as a GPU that does not answer is; NVML that is missing or fails is an
+    /// error of the host.
+    pub fn check_status(&self, gpus: &[&GpuVerdict]) -> CheckStatus {
+        match &self.nvml {
+            NvmlStatus::Down {
+                reason: NvmlFailure::NotAnswering,
+                ..
+            } => return CheckStatus::NotAnswering,
+            NvmlStatus::Down { .. } => return CheckStatus::NvmlDown,
+            NvmlStatus::Up { .. } => {}
+        }
+        gpus.iter()
+            .map(|gpu| gpu.status())
+            .max()
+            .unwrap_or(CheckStatus::Clear)
+    }
+}
+
+/// What a file written from one look (a snapshot, a textfile) carries, as its command's
+/// exit status says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Everything answered.
+    Complete,
+    /// NVML is missing or failed: the file says so, and the command reports an error.
+    NvmlDown,
+    /// NVML, a GPU or a `/proc` read did not answer in time: the file says which.
+    NotAnswered,
+}
+
+impl Report {
+    /// What a file written from this report carries.
+    pub fn written(&self) -> Written {
+        match self.nvml.failure() {
+            Some(NvmlFailure::NotAnswering) => return Written::NotAnswered,
+            Some(_) => return Written::NvmlDown,
+            None => {}
+        }
+        let gpu_stuck = self.gpus.iter().any(|gpu| gpu.outcome.stuck().is_some());
+        if gpu_stuck || self.procfs_stuck.is_some() {
+            Written::NotAnswered
+        } else {
+            Written::Complete
+        }
+    }
+}
+
+/// Summary of a holder scan for the exporter's own health series.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScanSummary {
+    /// Stopped at its time budget.
+    pub cut_short: bool,
+    /// Processes whose descriptors could not be read.
+    pub permission_errors: u64,
+    /// Seconds it took.
+    pub duration_seconds: f64,
+    /// Whole seconds a `/proc` read had been blocked, when one kept the scan from
+    /// running or cut it short.
+    pub blocked_seconds: Option<u64>,
+}
+
+impl ScanSummary {
+    /// Every process was looked at: no holder can be missing.
+    pub fn complete(&self) -> bool {
+        !self.cut_short && self.permission_errors == 0
+    }
+}
+
+/// `check --json`'s `holder_scan`: `complete` beside what it is derived from, for scripts.
+impl Serialize for ScanSummary {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct ScanJson {
+            complete: bool,
+            cut_short: bool,
+            permission_errors: u64,
+            duration_seconds: f64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            blocked_seconds: Option<u64>,
+        }
+        ScanJson {
+            complete: self.complete(),
+            cut_short: self.cut_short,
+            permission_errors: self.permission_errors,
+            duration_seconds: self.duration_seconds,
+            blocked_seconds: self.blocked_seconds,
+        }
+        .serialize(serializer)
+    }
+}
+
+/// Whether NVML answered, and what it said of itself.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NvmlStatus {
+    /// NVML loaded and answered.
+    Up {
+        /// The kernel driver's version.
+        driver_version: String,
+    },
+    /// NVML could not be loaded or initialised, or does not answer: nothing can be said
+    /// of the GPUs.
+    Down {
+        /// Why, in one line.
+        error: String,
+        /// The kind of failure.
+        reason: NvmlFailure,
+        /// The library-level call that has not returned, when NVML does not answer.
+        stuck: Option<StuckCall>,
+    },
+}
+
+impl NvmlStatus {
+    /// Whether NVML answered.
+    pub fn is_up(&self) -> bool {
+        matches!(self, NvmlStatus::Up { .. })
+    }
+
+    /// The driver's version, when NVML answered.
+    pub fn driver_version(&self) -> Option<&str> {
+        match self {
+            NvmlStatus::Up { driver_version } => Some(driver_version),
+            NvmlStatus::Down { .. } => None,
+        }
+    }
+
+    /// The kind of failure, when NVML did not answer.
+    pub fn failure(&self) -> Option<NvmlFailure> {
+        match self {
+            NvmlStatus::Up { .. } => None,
+            NvmlStatus::Down { reason, .. } => Some(*reason),
+        }
+    }
+
+    /// The call NVML is stuck in, when it does not answer.
+    pub fn stuck(&self) -> Option<&StuckCall> {
+        match self {
+            NvmlStatus::Up { .. } => None,
+            NvmlStatus::Down { stuck, .. } => stuck.as_ref(),
+        }
+    }
+
+    /// Why NVML did not answer.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            NvmlStatus::Up { .. } => None,
+            NvmlStatus::Down { error, .. } => Some(error),
+        }
+    }
+}
+
+/// The verdict for the whole host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// Whether NVML answered.
+    pub nvml: NvmlStatus,
+    /// Whether we run in the host PID namespace (`None`: could not tell).
+    pub host_pid_namespace: Option<bool>,
+    /// Whether the procfs read shows our PID namespace.
+    pub procfs_view: ProcfsView,
+    /// One verdict per GPU; none while NVML is down.
+    pub gpus: Vec<GpuVerdict>,
+    /// `/proc` entries that could not be read.
+    pub procfs_errors: u64,
+    /// The holder scan, when one ran.
+    pub holder_scan: Option<ScanSummary>,
+    /// The `/proc` reader, when it had not returned at this look's deadline.
+    pub procfs_stuck: Option<StuckRead>,
+
+    // Kubernetes.
+    /// Each GPU's pods, pod names by uid, and the kubelet sources' health; `None` when the
+    /// observation has none (a snapshot of an older version).
+    pub kubernetes: Option<KubernetesView>,
+
+    // Container engines.
+    /// How each watched container engine's last call went; `None` when none is watched.
+    pub container_engines: Option<BTreeMap<Engine, EngineHealth>>,
+    /// The exporter's own process, which a server adds to each collection's report (see
+    /// [`exporter_process`]); `None` from [`classify`], which judges the host alone.
+    pub exporter_process: Option<ExporterProcess>,
+}
+
+impl Report {
+    /// True when NVML's process lists may be missing processes of other PID namespaces.
+    pub fn blind(&self) -> bool {
+        self.host_pid_namespace != Some(true)
+    }
+
+    /// Whether no holder is missing for want of looking: the scan saw every process, or
+    /// none was made, as none is where nothing is orphaned (a replayed snapshot without a
+    /// scan says [`Blindness::NoScan`] in the remedy of an orphan instead).
+    pub fn holders_all_seen(&self) -> bool {
+        self.holder_scan.is_none_or(|scan| scan.complete())
+    }
+
+    /// Total orphaned bytes over all GPUs.
+    pub fn orphaned_bytes(&self) -> u64 {
+        orphaned_bytes_of(self.gpus.iter())
+    }
+}
+
+/// Total orphaned bytes of `gpus` (those `check --gpu` chose, or all).
+pub fn orphaned_bytes_of<'a>(gpus: impl IntoIterator<Item = &'a GpuVerdict>) -> u64 {
+    gpus.into_iter()
+        .map(GpuVerdict::orphaned_bytes)
+        .fold(0, u64::saturating_add)
+}

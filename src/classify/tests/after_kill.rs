@@ -1,0 +1,167 @@
+//! After a kill: workers a server left behind, and kills that wait in the driver.
+
+use crate::classify::fixtures::*;
+use crate::classify::*;
+use crate::observe::ProcessFacts;
+
+/// When the fixtures' looks are taken (seconds since the epoch).
+const LOOKED_AT: u64 = 1_764_930_000;
+
+/// A worker of a server (PID 4200) in the server's group and session, with where it came
+/// from as first read: `parent` then, and the group's leader's fate.
+fn worker(pid: u32, parent: u32, group_leader: Leader, spawned_worker: bool) -> ProcessFacts {
+    let mut facts = cuda(pid, &[0]);
+    facts.ppid = parent;
+    facts.pgid = 4200;
+    facts.sid = 4200;
+    facts.lineage = Some(Lineage {
+        parent: Relative {
+            pid: parent,
+            start_time_ticks: Some(90_000),
+            comm: Some(
+                if parent == 4200 {
+                    "api-server"
+                } else {
+                    "systemd"
+                }
+                .into(),
+            ),
+            pgid: Some(if parent == 4200 { 4200 } else { 1 }),
+        },
+        parent_exit_seen_unix_seconds: None,
+        group_leader,
+        session_leader: group_leader,
+        spawned_worker,
+    });
+    facts
+}
+
+fn host_with(owners: &[ProcessFacts]) -> Host {
+    let mut host = Host::idle().used(owners.len() as u64 * USED_ONE_OWNER);
+    host.taken_at = Some(LOOKED_AT);
+    for facts in owners {
+        host = host.owner(facts.pid, Some(CHARGED_ONE_OWNER), present(facts.clone()));
+    }
+    host.scanned()
+}
+
+#[test]
+fn a_worker_whose_parent_was_seen_to_exit_is_left_behind_and_counted() {
+    let mut seen = worker(4242, 1, Leader::Alive, false);
+    let lineage = seen.lineage.as_mut().unwrap();
+    lineage.parent.pid = 4200;
+    lineage.parent.comm = Some("api-server".into());
+    lineage.parent_exit_seen_unix_seconds = Some(LOOKED_AT - 300);
+    let seen_again = seen.clone();
+    let account = host_with(&[seen]).account();
+    assert_eq!(account.finding, Finding::LeftBehind);
+    assert_eq!(account.orphaned_bytes(), 0);
+    assert_eq!(account.left_behind_bytes(), CHARGED_ONE_OWNER);
+    let Seen::ParentExited {
+        parent,
+        alone_seconds,
+        ..
+    } = &account.left_behind[0].seen
+    else {
+        panic!("{:?}", account.left_behind)
+    };
+    assert_eq!(
+        (parent.pid, parent.comm.as_deref()),
+        (4200, Some("api-server"))
+    );
+    assert_eq!(*alone_seconds, Some(300));
+    let Remedy::KillLeftBehind { targets } = &account.remedy else {
+        panic!("{:?}", account.remedy)
+    };
+    assert_eq!(targets.iter().map(|t| t.pid).collect::<Vec<_>>(), [4242]);
+    assert_eq!(
+        host_with(&[seen_again]).report().gpus[0].status(),
+        CheckStatus::LeftBehind
+    );
+}
+
+#[test]
+fn a_worker_never_seen_with_its_parent_is_possibly_left_behind_only_with_evidence() {
+    // A spawned worker whose group's leader is gone, adopted by a parent outside the group.
+    let account = host_with(&[worker(4242, 1, Leader::Gone, true)]).account();
+    assert_eq!(account.finding, Finding::LeftBehind);
+    assert!(matches!(
+        account.left_behind[0].seen,
+        Seen::Possibly {
+            group_leader: 4200,
+            adopted_by: 1,
+            clue: Clue::SpawnedWorker,
+            ..
+        }
+    ));
+    // The series count only what was seen.
+    assert_eq!(account.left_behind_bytes(), 0);
+
+    // Not left behind: its parent is the live leader; its group's leader lives; a
+    // double-forked daemon (group = session, no worker's command line); a process that
+    // leads its own group.
+    let mut daemon = worker(4242, 1, Leader::Gone, false);
+    daemon.sid = daemon.pgid;
+    let mut leader = worker(4242, 1, Leader::Itself, true);
+    leader.pgid = 4242;
+    for facts in [
+        worker(4242, 4200, Leader::Alive, true),
+        worker(4242, 1, Leader::Alive, true),
+        daemon,
+        leader,
+    ] {
+        let account = host_with(std::slice::from_ref(&facts)).account();
+        assert!(account.left_behind.is_empty(), "{facts:?}");
+        assert_eq!(account.finding, Finding::Owned, "{facts:?}");
+    }
+    // A member of a shell's job (its group is not its session) whose leader exited.
+    let mut job = worker(4242, 1, Leader::Gone, false);
+    job.sid = 3000;
+    let account = host_with(&[job]).account();
+    assert!(matches!(
+        account.left_behind[0].seen,
+        Seen::Possibly {
+            clue: Clue::JobLeaderGone,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_kill_that_waits_in_the_driver_past_a_minute_moves_the_remedy_to_a_reset_or_reboot() {
+    let killed = |seconds: u64| {
+        let mut facts = cuda(4242, &[0]).state('D');
+        facts.wchan = Some("uvm_va_space_destroy".into());
+        facts.kill_pending_since_unix_seconds = Some(LOOKED_AT - seconds);
+        host_with(&[facts]).account()
+    };
+    let fresh = killed(5);
+    assert_eq!(fresh.owners[0].state(), OwnerState::Killed);
+    assert_eq!(fresh.finding, Finding::KilledStuck);
+    assert_eq!(fresh.remedy, Remedy::Wait);
+    let stuck = killed(KILL_STUCK_SECONDS);
+    let Remedy::ResetOrReboot { stuck: targets } = &stuck.remedy else {
+        panic!("{:?}", stuck.remedy)
+    };
+    assert_eq!(targets[0].pid, 4242);
+    // The same owner with no kill pending is an uninterruptible owner, and fine.
+    let mut sleeping = cuda(4242, &[0]).state('D');
+    sleeping.wchan = Some("uvm_va_space_destroy".into());
+    let account = host_with(&[sleeping]).account();
+    assert_eq!(account.owners[0].state(), OwnerState::Uninterruptible);
+    assert_eq!(account.finding, Finding::Owned);
+}
+
+#[test]
+fn a_left_behind_worker_kill_cannot_reach_is_named_but_not_suggested_for_kill() {
+    let mut hidden = worker(4242, 1, Leader::Gone, true);
+    hidden.local_pid = None;
+    let account = host_with(&[hidden]).account();
+    assert_eq!(account.finding, Finding::LeftBehind);
+    assert_eq!(
+        account.remedy,
+        Remedy::CannotTell {
+            reason: Blindness::WorkersNotVisible
+        }
+    );
+}

@@ -1,0 +1,67 @@
+//! What is suggested, as data.
+
+use crate::classify::fixtures::*;
+use crate::classify::*;
+use crate::observe::ProcessLookup;
+
+#[test]
+fn a_kill_is_suggested_as_commands_with_the_look_that_confirms_it() {
+    let account = fork_orphan().account();
+    let suggestion = &account.suggestion;
+    assert!(matches!(suggestion.advice, Advice::Kill { .. }));
+    assert_eq!(
+        suggestion.commands,
+        [Command {
+            program: "kill",
+            args: vec!["524".into()],
+            stdin: None,
+        }]
+    );
+    let then = suggestion.then.as_ref().expect("a look after the kill");
+    assert_eq!(
+        (then.program, then.args.join(" ")),
+        ("vram-exporter", "check --gpu 0 --wait 30s".to_string())
+    );
+    assert_eq!(suggestion.wait_seconds, Some(30));
+}
+
+#[test]
+fn a_reset_is_said_one_way_when_nothing_holds_the_gpu_and_another_when_clients_do() {
+    let unheld = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .scanned()
+        .account();
+    assert_eq!(unheld.suggestion.advice, Advice::ResetUnheld);
+    let held = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
+        .holder(nvml_client(1711, "nv-hostengine", &[0]))
+        .account();
+    assert_eq!(
+        held.suggestion.advice,
+        Advice::ResetOnceClientsStop {
+            blockers: vec![1711]
+        }
+    );
+    for account in [&unheld, &held] {
+        assert_eq!(
+            account.suggestion.commands[0].args,
+            ["--gpu-reset", "-i", "0"]
+        );
+    }
+}
+
+#[test]
+fn memory_being_freed_is_looked_at_again_sooner_than_a_kill_that_waits() {
+    let mut exiting = cuda(432, &[]).state('Z');
+    exiting.threads = 1;
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(432, Some(CHARGED_ONE_OWNER), present(exiting))
+        .scanned()
+        .account();
+    assert_eq!(account.remedy, Remedy::Wait);
+    assert_eq!(account.suggestion.advice, Advice::WaitWhileFreed);
+    assert_eq!(account.suggestion.wait_seconds, Some(5));
+}

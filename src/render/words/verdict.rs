@@ -1,0 +1,278 @@
+//! A verdict's sentence: what the GPU's memory amounts to, whom it is charged to and what
+//! holds it, in the case classify chose.
+
+use super::notes::note_words;
+use super::phrases::{
+    duration_words, list, pid_list, plural, process_words, seconds_words, size_words,
+    started_words, MAX_PIDS_NAMED,
+};
+use super::remedy::{remedy_clause, suggested_line};
+use crate::classify::{
+    ChargedTo, Clue, Departure, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, Owner,
+    Process, Seen, Sentence, UnattributedTrust,
+};
+use crate::dates::utc_words;
+use serde::Serialize;
+use std::fmt::Write;
+
+/// The verdict on one GPU in words, with the command that would help, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    /// One sentence for a person.
+    pub sentence: String,
+    /// Further facts worth a line each.
+    pub notes: Vec<String>,
+    /// A command the person may run; the exporter never runs it.
+    pub suggestion: Option<String>,
+}
+
+/// The verdict for one GPU.
+pub fn verdict(gpu: &GpuVerdict) -> Verdict {
+    verdict_of(&format!("GPU {}", gpu.index), gpu.index, &gpu.outcome)
+}
+
+/// The verdict for one MIG instance of `gpu`.
+pub fn instance_verdict(gpu: &GpuVerdict, instance: &InstanceVerdict) -> Verdict {
+    verdict_of(
+        &format!("GPU {} MIG ({})", gpu.index, instance.label()),
+        gpu.index,
+        &instance.outcome,
+    )
+}
+
+/// The verdict on what `label` names (a GPU or one of its MIG instances) of GPU `index`.
+fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
+    let account = match outcome {
+        GpuOutcome::Measured(account) => account,
+        GpuOutcome::NotAnswering {
+            call,
+            stuck_seconds,
+        } => {
+            return Verdict {
+                sentence: format!(
+                    "{label} does not answer NVML (stuck {} in {call}): cannot tell.",
+                    seconds_words(*stuck_seconds)
+                ),
+                notes: vec![
+                    "NVML calls that block like this come with a GPU that fell off the bus (Xid 79) or a wedged driver: look for Xid errors in the kernel log (dmesg). This GPU is asked nothing more until the call returns; the other GPUs are judged as usual.".into(),
+                ],
+                suggestion: None,
+            };
+        }
+        GpuOutcome::Failed { error, message } => {
+            return Verdict {
+                sentence: format!(
+                    "{label}: cannot tell: NVML cannot read it ({}: {message}); its memory is unknown.",
+                    error.as_str()
+                ),
+                notes: vec![
+                    "A lost GPU or one that needs a reset answers again only after a reset, once every process using it has stopped.".into(),
+                ],
+                suggestion: None,
+            };
+        }
+    };
+    let notes: Vec<String> = account
+        .notes
+        .iter()
+        .map(|note| note_words(note, account, index))
+        .collect();
+    let sentence = match account.sentence() {
+        Sentence::Idle => format!("{label}: idle; nothing orphaned."),
+        Sentence::WithinOverhead { used_bytes } => format!(
+            "{label}: {} used, within the driver's overhead; nothing orphaned.",
+            size_words(used_bytes)
+        ),
+        Sentence::Owned { bytes, processes } => format!(
+            "{label}: {} owned by {processes} live process{}; nothing orphaned.",
+            size_words(bytes),
+            plural(processes, "es")
+        ),
+        Sentence::CannotTell {
+            unjudged_owners,
+            unattributed,
+        } => cannot_tell_sentence(label, &unjudged_owners, unattributed),
+        Sentence::LeftBehind { bytes, witnessed } => {
+            let count = account.left_behind.len() as u64;
+            let mut sentence = format!(
+                "{label}: {} held by {count} process{} {}left behind by a server that exited: {}; nothing orphaned",
+                size_words(bytes),
+                plural(count, "es"),
+                if witnessed { "" } else { "possibly " },
+                left_behind_words(account)
+            );
+            remedy_clause(&mut sentence, index, account);
+            sentence
+        }
+        Sentence::KilledStuck { bytes, pids } => {
+            let killed = list(
+                account
+                    .owners
+                    .iter()
+                    .filter(|owner| pids.contains(&owner.pid))
+                    .filter_map(Owner::process)
+                    .map(killed_words),
+            );
+            let mut sentence = format!(
+                "{label}: {} held by {} killed but stuck in the driver (a SIGKILL pending in uninterruptible sleep): {}",
+                size_words(bytes),
+                if pids.len() == 1 {
+                    format!("PID {}, which was", pids[0])
+                } else {
+                    format!("PIDs {}, which were", pid_list(&pids))
+                },
+                killed
+            );
+            remedy_clause(&mut sentence, index, account);
+            sentence
+        }
+        Sentence::BeingFreed { bytes, pids } => format!(
+            "{label}: {} being freed: {} exiting and the driver is freeing {} memory (0.13-0.18 s after a SIGKILL on an H200); nothing orphaned.",
+            size_words(bytes),
+            if pids.len() == 1 {
+                format!("owner PID {} is", pids[0])
+            } else {
+                format!("owner PIDs {} are", pid_list(&pids))
+            },
+            if pids.len() == 1 { "its" } else { "their" }
+        ),
+        Sentence::Orphaned { bytes, charged_to } => {
+            let mut sentence = format!("{label}: {} held", size_words(bytes));
+            sentence.push_str(&charged_to_words(&charged_to));
+            remedy_clause(&mut sentence, index, account);
+            sentence
+        }
+    };
+    Verdict {
+        sentence,
+        notes,
+        suggestion: suggested_line(&account.suggestion, index),
+    }
+}
+
+fn cannot_tell_sentence(
+    label: &str,
+    unjudged_owners: &[u32],
+    unattributed: Option<(u64, UnattributedTrust)>,
+) -> String {
+    let mut reasons = Vec::new();
+    if !unjudged_owners.is_empty() {
+        reasons.push(format!(
+            "owner{} {} cannot be judged",
+            plural(unjudged_owners.len() as u64, "s"),
+            pid_list(unjudged_owners)
+        ));
+    }
+    if let Some((bytes, trust)) = unattributed {
+        reasons.push(format!(
+            "{} is charged to no visible process{}",
+            size_words(bytes),
+            match trust {
+                UnattributedTrust::Blind =>
+                    ", and this process cannot see other PID namespaces' processes",
+                UnattributedTrust::OwnersUncertain =>
+                    ", and it may belong to an owner that cannot be judged",
+                UnattributedTrust::Inconsistent => ", and NVML's figures contradict each other",
+                UnattributedTrust::OsManaged => {
+                    ", and the operating system manages this GPU's memory, where pages stay allocated after a process exits"
+                }
+                UnattributedTrust::Counted => "",
+            }
+        ));
+    }
+    format!(
+        "{label}: cannot tell: {}; nothing is called orphaned.",
+        reasons.join("; ")
+    )
+}
+
+/// ` for exited PID 503`, ` but charged to no process`.
+fn charged_to_words(charged_to: &ChargedTo) -> String {
+    match charged_to {
+        ChargedTo::Nobody => " but charged to no process".into(),
+        ChargedTo::GoneOwners { pids, departure } => {
+            let departure = match departure {
+                Departure::Exited => "exited",
+                Departure::Gone => "gone",
+            };
+            match pids.as_slice() {
+                [pid] => format!(" for {departure} PID {pid}"),
+                pids => format!(" for {departure} PIDs {}", pid_list(pids)),
+            }
+        }
+    }
+}
+
+/// Each left-behind owner in words, with whose worker it was and how that is known.
+fn left_behind_words(account: &GpuAccount) -> String {
+    let named: Vec<String> = account
+        .left_behind
+        .iter()
+        .take(MAX_PIDS_NAMED)
+        .map(|owner| {
+            let whose = match &owner.seen {
+                Seen::ParentExited {
+                    parent,
+                    exit_seen_unix_seconds,
+                    alone_seconds,
+                } => {
+                    let mut about = vec![];
+                    if let Some(comm) = &parent.comm {
+                        about.push(comm.clone());
+                    }
+                    if let Some(started) = parent.started {
+                        about.push(started_words(started));
+                    }
+                    let mut words = format!("a worker of PID {}", parent.pid);
+                    if !about.is_empty() {
+                        let _ = write!(words, " ({})", about.join(", "));
+                    }
+                    let _ = write!(
+                        words,
+                        ", which exited (seen {})",
+                        utc_words(*exit_seen_unix_seconds)
+                    );
+                    if let Some(seconds) = alone_seconds {
+                        let _ = write!(words, "; alone for {}", duration_words(*seconds));
+                    }
+                    words
+                }
+                Seen::Possibly {
+                    group_leader,
+                    adopted_by,
+                    adopted_by_comm,
+                    clue,
+                } => format!(
+                    "possibly left behind: {}, and the leader of its process group, PID {group_leader} (the process that started it), has exited; adopted by PID {adopted_by}{}",
+                    match clue {
+                        Clue::SpawnedWorker => "a worker spawned by Python's multiprocessing, never meant to run without its parent",
+                        Clue::JobLeaderGone => "a member of a shell's job",
+                    },
+                    adopted_by_comm
+                        .as_ref()
+                        .map(|comm| format!(" ({comm})"))
+                        .unwrap_or_default()
+                ),
+            };
+            process_words(&owner.process, &[whose])
+        })
+        .collect();
+    let mut words = list(named);
+    let more = account.left_behind.len().saturating_sub(MAX_PIDS_NAMED);
+    if more > 0 {
+        let _ = write!(words, " and {more} more");
+    }
+    words
+}
+
+/// A killed process's wait: `PID 454 (python3) in uvm_wait since 2026-12-05 ... (95 s)`.
+fn killed_words(process: &Process) -> String {
+    let mut words = format!("PID {} ({})", process.pid, process.comm);
+    if let Some(wchan) = &process.wchan {
+        let _ = write!(words, " in {wchan}");
+    }
+    if let Some(since) = process.kill_pending_since_unix_seconds {
+        let _ = write!(words, ", killed since {}", utc_words(since));
+    }
+    words
+}
