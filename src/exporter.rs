@@ -3,8 +3,8 @@
 use crate::classify::{classify, exporter_process, Report, Settings};
 use crate::observe::procfs::OwnProcess;
 use crate::observe::{
-    Deadlines, NvmlFailure, NvmlReading, Observation, ObserveError, PidNamespace, ProcfsView,
-    Source, Waiting,
+    one_line, Deadlines, NvmlFailure, NvmlReading, Observation, ObserveError, PidNamespace,
+    ProcfsView, Source, Waiting,
 };
 use crate::render::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
 use prometheus_client::collector::Collector;
@@ -170,7 +170,7 @@ impl Exporter {
             Ok(collected) => collected,
             Err(error) => {
                 // The error and its causes, each once, in one line.
-                let error = format!("{:#}", anyhow::Error::new(error));
+                let error = one_line(&error);
                 tracing::error!(error = %error, "cannot observe");
                 let observation = Observation {
                     nvml: NvmlReading::Down {

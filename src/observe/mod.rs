@@ -29,6 +29,7 @@ pub mod procfs;
 mod snapshot;
 mod worker;
 
+pub(crate) use error_line::one_line;
 pub use kubernetes::KubernetesReading;
 pub use lifespan::Lifespan;
 pub use nvml::{
