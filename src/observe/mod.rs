@@ -341,6 +341,7 @@ impl LiveHost {
             kubernetes,
             slurm,
             containers,
+            own_process: None,
         }
     }
 
