@@ -46,7 +46,7 @@ pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapsh
 
 use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
-use self::nvml::{NvmlSource, NvmlThread, WhenGpusAnswer};
+use self::nvml::{NvmlSource, NvmlThread};
 use self::procfs::{Memory, OwnersRead, Placement, ProcRoot, Slurmstepds};
 use self::worker::{InCall, NoAnswer, Worker};
 use crate::sync::lock;
@@ -132,9 +132,8 @@ pub struct LiveHost {
     nvml: NvmlSource,
     proc_root: ProcRoot,
     /// The one thread that reads `/proc`, keeping what earlier looks found of each
-    /// process (served while its start time is the same); shared with the GPU thread
-    /// that starts its look at NVML's owners.
-    procfs: Arc<Worker<Memory>>,
+    /// process (served while its start time is the same).
+    procfs: Worker<Memory>,
     /// Whether the `/proc` reader was stuck at the last look, so it is logged once.
     procfs_stuck: Mutex<bool>,
     /// A server logs what does not answer; a one-shot command says it in its output.
@@ -173,7 +172,7 @@ impl LiveHost {
             boot_time_unix_seconds: proc_root.boot_time(),
             mig_minors: proc_root.root.join(nvml::MIG_MINORS),
             proc_root,
-            procfs: Arc::new(Worker::start("procfs-reader", Memory::new())),
+            procfs: Worker::start("procfs-reader", Memory::new()),
             procfs_stuck: Mutex::new(false),
             lifespan,
             scan_budget,
@@ -245,53 +244,30 @@ impl LiveHost {
 
     fn observe(&self, deadlines: &Deadlines) -> Observation {
         let started = Instant::now();
-        // The /proc look at NVML's owners starts on the thread of the last GPU to answer,
-        // when all answered well, so that this thread is woken once, by its answer.
-        let chained = Arc::new(Mutex::new(None));
-        let start_owners_look: WhenGpusAnswer = {
-            let (procfs, chained) = (Arc::clone(&self.procfs), Arc::clone(&chained));
-            let (root, placement) = (self.proc_root.clone(), self.placement);
-            let (scan_budget, until) = (self.scan_budget, deadlines.owners);
-            Box::new(move |gpus: &[&GpuReading]| {
-                // The MIG capabilities need the whole reading on the /proc reader, which
-                // this look hands over itself.
-                if nvml::gpus_have_mig_devices(gpus.iter().copied()) {
-                    return;
-                }
-                let listed = nvml::listed_pids(gpus.iter().copied());
-                let stops = scan_deadline(Instant::now(), scan_budget, Some(until));
-                let job = owners_look(root, placement, listed, stops, None, PathBuf::new());
-                *lock(&chained) = Some(procfs.submit(READING_OWNERS, job));
-            })
-        };
-        let mut nvml = self.nvml.read(deadlines.nvml, start_owners_look);
+        let mut nvml = self.nvml.read(deadlines.nvml);
         let nvml_read = started.elapsed();
-        let chained = lock(&chained).take();
-        let looked = match chained {
-            Some(submitted) => submitted.and_then(|pending| pending.wait_until(deadlines.owners)),
-            None => {
-                // The owners' look stops its pass over /proc (which containers have ended)
-                // at the scan's budget, as it always has, or sooner when the look must be
-                // done. The driver's table of MIG capability minors is read on the /proc
-                // reader too, for a reading with MIG devices (a copy of it goes there); a
-                // reader that does not answer leaves the capabilities unknown.
-                let stops = scan_deadline(Instant::now(), self.scan_budget, Some(deadlines.owners));
-                let with_capabilities = nvml::has_mig_devices(&nvml).then(|| nvml.clone());
-                let job = owners_look(
-                    self.proc_root.clone(),
-                    self.placement,
-                    nvml.listed_pids(),
-                    stops,
-                    with_capabilities,
-                    self.mig_minors.clone(),
-                );
-                self.procfs.run(READING_OWNERS, deadlines.owners, job)
+        let listed = nvml.listed_pids();
+        // The owners' look stops its pass over /proc (which containers have ended) at
+        // the scan's budget, as it always has, or sooner when the look must be done.
+        let until = scan_deadline(Instant::now(), self.scan_budget, Some(deadlines.owners));
+        let (root, placement) = (self.proc_root.clone(), self.placement);
+        // The driver's table of MIG capability minors is read on the /proc reader too,
+        // for a reading with MIG devices (a copy of it goes there); a reader that does not
+        // answer leaves the capabilities unknown.
+        let mut with_capabilities = nvml::has_mig_devices(&nvml).then(|| nvml.clone());
+        let mig_minors = self.mig_minors.clone();
+        let job = move |memory: &mut Memory| {
+            if let Some(reading) = with_capabilities.as_mut() {
+                nvml::attach_capabilities(reading, &mig_minors);
             }
+            let owners = procfs::look_at_owners(&root, placement, memory, &listed, until);
+            (with_capabilities, owners)
         };
+        let looked = self.procfs.run(READING_OWNERS, deadlines.owners, job);
         let mut procfs_stuck = None;
         let (lookups, mut procfs_errors, procfs_view) = match looked {
-            Ok(looked) => {
-                if let Some(with_capabilities) = looked.with_capabilities {
+            Ok((with_capabilities, looked)) => {
+                if let Some(with_capabilities) = with_capabilities {
                     nvml = with_capabilities;
                 }
                 (looked.lookups, looked.errors, looked.view)
@@ -524,43 +500,6 @@ impl LiveHost {
         }
         reading
     }
-}
-
-/// The `/proc` reader's look at the owners NVML lists (`listed`), stopping its pass over
-/// `/proc` at `stops`; with the capability minors attached to `with_capabilities` (a
-/// copy of a reading with MIG devices) from `mig_minors`.
-fn owners_look(
-    root: ProcRoot,
-    placement: Placement,
-    listed: BTreeMap<u32, Vec<u32>>,
-    stops: Instant,
-    mut with_capabilities: Option<NvmlReading>,
-    mig_minors: PathBuf,
-) -> impl FnOnce(&mut Memory) -> OwnersLook + Send + 'static {
-    move |memory: &mut Memory| {
-        if let Some(reading) = with_capabilities.as_mut() {
-            nvml::attach_capabilities(reading, &mig_minors);
-        }
-        let owners = procfs::look_at_owners(&root, placement, memory, &listed, stops);
-        OwnersLook {
-            with_capabilities,
-            lookups: owners.lookups,
-            errors: owners.errors,
-            view: owners.view,
-        }
-    }
-}
-
-/// What the `/proc` reader's look at NVML's owners answers.
-struct OwnersLook {
-    /// The copy of a reading with MIG devices it was given, with their capabilities.
-    with_capabilities: Option<NvmlReading>,
-    /// What is there now, by NVML's PID.
-    lookups: BTreeMap<u32, ProcessLookup>,
-    /// Entries that existed but could not be read.
-    errors: u64,
-    /// Whether the procfs shows our own PID namespace.
-    view: ProcfsView,
 }
 
 /// The cgroups of the owners that are there.

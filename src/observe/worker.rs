@@ -21,9 +21,8 @@
 
 use crate::sync::lock;
 use std::cell::RefCell;
-use std::marker::PhantomData;
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a caller whose deadline has passed still waits for an answer that may be on
@@ -134,27 +133,6 @@ impl<S: Send + 'static> Worker<S> {
         first_call: &'static str,
         job: impl FnOnce(&mut S) -> T + Send + 'static,
     ) -> Result<Pending<T>, NoAnswer> {
-        let (answer, reply) = mpsc::sync_channel(1);
-        // The caller may have stopped waiting: then nobody takes the answer.
-        let handed = self.hand(first_call, job, move |answered| {
-            if let Ok(answered) = answered {
-                let _ = answer.send(answered);
-            }
-        })?;
-        Ok(Pending { reply, handed })
-    }
-
-    /// Hands `job` to the thread as [`Worker::submit`] does, and gives its answer to
-    /// `deliver` on the worker's thread as soon as it is there (`Failed` if the job
-    /// panics): whoever waits for it is woken by `deliver`, not by a channel of its own,
-    /// so several workers' answers can wake one waiter once, and the last of them can
-    /// start the next step itself.
-    pub(crate) fn hand<T: Send + 'static>(
-        &self,
-        first_call: &'static str,
-        job: impl FnOnce(&mut S) -> T + Send + 'static,
-        deliver: impl FnOnce(Result<T, NoAnswer>) + Send + 'static,
-    ) -> Result<Handed, NoAnswer> {
         let jobs = self
             .jobs
             .as_ref()
@@ -174,11 +152,8 @@ impl<S: Send + 'static> Worker<S> {
                 }
             }
         }
+        let (answer, reply) = mpsc::sync_channel(1);
         let status = Arc::clone(&self.status);
-        let mut delivery = Delivery {
-            deliver: Some(deliver),
-            answer: PhantomData,
-        };
         let handed = jobs.send(Box::new(move |state: &mut S| {
             *lock(&status.busy) = Busy {
                 in_call: Some(InCall {
@@ -192,13 +167,15 @@ impl<S: Send + 'static> Worker<S> {
             // Idle before the answer goes out: whoever acts on the answer may hand the
             // next job at once.
             lock(&status.busy).in_call = None;
-            delivery.deliver(Ok(answered));
+            // The caller may have stopped waiting: then nobody takes the answer.
+            let _ = answer.send(answered);
         }));
         if handed.is_err() {
             *lock(&self.status.busy) = Busy::default();
             return Err(NoAnswer::Failed("the reader thread has ended".into()));
         }
-        Ok(Handed {
+        Ok(Pending {
+            reply,
             status: Arc::clone(&self.status),
             first_call,
             handed_at: Instant::now(),
@@ -221,30 +198,10 @@ impl<S: Send + 'static> Worker<S> {
     }
 }
 
-/// Where a job's answer goes: a job that panics drops it undelivered, and then it says
-/// the reading failed.
-struct Delivery<T, F: FnOnce(Result<T, NoAnswer>)> {
-    deliver: Option<F>,
-    answer: PhantomData<fn(T)>,
-}
-
-impl<T, F: FnOnce(Result<T, NoAnswer>)> Delivery<T, F> {
-    fn deliver(&mut self, answer: Result<T, NoAnswer>) {
-        if let Some(deliver) = self.deliver.take() {
-            deliver(answer);
-        }
-    }
-}
-
-impl<T, F: FnOnce(Result<T, NoAnswer>)> Drop for Delivery<T, F> {
-    fn drop(&mut self) {
-        self.deliver(Err(NoAnswer::Failed("the reading panicked".into())));
-    }
-}
-
-/// A job handed to a worker: what to report if its answer does not come in time.
+/// A job handed to a worker, whose answer may still come.
 #[derive(Debug)]
-pub(crate) struct Handed {
+pub(crate) struct Pending<T> {
+    reply: mpsc::Receiver<T>,
     status: Arc<Status>,
     /// What the job does before it says otherwise, and when it was handed over: what
     /// is reported while it has not started (queued behind another).
@@ -252,145 +209,39 @@ pub(crate) struct Handed {
     handed_at: Instant,
 }
 
-impl Handed {
-    /// The call the job is in now that its waiter stops waiting: given up on, so that
-    /// later looks report it at once and hand the thread nothing while it is in it.
-    pub(crate) fn give_up(&self) -> NoAnswer {
-        let mut busy = lock(&self.status.busy);
-        match busy.in_call {
-            Some(in_call) => {
-                busy.given_up = Some(in_call);
-                NoAnswer::Stuck(in_call)
-            }
-            // Between the job it was queued behind and its own start.
-            None => NoAnswer::Stuck(InCall {
-                call: self.first_call,
-                since: self.handed_at,
-            }),
-        }
-    }
-}
-
-/// A job handed to a worker, whose answer may still come.
-#[derive(Debug)]
-pub(crate) struct Pending<T> {
-    reply: mpsc::Receiver<T>,
-    handed: Handed,
-}
-
 impl<T> Pending<T> {
     /// The job's answer, or the call it is still in at `deadline`.
     pub(crate) fn wait_until(self, deadline: Instant) -> Result<T, NoAnswer> {
         let wait = deadline.saturating_duration_since(Instant::now());
-        let panicked = || NoAnswer::Failed("the reading panicked".into());
         match self.reply.recv_timeout(wait) {
             Ok(answer) => Ok(answer),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(panicked()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(NoAnswer::Failed("the reading panicked".into()))
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 match self.reply.recv_timeout(ANSWER_IN_FLIGHT) {
-                    Ok(answer) => Ok(answer),
-                    Err(mpsc::RecvTimeoutError::Disconnected) => Err(panicked()),
-                    Err(mpsc::RecvTimeoutError::Timeout) => Err(self.handed.give_up()),
+                    Ok(answer) => return Ok(answer),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        return Err(NoAnswer::Failed("the reading panicked".into()))
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                }
+                let mut busy = lock(&self.status.busy);
+                match busy.in_call {
+                    Some(in_call) => {
+                        // Given up on: later looks report it at once, and hand it nothing
+                        // while it is in this call.
+                        busy.given_up = Some(in_call);
+                        Err(NoAnswer::Stuck(in_call))
+                    }
+                    // Between the job it was queued behind and its own start.
+                    None => Err(NoAnswer::Stuck(InCall {
+                        call: self.first_call,
+                        since: self.handed_at,
+                    })),
                 }
             }
         }
-    }
-}
-
-/// The answers of jobs handed to several workers, which one caller waits for together:
-/// it is woken once, by the last answer (or at its deadline), and the last answer may
-/// start what comes next on its own thread, so that the caller need not wake between.
-pub(crate) struct Gather<T> {
-    state: Mutex<Gathering<T>>,
-    all_in: Condvar,
-}
-
-/// What comes next once every answer is in, run on the thread of the last.
-type Then<T> = Box<dyn FnOnce(&[Result<T, NoAnswer>]) + Send>;
-
-struct Gathering<T> {
-    answers: Vec<Option<Result<T, NoAnswer>>>,
-    missing: usize,
-    then: Option<Then<T>>,
-}
-
-impl<T: Send + 'static> Gather<T> {
-    /// Room for `count` answers; `then` runs once all of them are in, unless the caller
-    /// stopped waiting before.
-    pub(crate) fn new(
-        count: usize,
-        then: Option<impl FnOnce(&[Result<T, NoAnswer>]) + Send + 'static>,
-    ) -> Arc<Gather<T>> {
-        Arc::new(Gather {
-            state: Mutex::new(Gathering {
-                answers: (0..count).map(|_| None).collect(),
-                missing: count,
-                then: then.map(|then| Box::new(then) as Then<T>),
-            }),
-            all_in: Condvar::new(),
-        })
-    }
-
-    /// Where the answer of job `index` goes, for [`Worker::hand`].
-    pub(crate) fn deliver_to(
-        self: &Arc<Self>,
-        index: usize,
-    ) -> impl FnOnce(Result<T, NoAnswer>) + Send + 'static {
-        let gather = Arc::clone(self);
-        move |answer| gather.answer(index, answer)
-    }
-
-    /// The answer of job `index` (or why there is none): the last one in runs what
-    /// comes next and wakes the caller.
-    pub(crate) fn answer(&self, index: usize, answer: Result<T, NoAnswer>) {
-        let mut state = lock(&self.state);
-        if state.answers[index].replace(answer).is_none() {
-            state.missing -= 1;
-        }
-        if state.missing == 0 {
-            if let Some(then) = state.then.take() {
-                let answers: Vec<_> = state.answers.iter_mut().map(Option::take).collect();
-                let answers: Vec<Result<T, NoAnswer>> = answers.into_iter().flatten().collect();
-                then(&answers);
-                state.answers = answers.into_iter().map(Some).collect();
-            }
-            self.all_in.notify_one();
-        }
-    }
-
-    /// Every answer that is in by `deadline` (and a little after, for one on its way),
-    /// with `handed`'s account of where a missing one is. From then on, `then` does not
-    /// run: the caller does what comes next.
-    pub(crate) fn wait_until(
-        &self,
-        deadline: Instant,
-        handed: &[Option<Handed>],
-    ) -> Vec<Result<T, NoAnswer>> {
-        let mut state = lock(&self.state);
-        for until in [deadline, deadline + ANSWER_IN_FLIGHT] {
-            while state.missing > 0 {
-                let wait = until.saturating_duration_since(Instant::now());
-                if wait.is_zero() {
-                    break;
-                }
-                state = self
-                    .all_in
-                    .wait_timeout(state, wait)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .0;
-            }
-        }
-        state.then = None;
-        state
-            .answers
-            .iter_mut()
-            .zip(handed)
-            .map(|(answer, handed)| match (answer.take(), handed) {
-                (Some(answer), _) => answer,
-                (None, Some(handed)) => Err(handed.give_up()),
-                (None, None) => Err(NoAnswer::Failed("never handed over".into())),
-            })
-            .collect()
     }
 }
 
@@ -516,96 +367,6 @@ mod tests {
             std::thread::yield_now();
         }
         assert_eq!(worker.run("after", soon(), |count| *count + 1), Ok(1));
-    }
-
-    #[test]
-    fn a_gather_is_woken_once_all_answered_and_the_last_answer_starts_what_comes_next() {
-        let workers: Vec<_> = (0..3)
-            .map(|index| Worker::start(&format!("test-gather-{index}"), index as u32))
-            .collect();
-        let (next, started) = mpsc::channel();
-        let then = move |answers: &[Result<u32, NoAnswer>]| {
-            let sum = answers.iter().flatten().sum::<u32>();
-            next.send((sum, std::thread::current().name().map(str::to_string)))
-                .unwrap();
-        };
-        let gather = Gather::new(workers.len(), Some(then));
-        let handed: Vec<_> = workers
-            .iter()
-            .enumerate()
-            .map(|(index, worker)| {
-                let job = |value: &mut u32| *value * 10;
-                Some(worker.hand("call", job, gather.deliver_to(index)).unwrap())
-            })
-            .collect();
-        let answers = gather.wait_until(soon(), &handed);
-        assert_eq!(answers, vec![Ok(0), Ok(10), Ok(20)]);
-        // What comes next ran before the waiter woke, on a worker's thread.
-        let (sum, thread) = started.try_recv().unwrap();
-        assert_eq!(sum, 30);
-        assert!(thread.unwrap().starts_with("test-gather-"));
-    }
-
-    #[test]
-    fn a_gather_reports_a_stuck_job_and_what_comes_next_is_left_to_the_waiter() {
-        let (healthy, hanging) = (
-            Worker::start("test-g-ok", 1u32),
-            Worker::start("test-g-hang", 0u32),
-        );
-        let (open, job) = gated();
-        let ran = Arc::new(Mutex::new(false));
-        let flag = Arc::clone(&ran);
-        let gather = Gather::new(
-            3,
-            Some(move |_: &[Result<u32, NoAnswer>]| *lock(&flag) = true),
-        );
-        let handed = vec![
-            Some(
-                healthy
-                    .hand("read", |value: &mut u32| *value, gather.deliver_to(0))
-                    .unwrap(),
-            ),
-            Some(hanging.hand("open", job, gather.deliver_to(1)).unwrap()),
-            Some(
-                healthy
-                    .hand(
-                        "boom",
-                        |_: &mut u32| -> u32 { panic!("a bug in a job") },
-                        gather.deliver_to(2),
-                    )
-                    .unwrap(),
-            ),
-        ];
-        let answers = gather.wait_until(Instant::now() + Duration::from_secs(1), &handed);
-        assert_eq!(answers[0], Ok(1));
-        assert!(
-            matches!(
-                answers[1],
-                Err(NoAnswer::Stuck(InCall {
-                    call: "blockingCall",
-                    ..
-                }))
-            ),
-            "{:?}",
-            answers[1]
-        );
-        assert!(
-            matches!(answers[2], Err(NoAnswer::Failed(_))),
-            "{:?}",
-            answers[2]
-        );
-        // Given up on, as a lone job would be; the late answer starts nothing.
-        assert!(matches!(
-            hanging.submit("next", |value: &mut u32| *value),
-            Err(NoAnswer::Stuck(_))
-        ));
-        drop(open);
-        let deadline = soon();
-        while hanging.in_call().is_some() {
-            assert!(Instant::now() < deadline);
-            std::thread::yield_now();
-        }
-        assert!(!*lock(&ran));
     }
 
     #[test]

@@ -70,12 +70,7 @@ pub(crate) fn has_mig_devices(reading: &NvmlReading) -> bool {
     let NvmlReading::Up { gpus, .. } = reading else {
         return false;
     };
-    gpus_have_mig_devices(gpus)
-}
-
-/// [`has_mig_devices`] of these GPUs' readings.
-pub(crate) fn gpus_have_mig_devices<'a>(gpus: impl IntoIterator<Item = &'a GpuReading>) -> bool {
-    gpus.into_iter()
+    gpus.iter()
         .any(|gpu| gpu.mig.as_ref().is_some_and(|mig| !mig.devices.is_empty()))
 }
 

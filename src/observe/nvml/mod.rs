@@ -16,11 +16,10 @@ mod reading;
 mod source;
 mod xid;
 
-pub(crate) use mig::{attach_capabilities, gpus_have_mig_devices, has_mig_devices, MIG_MINORS};
-pub(crate) use reading::listed_pids;
+pub(crate) use mig::{attach_capabilities, has_mig_devices, MIG_MINORS};
 pub use reading::{
     GpuError, GpuHealth, GpuReading, GpuState, MemoryReading, MigCapabilities, MigDeviceReading,
     MigReading, NvmlFailure, NvmlLists, NvmlProcess, NvmlReading, ProcessList, RecoveryAction,
     RemappedRows, RetiredPages, StuckCall, XidReading,
 };
-pub(crate) use source::{NvmlSource, NvmlThread, WhenGpusAnswer};
+pub(crate) use source::{NvmlSource, NvmlThread};

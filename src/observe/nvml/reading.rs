@@ -84,31 +84,24 @@ impl NvmlReading {
     /// minor numbers of the GPUs it is listed on (a MIG device's context maps its GPU's
     /// node).
     pub(crate) fn listed_pids(&self) -> BTreeMap<u32, Vec<u32>> {
-        match self {
-            NvmlReading::Up { gpus, .. } => listed_pids(gpus),
-            NvmlReading::Down { .. } => BTreeMap::new(),
-        }
-    }
-}
-
-/// [`NvmlReading::listed_pids`] of these GPUs' readings.
-pub(crate) fn listed_pids<'a>(
-    gpus: impl IntoIterator<Item = &'a GpuReading>,
-) -> BTreeMap<u32, Vec<u32>> {
-    let mut listed: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for gpu in gpus {
-        let instances = gpu.mig.iter().flat_map(|mig| &mig.devices);
-        let states = std::iter::once(&gpu.state).chain(instances.map(|device| &device.state));
-        for state in states {
-            if let GpuState::Ok { processes, .. } = state {
-                for process in processes.entries() {
-                    let minors = listed.entry(process.pid).or_default();
-                    minors.extend(gpu.minor.filter(|minor| !minors.contains(minor)));
+        let mut listed: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        if let NvmlReading::Up { gpus, .. } = self {
+            for gpu in gpus {
+                let instances = gpu.mig.iter().flat_map(|mig| &mig.devices);
+                let states =
+                    std::iter::once(&gpu.state).chain(instances.map(|device| &device.state));
+                for state in states {
+                    if let GpuState::Ok { processes, .. } = state {
+                        for process in processes.entries() {
+                            let minors = listed.entry(process.pid).or_default();
+                            minors.extend(gpu.minor.filter(|minor| !minors.contains(minor)));
+                        }
+                    }
                 }
             }
         }
+        listed
     }
-    listed
 }
 
 /// One GPU as NVML describes it.

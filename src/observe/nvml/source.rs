@@ -17,7 +17,7 @@ use super::reading::{GpuError, GpuReading, GpuState, NvmlFailure, NvmlReading, S
 use super::xid::XidCounter;
 use crate::observe::error_line::one_line;
 use crate::observe::lifespan::Lifespan;
-use crate::observe::worker::{calling, Gather, Handed, InCall, NoAnswer, Worker};
+use crate::observe::worker::{calling, InCall, NoAnswer, Worker};
 use crate::sync::lock;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
@@ -42,10 +42,6 @@ const LIBRARY_ANSWERS_FOR: Duration = Duration::from_secs(30);
 
 /// What a library-level job says before its first call: loading is init.
 const LOADING: &str = "nvmlInit_v2";
-
-/// The next step of a look, started by the last GPU to answer: it gets every GPU's
-/// reading, when all answered well (see [`NvmlSource::read`]).
-pub(crate) type WhenGpusAnswer = Box<dyn FnOnce(&[&GpuReading]) + Send>;
 
 /// Why NVML gave no reading.
 #[derive(Debug, Error)]
@@ -216,13 +212,7 @@ impl NvmlSource {
     /// well: a driver that went away fails every GPU's calls, and is then reported as
     /// NVML down in the same look, as if the library had been asked first. A look of a
     /// healthy host thus hands work to one thread fewer.
-    ///
-    /// `then` runs on the thread of the last GPU to answer, the moment every GPU has
-    /// answered well and before the caller is woken, with their readings (which the
-    /// reading returned is made of): the next step of the look starts there, without a
-    /// hand-off back to the caller first. It does not run when some GPU did not answer
-    /// well or in time; the caller then does the next step itself.
-    pub(crate) fn read(&self, until: Instant, then: WhenGpusAnswer) -> NvmlReading {
+    pub(crate) fn read(&self, until: Instant) -> NvmlReading {
         let recent = lock(&self.library_up)
             .clone()
             .filter(|up| up.asked_at.elapsed() < LIBRARY_ANSWERS_FOR);
@@ -234,7 +224,7 @@ impl NvmlSource {
                 Err(down) => return down,
             },
         };
-        let gpus = self.read_gpus(&up, until, then);
+        let gpus = self.read_gpus(&up, until);
         if !asked_first
             && gpus
                 .iter()
@@ -314,60 +304,36 @@ impl NvmlSource {
         Ok(up)
     }
 
-    /// Each GPU's reading, from its own thread, waited for until `until`; `then` as
-    /// [`NvmlSource::read`] says.
-    fn read_gpus(&self, up: &LibraryUp, until: Instant, then: WhenGpusAnswer) -> Vec<GpuReading> {
+    /// Each GPU's reading, from its own thread, waited for until `until`.
+    fn read_gpus(&self, up: &LibraryUp, until: Instant) -> Vec<GpuReading> {
         let (count, generation) = (up.count, up.generation);
         let slots = self.slots(count);
         let job = |index: u32, slot: &GpuSlot| {
             let (nvml, known) = (Arc::clone(&up.nvml), Arc::clone(&slot.identity));
-            move |memo: &mut GpuMemo| {
-                if memo.generation != generation {
-                    // Another library (a driver upgraded under us) may answer otherwise.
-                    *memo = GpuMemo {
-                        generation,
-                        answers: Answers::default(),
-                    };
-                }
-                read_gpu(&nvml, index, &known, &mut memo.answers)
-            }
-        };
-        const FIRST_CALL: &str = "nvmlDeviceGetHandleByIndex_v2";
-        let answers: Vec<Result<GpuReading, NoAnswer>> = if self.side_by_side {
-            // Every GPU's answer goes to one gather: this thread is woken once, by the
-            // last of them, which has started `then` already.
-            let then = move |answers: &[Result<GpuReading, NoAnswer>]| {
-                let gpus: Option<Vec<&GpuReading>> = answers
-                    .iter()
-                    .map(|answer| answer.as_ref().ok())
-                    .map(|gpu| gpu.filter(|gpu| matches!(gpu.state, GpuState::Ok { .. })))
-                    .collect();
-                if let Some(gpus) = gpus {
-                    then(&gpus);
-                }
-            };
-            let gather = Gather::new(count as usize, Some(then));
-            let handed: Vec<Option<Handed>> = (0..count)
-                .zip(&slots)
-                .map(|(index, slot)| {
-                    let deliver = gather.deliver_to(index as usize);
-                    match slot.worker.hand(FIRST_CALL, job(index, slot), deliver) {
-                        Ok(handed) => Some(handed),
-                        Err(no_answer) => {
-                            gather.answer(index as usize, Err(no_answer));
-                            None
-                        }
+            slot.worker.submit(
+                "nvmlDeviceGetHandleByIndex_v2",
+                move |memo: &mut GpuMemo| {
+                    if memo.generation != generation {
+                        // Another library (a driver upgraded under us) may answer otherwise.
+                        *memo = GpuMemo {
+                            generation,
+                            answers: Answers::default(),
+                        };
                     }
-                })
-                .collect();
-            gather.wait_until(until, &handed)
+                    read_gpu(&nvml, index, &known, &mut memo.answers)
+                },
+            )
+        };
+        let answers: Vec<Result<GpuReading, NoAnswer>> = if self.side_by_side {
+            let pending: Vec<_> = (0..count).zip(&slots).map(|(i, s)| job(i, s)).collect();
+            pending
+                .into_iter()
+                .map(|pending| pending.and_then(|pending| pending.wait_until(until)))
+                .collect()
         } else {
             (0..count)
                 .zip(&slots)
-                .map(|(index, slot)| {
-                    let pending = slot.worker.submit(FIRST_CALL, job(index, slot));
-                    pending.and_then(|pending| pending.wait_until(until))
-                })
+                .map(|(index, slot)| job(index, slot).and_then(|pending| pending.wait_until(until)))
                 .collect()
         };
         let looked_at = Instant::now();
