@@ -15,15 +15,19 @@
 //! `SCRAPE_SOAK` (scrapes of the memory soak, default 128000) on `SCRAPE_SOAK_GPUS` GPUs
 //! (default 1) with `SCRAPE_SOAK_OWNERS` owners (default 8, at most 64; the interval
 //! section uses the same scenario), `SCRAPE_INTERVAL_SECONDS` (how long the interval
-//! section scrapes once a second, and first idles, default 180),
+//! section scrapes once a second, and first idles, default 180), the cpu section's
+//! `SCRAPE_CPU_GPUS` and `SCRAPE_CPU_OWNERS` (default 1 and 1, the H200's one-owner
+//! scenario), `SCRAPE_CPU_FAST` (scrapes back to back, default 2000), `SCRAPE_CPU_SLOW`
+//! (scrapes at a steady pace, default 20), `SCRAPE_CPU_INTERVAL_MS` (that pace, default
+//! 1000) and `SCRAPE_CPU_ROUNDS` (default 2),
 //! `SCRAPE_WRK_SECONDS` (default 30), `SCRAPE_WRK_CONNECTIONS` (default 64),
 //! `SCRAPE_WRK_BESIDE` (default 1: one more connection a second beside wrk's, as a
 //! Prometheus server beside a load test; 0: wrk alone) and
 //! `SCRAPE_BASELINE_BINARY` (an earlier build of the exporter: the wrk section then
 //! measures it the same way, alternating with this build over two rounds, for a
-//! before-and-after in one run; the targets and latency sections too). `SCRAPE_TARGET_SECONDS`
+//! before-and-after in one run; the targets, latency and cpu sections too). `SCRAPE_TARGET_SECONDS`
 //! (default 20) is how long each wrk run of the targets section lasts. A positional
-//! argument filters the sections by name: latency, breakdown, soak, interval, wrk,
+//! argument filters the sections by name: latency, breakdown, soak, interval, cpu, wrk,
 //! targets.
 
 // The integration tests' rig, fake NVML scenario and model owners. The bench uses a few of
@@ -35,11 +39,13 @@ mod helpers;
 #[path = "../settings/mod.rs"]
 mod settings;
 
+mod cpu;
 mod latency;
 mod load;
 mod serve;
 mod steady;
 
+use cpu::cpu;
 use latency::{breakdown, latency};
 use load::{targets, wrk, wrk_summary};
 use steady::{interval, soak};
@@ -71,9 +77,17 @@ fn main() {
                 .iter()
                 .any(|filter| format!("scrape/{section}").contains(filter))
     };
-    if !["latency", "breakdown", "soak", "interval", "wrk", "targets"]
-        .iter()
-        .any(|section| wanted(section))
+    if ![
+        "latency",
+        "breakdown",
+        "soak",
+        "interval",
+        "cpu",
+        "wrk",
+        "targets",
+    ]
+    .iter()
+    .any(|section| wanted(section))
     {
         return;
     }
@@ -114,6 +128,19 @@ fn main() {
         let pids = owners.pids(&rig, soak_gpus);
         let seconds = env_number("SCRAPE_INTERVAL_SECONDS", 180);
         interval(&rig, soak_gpus, &pids[..soak_owners], seconds);
+    }
+    if wanted("cpu") {
+        let gpus = env_number("SCRAPE_CPU_GPUS", 1) as u32;
+        let pids = owners.pids(&rig, gpus);
+        let count = env_number("SCRAPE_CPU_OWNERS", 1).min(MAX_OWNERS);
+        let baseline = std::env::var_os("SCRAPE_BASELINE_BINARY").map(std::path::PathBuf::from);
+        let pace = (
+            env_number("SCRAPE_CPU_FAST", 2_000),
+            env_number("SCRAPE_CPU_SLOW", 20),
+            std::time::Duration::from_millis(env_number("SCRAPE_CPU_INTERVAL_MS", 1_000) as u64),
+        );
+        let rounds = env_number("SCRAPE_CPU_ROUNDS", 2);
+        cpu(&rig, gpus, &pids[..count], baseline, rounds, pace);
     }
     if wanted("targets") {
         // Only the 8-GPU owners may run: the other sections' owners would hold contexts
