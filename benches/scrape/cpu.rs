@@ -169,7 +169,11 @@ pub(crate) fn cpu(
         let median = |pick: fn(&Run) -> f64| {
             let mut values: Vec<f64> = mine.iter().map(|run| pick(run)).collect();
             values.sort_by(f64::total_cmp);
-            values[values.len() / 2]
+            let middle = values.len() / 2;
+            match values.len() % 2 {
+                0 => (values[middle - 1] + values[middle]) / 2.0,
+                _ => values[middle],
+            }
         };
         println!(
             "{build}: median of {} rounds, {:.0} us a scrape back to back, {:.0} us a scrape at one every {} ms ({:.3} ms of CPU a second at one scrape a second)",
