@@ -1,16 +1,21 @@
-//! Ties the flow together: observe -> classify -> render, once per scrape.
+//! Ties the flow together, once per scrape: [`Exporter::collect`] observes the host
+//! (NVML, `/proc`, the holder scan where memory is orphaned, the exporter's own process)
+//! and classifies what it saw into a finished [`Report`]; [`Exporter::encode`] then
+//! renders that report and nothing else. The `/metrics` handler calls the one, then the
+//! other (`web::collections`), and so does `textfile` ([`Exporter::encode_once`]).
 
-use crate::classify::{classify, exporter_process, Report, Settings};
+use crate::classify::{classify, Report, Settings};
 use crate::observe::procfs::OwnProcess;
 use crate::observe::{
-    Deadlines, NvmlFailure, NvmlReading, Observation, ObserveError, PidNamespace, ProcfsView,
-    Source, Waiting,
+    one_line, Deadlines, NvmlFailure, NvmlReading, Observation, ObserveError, PidNamespace,
+    ProcfsView, Source, Waiting,
 };
 use crate::render::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -42,16 +47,18 @@ impl Format {
     }
 }
 
-/// One collection: what was seen, the verdict, and the time this collection spent on
-/// the holder scan (`None` when it made none; a replayed scan is not this one's).
+/// One collection: what was seen, the verdict, and the time it took.
 #[derive(Debug)]
-pub struct Collected {
+pub struct Collection {
     /// What was seen.
     pub observation: Observation,
     /// The verdict.
     pub report: Report,
-    /// Seconds spent scanning for holders in this collection.
+    /// Seconds spent scanning for holders in this collection (`None` when it made none;
+    /// a replayed scan is not this one's).
     pub scan_seconds: Option<f64>,
+    /// Seconds the whole collection took: observing, the holder scan and classifying.
+    pub seconds: f64,
 }
 
 /// The exporter's state: where it looks and how it judges.
@@ -67,6 +74,9 @@ pub struct Exporter {
     collecting: Mutex<()>,
     /// The exporter's own process, read for its `process_*` series: a server's only.
     own_process: Option<OwnProcess>,
+    /// The size of the last body encoded: the next is about as large, so its buffer is
+    /// allocated once instead of grown by doubling.
+    last_body_bytes: AtomicUsize,
 }
 
 impl Exporter {
@@ -79,15 +89,40 @@ impl Exporter {
             build: BuildInfo::current(),
             collecting: Mutex::new(()),
             own_process: None,
+            last_body_bytes: AtomicUsize::new(16 * 1024),
         }
     }
 
-    /// Also serves the `process_*` series of this process, read from `/proc/self` after
+    /// Also serves the `process_*` series of this process, read from `/proc/self` in
     /// each collection. For a server: a one-shot command's figures would describe a
     /// process that has exited by the time anyone reads them.
     pub fn with_own_process(mut self) -> Exporter {
         self.own_process = Some(OwnProcess::new(std::path::Path::new("/proc")));
         self
+    }
+
+    /// A scrape's collection, done by `until`: observe, scan for holders where memory is
+    /// orphaned, classify. A replay file that cannot be read is served as NVML being
+    /// down, with the reason in the log.
+    pub fn collect(&self, until: Instant) -> Collection {
+        let started = Instant::now();
+        match self.try_observe_and_classify(HolderScanPolicy::WhenOrphaned, until) {
+            Ok(collection) => collection,
+            Err(error) => {
+                let error = one_line(&error);
+                tracing::error!(error = %error, "cannot observe");
+                let observation = Observation {
+                    own_process: self.read_own_process(),
+                    ..nvml_down(error)
+                };
+                Collection {
+                    report: classify(&observation, &self.settings),
+                    observation,
+                    scan_seconds: None,
+                    seconds: started.elapsed().as_secs_f64(),
+                }
+            }
+        }
     }
 
     /// Observe and classify, scanning for holders as `policy` says, done by `until`: a
@@ -99,11 +134,15 @@ impl Exporter {
         &self,
         policy: HolderScanPolicy,
         until: Instant,
-    ) -> Result<Collected, ObserveError> {
-        let _one_at_a_time = crate::sync::lock(&self.collecting);
+    ) -> Result<Collection, ObserveError> {
         let started = Instant::now();
+        let _one_at_a_time = crate::sync::lock(&self.collecting);
         let deadlines = Deadlines::between(started, until);
         let mut observation = self.source.observe(&deadlines)?;
+        // Read here, not on the /proc reader thread: only this process's own stat, limits
+        // and descriptor directory, which no other process and no call stuck in the driver
+        // can hold a lock on, within a budget of their own (see `OwnProcess::read`).
+        observation.own_process = self.read_own_process();
         // Whether to scan is a verdict of its own only when it depends on one.
         let before_scan = match policy {
             HolderScanPolicy::Always => None,
@@ -123,22 +162,28 @@ impl Exporter {
             Some(report) if !scan => report,
             _ => classify(&observation, &self.settings),
         };
-        let collected = Collected {
+        let collection = Collection {
             observation,
             report,
             scan_seconds,
+            seconds: started.elapsed().as_secs_f64(),
         };
-        self.log_collection(&collected, started);
-        Ok(collected)
+        self.log_collection(&collection);
+        Ok(collection)
+    }
+
+    fn read_own_process(&self) -> Option<crate::observe::procfs::OwnProcessReading> {
+        self.own_process.as_ref().and_then(OwnProcess::read)
     }
 
     /// One debug line per collection: what a person debugging a scrape asks first.
-    fn log_collection(&self, collected: &Collected, started: Instant) {
-        let Collected {
+    fn log_collection(&self, collection: &Collection) {
+        let Collection {
             observation,
             report,
             scan_seconds,
-        } = collected;
+            seconds,
+        } = collection;
         let source = match &self.source {
             Source::Live(_) => "live".to_string(),
             Source::Replay(path) => format!("replay of {}", path.display()),
@@ -150,7 +195,7 @@ impl Exporter {
             (None, None) => "none",
         };
         tracing::debug!(
-            seconds = started.elapsed().as_secs_f64(),
+            seconds = *seconds,
             gpus = report.gpus.len(),
             owners = observation.owners.len(),
             orphaned_bytes = report.orphaned_bytes(),
@@ -163,41 +208,33 @@ impl Exporter {
         );
     }
 
-    /// Like [`Exporter::try_observe_and_classify`], for a scrape: a replay file that
-    /// cannot be read is served as NVML being down, with the reason in the log.
-    pub fn observe_and_classify(&self, policy: HolderScanPolicy, until: Instant) -> Collected {
-        match self.try_observe_and_classify(policy, until) {
-            Ok(collected) => collected,
-            Err(error) => {
-                // The error and its causes, each once, in one line.
-                let error = format!("{:#}", anyhow::Error::new(error));
-                tracing::error!(error = %error, "cannot observe");
-                let observation = Observation {
-                    nvml: NvmlReading::Down {
-                        error,
-                        reason: NvmlFailure::Failed,
-                        stuck: None,
-                    },
-                    host_pid_namespace: None,
-                    procfs_view: ProcfsView::Own,
-                    boot_time_unix_seconds: None,
-                    clock_ticks_per_second: 100,
-                    taken_at_unix_seconds: None,
-                    owners: BTreeMap::new(),
-                    holder_scan: None,
-                    procfs_errors: 0,
-                    procfs_stuck: None,
-                    kubernetes: None,
-                    slurm: None,
-                    containers: None,
-                };
-                Collected {
-                    report: classify(&observation, &self.settings),
-                    observation,
-                    scan_seconds: None,
-                }
-            }
-        }
+    /// `collection`'s report in `format`, with its timing; the report comes back for a
+    /// caller whose exit status depends on it. Renders what was collected and reads
+    /// nothing: the registry's one collector holds the finished report.
+    pub fn encode(&self, collection: Collection, format: Format) -> (String, Report) {
+        let report = Arc::new(collection.report);
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(FinishedReport {
+            report: Arc::clone(&report),
+            timing: ScrapeTiming {
+                total_seconds: collection.seconds,
+                scan_seconds: collection.scan_seconds,
+            },
+            build: self.build.clone(),
+            options: self.options,
+        }));
+        let expected = self.last_body_bytes.load(Ordering::Relaxed);
+        let body = encode_sized(&registry, format, expected + expected / 8);
+        self.last_body_bytes.store(body.len(), Ordering::Relaxed);
+        drop(registry);
+        let report = Arc::try_unwrap(report).unwrap_or_else(|shared| (*shared).clone());
+        (body, report)
+    }
+
+    /// One collection encoded in `format`, done by `until`, with its report: for a
+    /// one-shot command whose exit status says what the file it writes carries.
+    pub fn encode_once(&self, until: Instant, format: Format) -> (String, Report) {
+        self.encode(self.collect(until), format)
     }
 
     /// Loads NVML now without waiting, so that a server logs a missing NVML at start.
@@ -219,42 +256,40 @@ impl Exporter {
     pub fn hostname(&self) -> String {
         self.source.hostname()
     }
-
-    /// A registry whose one collector observes the host afresh on every encode, for a
-    /// collection that must be done by `until` (a scrape's wait, `textfile --timeout`).
-    pub fn registry_until(self: &Arc<Self>, until: Instant) -> Registry {
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(ScrapeCollector {
-            exporter: Arc::clone(self),
-            until,
-            keep: None,
-        }));
-        registry
-    }
 }
 
-impl Exporter {
-    /// One collection encoded in `format`, done by `until`, with its report: for a
-    /// one-shot command whose exit status says what the file it writes carries.
-    pub fn encode_once(self: &Arc<Self>, until: Instant, format: Format) -> (String, Report) {
-        let kept = Arc::new(Mutex::new(None));
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(ScrapeCollector {
-            exporter: Arc::clone(self),
-            until,
-            keep: Some(Arc::clone(&kept)),
-        }));
-        let body = encode(&registry, format);
-        let report = crate::sync::lock(&kept)
-            .take()
-            .expect("encoding a registry runs its collector");
-        (body, report)
+/// What a collection that could not observe says: NVML down, for `error`.
+fn nvml_down(error: String) -> Observation {
+    Observation {
+        nvml: NvmlReading::Down {
+            error,
+            reason: NvmlFailure::Failed,
+            stuck: None,
+        },
+        host_pid_namespace: None,
+        procfs_view: ProcfsView::Own,
+        boot_time_unix_seconds: None,
+        clock_ticks_per_second: 100,
+        taken_at_unix_seconds: None,
+        owners: BTreeMap::new(),
+        holder_scan: None,
+        procfs_errors: 0,
+        procfs_stuck: None,
+        kubernetes: None,
+        slurm: None,
+        containers: None,
+        own_process: None,
     }
 }
 
 /// Encode `registry` in `format`.
 pub fn encode(registry: &Registry, format: Format) -> String {
-    let mut body = String::with_capacity(16 * 1024);
+    encode_sized(registry, format, 16 * 1024)
+}
+
+/// Encode `registry` in `format` into a buffer of `capacity` bytes.
+fn encode_sized(registry: &Registry, format: Format, capacity: usize) -> String {
+    let mut body = String::with_capacity(capacity);
     let result = match format {
         Format::PrometheusText => {
             prometheus_client::encoding::prometheus_text::encode(&mut body, registry)
@@ -266,44 +301,24 @@ pub fn encode(registry: &Registry, format: Format) -> String {
     body
 }
 
-/// The prometheus-client collector: one fresh observation per encode, scanning for
-/// holders only where memory is orphaned.
+/// The prometheus-client collector of one finished report: it renders the report and
+/// reads nothing.
 #[derive(Debug)]
-struct ScrapeCollector {
-    exporter: Arc<Exporter>,
-    until: Instant,
-    /// Where to keep the report of the collection, when someone wants it.
-    keep: Option<Arc<Mutex<Option<Report>>>>,
+struct FinishedReport {
+    report: Arc<Report>,
+    timing: ScrapeTiming,
+    build: BuildInfo,
+    options: RenderOptions,
 }
 
-impl Collector for ScrapeCollector {
+impl Collector for FinishedReport {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let started = Instant::now();
-        let exporter = &self.exporter;
-        let mut collected =
-            exporter.observe_and_classify(HolderScanPolicy::WhenOrphaned, self.until);
-        // Read here, not on the /proc reader thread: only this process's own stat, limits
-        // and descriptor directory, which no other process and no call stuck in the driver
-        // can hold a lock on, within a budget of their own (see `OwnProcess::read`).
-        collected.report.exporter_process = exporter
-            .own_process
-            .as_ref()
-            .and_then(OwnProcess::read)
-            .map(|reading| exporter_process(&reading));
-        let timing = ScrapeTiming {
-            total_seconds: started.elapsed().as_secs_f64(),
-            scan_seconds: collected.scan_seconds,
-        };
         encode_report(
             &mut encoder,
-            &collected.report,
-            &exporter.build,
-            &exporter.options,
-            timing,
-        )?;
-        if let Some(keep) = &self.keep {
-            *crate::sync::lock(keep) = Some(collected.report);
-        }
-        Ok(())
+            &self.report,
+            &self.build,
+            &self.options,
+            self.timing,
+        )
     }
 }

@@ -253,6 +253,7 @@ impl Host {
             kubernetes: None,
             slurm: self.slurm.clone(),
             containers: self.containers.clone(),
+            own_process: None,
         }
     }
 

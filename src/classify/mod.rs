@@ -123,7 +123,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
             .containers
             .as_ref()
             .map(|reading| reading.engines.clone()),
-        exporter_process: None,
+        exporter_process: observation.own_process.as_ref().map(exporter_process),
     }
 }
 

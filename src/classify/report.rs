@@ -462,8 +462,8 @@ pub struct Report {
     // Container engines.
     /// How each watched container engine's last call went; `None` when none is watched.
     pub container_engines: Option<BTreeMap<Engine, EngineHealth>>,
-    /// The exporter's own process, which a server adds to each collection's report (see
-    /// [`exporter_process`]); `None` from [`classify`], which judges the host alone.
+    /// The exporter's own process, from the observation's reading of it (see
+    /// [`exporter_process`]): a server's only.
     pub exporter_process: Option<ExporterProcess>,
 }
 

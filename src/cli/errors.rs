@@ -86,7 +86,10 @@ fn one_line(error: &clap::Error) -> String {
         ErrorKind::InvalidValue => format!("invalid value '{value}' for '{arg}'"),
         // Our value parsers' errors (`crate::units`) say what is wrong with the value.
         ErrorKind::ValueValidation => match std::error::Error::source(error) {
-            Some(reason) => format!("invalid value '{value}' for '{arg}': {reason}"),
+            Some(reason) => format!(
+                "invalid value '{value}' for '{arg}': {}",
+                crate::observe::one_line(reason)
+            ),
             None => format!("invalid value '{value}' for '{arg}'"),
         },
         ErrorKind::TooManyValues => {

@@ -1,5 +1,7 @@
-//! An error and its causes in one line, for the readings that keep why a source failed
-//! (NVML's `Down` reading, a kubelet source's health): each part said once.
+//! An error and its causes in one line, each part said once: the one way the exporter
+//! puts an error chain on a line, wherever it says one (the readings that keep why a
+//! source failed, a scrape served as NVML down, a web config that cannot be reloaded,
+//! a flag's value that does not parse).
 
 use std::error::Error;
 

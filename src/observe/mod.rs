@@ -31,6 +31,7 @@ pub(crate) mod slurm;
 mod snapshot;
 mod worker;
 
+pub(crate) use error_line::one_line;
 pub use kubernetes::KubernetesReading;
 pub use lifespan::Lifespan;
 pub use nvml::{
@@ -344,6 +345,7 @@ impl LiveHost {
             kubernetes,
             slurm,
             containers,
+            own_process: None,
         }
     }
 

@@ -5,7 +5,7 @@
 use super::containers::ContainersReading;
 use super::kubernetes::KubernetesReading;
 use super::nvml::NvmlReading;
-use super::procfs::{HolderScan, Identity, ProcessLookup, ProcfsView};
+use super::procfs::{HolderScan, Identity, OwnProcessReading, ProcessLookup, ProcfsView};
 use super::slurm::SlurmReading;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -65,6 +65,13 @@ pub struct Observation {
     /// `None` when no engine is watched (or in snapshots of older versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containers: Option<ContainersReading>,
+
+    // The exporter itself.
+    /// The exporter's own process (`/proc/self`), which a server reads for its
+    /// `process_*` series; `None` for a one-shot command. Never in a snapshot: it
+    /// describes the process that took it, not the host.
+    #[serde(skip)]
+    pub own_process: Option<OwnProcessReading>,
 }
 
 /// The `/proc` reader thread, not returned at a look's deadline.

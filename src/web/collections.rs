@@ -1,7 +1,7 @@
 //! The collections behind `/metrics`: one at a time per format, shared by every scrape
 //! that arrives while it runs, each scrape waiting for it at most as long as it may.
 
-use crate::exporter::{encode, Exporter, Format};
+use crate::exporter::{Exporter, Format};
 use crate::sync::lock;
 use hyper::body::Bytes;
 use std::collections::HashMap;
@@ -108,13 +108,15 @@ impl Collections {
             wait_seconds = timeout.as_secs_f64(),
             "collecting for a scrape"
         );
-        let registry = self.exporter.registry_until(started + timeout);
         tokio::task::spawn_blocking(move || {
             let done = InFlightGuard {
                 collections: &collections,
                 format,
             };
-            let body = Bytes::from(encode(&registry, format));
+            let exporter = &collections.exporter;
+            let collection = exporter.collect(started + timeout);
+            let (body, _) = exporter.encode(collection, format);
+            let body = Bytes::from(body);
             if overran.load(Ordering::SeqCst) {
                 tracing::info!(
                     seconds = started.elapsed().as_secs_f64(),

@@ -64,7 +64,7 @@ mod tests {
         }
         .within("tls_server_config")
         .within("web config file web.yml");
-        let line = format!("{:#}", anyhow::Error::new(error));
+        let line = crate::observe::one_line(&error);
         assert_eq!(
             line,
             "web config file web.yml: tls_server_config: cannot read cert_file server.crt: entity not found"

@@ -4,6 +4,7 @@ use super::auth;
 use super::config;
 use super::error::ConfigError;
 use super::settings::{Sources, Stamp, WebSettings};
+use crate::observe::one_line;
 use crate::sync::lock;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -78,7 +79,7 @@ impl WebConfig {
             (Err(error), sources) => {
                 tracing::error!(
                     file = %path.display(),
-                    error = format!("{:#}", anyhow::Error::new(error)),
+                    error = one_line(&error),
                     "cannot reload the web config; keeping the previous one"
                 );
                 state.rejected = Some(sources);

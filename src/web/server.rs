@@ -74,8 +74,11 @@ pub enum ServeError {
 /// Serve `exporter`'s metrics as `config` and `web` say until SIGTERM or Ctrl-C, then
 /// let open requests finish.
 pub fn run(config: ServeConfig, exporter: Arc<Exporter>, web: WebConfig) -> Result<(), ServeError> {
+    // One async thread: it only speaks HTTP and TLS (collections run on the blocking
+    // pool), and with two, a scrape woke both (the second to steal the woken task), which
+    // at one scrape a second cost a cold wake of a thread with nothing to do.
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .max_blocking_threads(4)
         .enable_all()
         .build()

@@ -36,6 +36,14 @@ pub(super) struct Identity {
 }
 
 impl Identity {
+    /// Whether every part of it has answered.
+    fn is_whole(&self) -> bool {
+        !self.uuid.is_empty()
+            && !self.name.is_empty()
+            && !self.pci_bus_id.is_empty()
+            && self.minor.is_some()
+    }
+
     /// GPU `index` with this identity in `state`, and nothing else known of it (a GPU
     /// that did not answer).
     pub(super) fn reading(&self, index: u32, state: GpuState) -> GpuReading {
@@ -63,6 +71,10 @@ pub(super) struct Answers {
     numa_node_unsupported: bool,
     /// The MIG mode (current, pending) and when it was read; `None` inside: no MIG.
     mig_mode: Option<(Instant, Option<(u32, u32)>)>,
+    /// Whether the GPU's identity (UUID, name, PCI bus id, minor number) has been read
+    /// whole: none of it changes while NVML stays loaded (these answers are forgotten
+    /// when it is loaded again), so a scrape asks for it only until all four answered.
+    identity_whole: bool,
 }
 
 /// How long a GPU's MIG mode is served from memory. Enabling or disabling MIG takes
@@ -83,8 +95,11 @@ pub(super) fn read_gpu(
     calling("nvmlDeviceGetHandleByIndex_v2");
     let (state, mig, health) = match nvml.device_by_index(index) {
         Ok(device) => {
-            refresh_identity(&device, &mut cached);
-            lock(known).clone_from(&cached);
+            if !answers.identity_whole {
+                refresh_identity(&device, &mut cached);
+                lock(known).clone_from(&cached);
+                answers.identity_whole = cached.is_whole();
+            }
             let mut state = read_state(&device);
             let mig = read_mig(&device, answers);
             if let Some(mig) = &mig {
