@@ -64,7 +64,8 @@ use std::time::{Duration, Instant};
 ///
 /// NVML gets the first half: every GPU is read side by side, so one that hangs costs the
 /// look this much and no more, and a later look does not wait for it at all. The `/proc`
-/// reads of NVML's owners get the next fifth; the holder scan stops at 85 % (or at its
+/// reads of NVML's owners are waited for until the next fifth has passed (those of the
+/// owners NVML listed at the last look start with NVML, beside it); the holder scan stops at 85 % (or at its
 /// own budget, when that is sooner) and is waited for until 90 %; the last tenth is left
 /// to judge and encode. Healthy NVML and `/proc` answer in milliseconds, so these shares
 /// matter only when something hangs, and then every part still has its turn.
