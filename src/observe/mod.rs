@@ -50,9 +50,9 @@ pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapsh
 use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::{NvmlSource, NvmlThread};
-use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
+use self::procfs::{Memory, Owners, OwnersRead, OwnersScope, Placement, ProcRoot};
 use self::slurm::Slurmstepds;
-use self::worker::{InCall, NoAnswer, Worker};
+use self::worker::{InCall, NoAnswer, Pending, Worker};
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -64,7 +64,8 @@ use std::time::{Duration, Instant};
 ///
 /// NVML gets the first half: every GPU is read side by side, so one that hangs costs the
 /// look this much and no more, and a later look does not wait for it at all. The `/proc`
-/// reads of NVML's owners get the next fifth; the holder scan stops at 85 % (or at its
+/// reads of NVML's owners are waited for until the next fifth has passed (those of the
+/// owners NVML listed at the last look start with NVML, beside it); the holder scan stops at 85 % (or at its
 /// own budget, when that is sooner) and is waited for until 90 %; the last tenth is left
 /// to judge and encode. Healthy NVML and `/proc` answer in milliseconds, so these shares
 /// matter only when something hangs, and then every part still has its turn.
@@ -151,6 +152,9 @@ pub struct LiveHost {
     /// The process first seen under each PID that NVML lists: a PID names a process only
     /// with its start time, so a later process under the same number is someone else.
     first_seen: Mutex<HashMap<u32, Identity>>,
+    /// The PIDs NVML listed at the last look, with the minors of the GPUs each was listed
+    /// on: the owners whose `/proc` reads the next look starts before NVML answers.
+    last_listed: Mutex<Arc<BTreeMap<u32, Vec<u32>>>>,
     /// The kubelet's sources, when they are watched.
     kubernetes: Option<KubernetesWatch>,
     /// The container engines, when they are watched.
@@ -181,6 +185,7 @@ impl LiveHost {
             lifespan,
             scan_budget,
             first_seen: Mutex::new(HashMap::new()),
+            last_listed: Mutex::new(Arc::new(BTreeMap::new())),
             kubernetes: None,
             containers: None,
             slurmstepds: Arc::new(Mutex::new(Slurmstepds::default())),
@@ -248,50 +253,17 @@ impl LiveHost {
 
     fn observe(&self, deadlines: &Deadlines) -> Observation {
         let started = Instant::now();
+        // The owners NVML listed at the last look are mostly those it lists now: their
+        // /proc reads start now, on the /proc reader, while the GPU threads answer NVML,
+        // instead of after them.
+        let guessed = Arc::clone(&lock(&self.last_listed));
+        let early = self.start_reading_owners(&guessed, deadlines);
         let mut nvml = self.nvml.read(deadlines.nvml);
         let nvml_read = started.elapsed();
-        let listed = nvml.listed_pids();
-        // The owners' look stops its pass over /proc (which containers have ended) at
-        // the scan's budget, as it always has, or sooner when the look must be done.
-        let until = scan_deadline(Instant::now(), self.scan_budget, Some(deadlines.owners));
-        let (root, placement) = (self.proc_root.clone(), self.placement);
-        // The driver's table of MIG capability minors is read on the /proc reader too,
-        // for a reading with MIG devices (a copy of it goes there); a reader that does not
-        // answer leaves the capabilities unknown.
-        let mut with_capabilities = nvml::has_mig_devices(&nvml).then(|| nvml.clone());
-        let mig_minors = self.mig_minors.clone();
-        let job = move |memory: &mut Memory| {
-            if let Some(reading) = with_capabilities.as_mut() {
-                nvml::attach_capabilities(reading, &mig_minors);
-            }
-            let owners = procfs::look_at_owners(&root, placement, memory, &listed, until);
-            (with_capabilities, owners)
-        };
-        let looked = self.procfs.run(READING_OWNERS, deadlines.owners, job);
-        let mut procfs_stuck = None;
-        let (lookups, mut procfs_errors, procfs_view) = match looked {
-            Ok((with_capabilities, looked)) => {
-                if let Some(with_capabilities) = with_capabilities {
-                    nvml = with_capabilities;
-                }
-                (looked.lookups, looked.errors, looked.view)
-            }
-            Err(no_answer) => {
-                let (error, stuck) = self.procfs_failure(no_answer);
-                procfs_stuck = stuck;
-                // Not read is not gone: each owner is "unknown", and no memory beside it
-                // is called orphaned.
-                let lookups = nvml
-                    .listed_pids()
-                    .into_keys()
-                    .map(|pid| {
-                        let error = error.clone();
-                        (pid, ProcessLookup::Unreadable { error })
-                    })
-                    .collect();
-                (lookups, 0, self.placement.view())
-            }
-        };
+        let listed = Arc::new(nvml.listed_pids());
+        *lock(&self.last_listed) = Arc::clone(&listed);
+        let (lookups, mut procfs_errors, procfs_view, procfs_stuck) =
+            self.read_owners(early, &guessed, &listed, &mut nvml, deadlines);
         if procfs_stuck.is_none() {
             self.procfs_answers();
         }
@@ -347,6 +319,163 @@ impl LiveHost {
             containers,
             own_process: None,
         }
+    }
+
+    /// Starts reading the owners NVML listed at the last look (`guessed`), when there were
+    /// any and the `/proc` reader is idle: a reading is taken after this look began, so it
+    /// is as much this look's as one taken after NVML answers. Nothing else waits behind
+    /// it, so a reader that is stuck or busy is left to [`LiveHost::read_owners`], which
+    /// then reads every owner as before.
+    fn start_reading_owners(
+        &self,
+        guessed: &Arc<BTreeMap<u32, Vec<u32>>>,
+        deadlines: &Deadlines,
+    ) -> Option<Pending<Owners>> {
+        if guessed.is_empty() {
+            return None;
+        }
+        // The owners' look stops its pass over /proc (which containers have ended) at the
+        // scan's budget, as it always has, or sooner when the look must be done.
+        let until = scan_deadline(Instant::now(), self.scan_budget, Some(deadlines.owners));
+        let (root, placement) = (self.proc_root.clone(), self.placement);
+        let guessed = Arc::clone(guessed);
+        let scope = OwnersScope {
+            listed: guessed.len(),
+            every_owner: true,
+        };
+        let job = move |memory: &mut Memory| {
+            procfs::look_at_owners(&root, placement, memory, &guessed, scope, until)
+        };
+        self.procfs.submit_if_idle(READING_OWNERS, job)
+    }
+
+    /// What `/proc` says of each PID in `listed`, now that NVML has answered: from the
+    /// look started early at the PIDs of `guessed` (`early`), where NVML lists a PID on
+    /// the same GPUs as before, and from a look at the others (new PIDs, or listed on
+    /// other GPUs: which GPUs a reading checks the mappings of). Without an early look,
+    /// one look reads them all, as it always did. The driver's table of MIG capability
+    /// minors is read on the /proc reader too, for a reading with MIG devices (a copy of
+    /// it goes there); a reader that does not answer leaves the capabilities unknown.
+    ///
+    /// Both looks are waited for until `deadlines.owners`; an owner neither look read
+    /// is "unknown" (not read is not gone), with the stuck read when there is one.
+    #[allow(clippy::type_complexity)]
+    fn read_owners(
+        &self,
+        early: Option<Pending<Owners>>,
+        guessed: &BTreeMap<u32, Vec<u32>>,
+        listed: &Arc<BTreeMap<u32, Vec<u32>>>,
+        nvml: &mut NvmlReading,
+        deadlines: &Deadlines,
+    ) -> (
+        BTreeMap<u32, ProcessLookup>,
+        u64,
+        ProcfsView,
+        Option<StuckRead>,
+    ) {
+        let with_capabilities = nvml::has_mig_devices(nvml).then(|| nvml.clone());
+        // Read again, or for the first time: what the early look did not read as NVML
+        // lists it now.
+        let rest: Option<BTreeMap<u32, Vec<u32>>> = early.as_ref().map(|_| {
+            listed
+                .iter()
+                .filter(|&(pid, gpus)| guessed.get(pid) != Some(gpus))
+                .map(|(pid, gpus)| (*pid, gpus.clone()))
+                .collect()
+        });
+        let later = match &rest {
+            Some(rest) if rest.is_empty() && with_capabilities.is_none() => None,
+            _ => Some(self.submit_owners(rest, listed, with_capabilities, deadlines)),
+        };
+        let mut failure: Option<(String, Option<StuckRead>)> = None;
+        let mut answered = Vec::with_capacity(2);
+        if let Some(early) = early {
+            match early.wait_until(deadlines.owners) {
+                Ok(owners) => answered.push(owners),
+                Err(no_answer) => failure = Some(self.procfs_failure(no_answer)),
+            }
+        }
+        // A later look queued behind a stuck early one would only be stuck behind it.
+        let early_stuck = matches!(&failure, Some((_, Some(_))));
+        if let Some(later) = later.filter(|_| !early_stuck) {
+            match later.and_then(|pending| pending.wait_until(deadlines.owners)) {
+                Ok((with_capabilities, owners)) => {
+                    if let Some(with_capabilities) = with_capabilities {
+                        *nvml = with_capabilities;
+                    }
+                    answered.push(owners);
+                }
+                Err(no_answer) => {
+                    let this = self.procfs_failure(no_answer);
+                    failure.get_or_insert(this);
+                }
+            }
+        }
+        let mut lookups = BTreeMap::new();
+        let mut errors = 0;
+        let mut view = None;
+        // The later look's readings replace the early one's: it read what NVML lists now.
+        for owners in answered {
+            view = Some(owners.view);
+            for (pid, lookup) in owners.lookups {
+                if listed.contains_key(&pid) {
+                    lookups.insert(pid, lookup);
+                }
+            }
+            for (pid, count) in owners.errors {
+                if listed.contains_key(&pid) {
+                    errors += count;
+                }
+            }
+        }
+        let stuck = match failure {
+            Some((error, stuck)) => {
+                for &pid in listed.keys() {
+                    lookups
+                        .entry(pid)
+                        .or_insert_with(|| ProcessLookup::Unreadable {
+                            error: error.clone(),
+                        });
+                }
+                stuck
+            }
+            None => None,
+        };
+        (
+            lookups,
+            errors,
+            view.unwrap_or_else(|| self.placement.view()),
+            stuck,
+        )
+    }
+
+    /// Hands the /proc reader the look at `rest` (every PID of `listed` when `None`), with
+    /// the MIG capabilities to attach to `with_capabilities`.
+    #[allow(clippy::type_complexity)]
+    fn submit_owners(
+        &self,
+        rest: Option<BTreeMap<u32, Vec<u32>>>,
+        listed: &Arc<BTreeMap<u32, Vec<u32>>>,
+        mut with_capabilities: Option<NvmlReading>,
+        deadlines: &Deadlines,
+    ) -> Result<Pending<(Option<NvmlReading>, Owners)>, NoAnswer> {
+        let until = scan_deadline(Instant::now(), self.scan_budget, Some(deadlines.owners));
+        let (root, placement) = (self.proc_root.clone(), self.placement);
+        let scope = OwnersScope {
+            listed: listed.len(),
+            every_owner: rest.is_none(),
+        };
+        let listed = Arc::clone(listed);
+        let mig_minors = self.mig_minors.clone();
+        let job = move |memory: &mut Memory| {
+            if let Some(reading) = with_capabilities.as_mut() {
+                nvml::attach_capabilities(reading, &mig_minors);
+            }
+            let to_read = rest.as_ref().unwrap_or(&listed);
+            let owners = procfs::look_at_owners(&root, placement, memory, to_read, scope, until);
+            (with_capabilities, owners)
+        };
+        self.procfs.submit(READING_OWNERS, job)
     }
 
     /// The holder scan, served from and adding to what earlier looks found, stopping at

@@ -133,6 +133,27 @@ impl<S: Send + 'static> Worker<S> {
         first_call: &'static str,
         job: impl FnOnce(&mut S) -> T + Send + 'static,
     ) -> Result<Pending<T>, NoAnswer> {
+        self.hand(first_call, job, false)
+    }
+
+    /// Hands `job` to the thread only if it is idle now, so that it starts at once and
+    /// nothing else is queued behind it; `None` (and `job` dropped) otherwise. For work
+    /// started ahead of need: whoever needs it then hands it over with
+    /// [`Worker::submit`], which queues or reports the thread stuck as usual.
+    pub(crate) fn submit_if_idle<T: Send + 'static>(
+        &self,
+        first_call: &'static str,
+        job: impl FnOnce(&mut S) -> T + Send + 'static,
+    ) -> Option<Pending<T>> {
+        self.hand(first_call, job, true).ok()
+    }
+
+    fn hand<T: Send + 'static>(
+        &self,
+        first_call: &'static str,
+        job: impl FnOnce(&mut S) -> T + Send + 'static,
+        only_if_idle: bool,
+    ) -> Result<Pending<T>, NoAnswer> {
         let jobs = self
             .jobs
             .as_ref()
@@ -140,7 +161,7 @@ impl<S: Send + 'static> Worker<S> {
         {
             let mut busy = lock(&self.status.busy);
             match busy.in_call {
-                Some(in_call) if busy.given_up == Some(in_call) || busy.queued => {
+                Some(in_call) if only_if_idle || busy.given_up == Some(in_call) || busy.queued => {
                     return Err(NoAnswer::Stuck(in_call))
                 }
                 Some(_) => busy.queued = true,
@@ -367,6 +388,23 @@ mod tests {
             std::thread::yield_now();
         }
         assert_eq!(worker.run("after", soon(), |count| *count + 1), Ok(1));
+    }
+
+    #[test]
+    fn a_job_ahead_of_need_is_handed_only_to_an_idle_thread() {
+        let worker = Worker::start("test-if-idle", 0u32);
+        let ahead = worker.submit_if_idle("ahead", |count: &mut u32| *count + 1);
+        assert_eq!(ahead.map(|pending| pending.wait_until(soon())), Some(Ok(1)));
+        let (open, job) = gated();
+        let busy = worker.submit("busy", job).unwrap();
+        // Busy: the job is not handed over, and does not take the one place in the queue.
+        assert!(worker
+            .submit_if_idle("ahead", |count: &mut u32| *count)
+            .is_none());
+        let queued = worker.submit("look", |count: &mut u32| *count).unwrap();
+        drop(open);
+        assert_eq!(busy.wait_until(soon()), Ok(1));
+        assert_eq!(queued.wait_until(soon()), Ok(1));
     }
 
     #[test]

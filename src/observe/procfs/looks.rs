@@ -19,26 +19,41 @@ const MAX_HELD_STAT_FILES: usize = 512;
 pub(crate) struct Owners {
     /// What is there now, by NVML's PID.
     pub(crate) lookups: BTreeMap<u32, ProcessLookup>,
-    /// Entries that existed but could not be read.
-    pub(crate) errors: u64,
+    /// Entries that existed but could not be read, by NVML's PID (those with any): a look
+    /// started before NVML answered may have read PIDs it no longer lists, whose errors
+    /// are not this observation's.
+    pub(crate) errors: BTreeMap<u32, u64>,
     /// Whether the procfs shows our own PID namespace, in which NVML's PIDs live.
     pub(crate) view: ProcfsView,
 }
 
-/// Reads each PID NVML lists (`listed`: our PID to the minor numbers of the GPUs it is
-/// listed on) in `root`, served from and adding to `memory`. Which owners' containers
-/// have ended takes a short walk up from each owner in a nested PID namespace, and a
-/// pass over `/proc` at most once, which stops at `deadline`.
+/// Which owners one look reads, and what it does with the stat files held for others.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OwnersScope {
+    /// How many PIDs NVML lists in all: stat files are held only for up to
+    /// [`MAX_HELD_STAT_FILES`] owners.
+    pub(crate) listed: usize,
+    /// Whether this look reads every owner, so that the stat files of PIDs it did not
+    /// read are let go of. A look of only the PIDs that are new since the last one keeps
+    /// them: the look before it read (and holds) the others.
+    pub(crate) every_owner: bool,
+}
+
+/// Reads each PID in `listed` (our PID to the minor numbers of the GPUs NVML lists it
+/// on) in `root`, served from and adding to `memory`. Which owners' containers have
+/// ended takes a short walk up from each owner in a nested PID namespace, and a pass over
+/// `/proc` at most once, which stops at `deadline`.
 pub(crate) fn look_at_owners(
     root: &ProcRoot,
     placement: Placement,
     memory: &mut Memory,
     listed: &BTreeMap<u32, Vec<u32>>,
+    scope: OwnersScope,
     deadline: Instant,
 ) -> Owners {
     let reader = Reader::with_memory(root, placement, memory)
-        .holding_stat_files(listed.len() <= MAX_HELD_STAT_FILES);
-    let mut errors = 0;
+        .holding_stat_files(scope.listed <= MAX_HELD_STAT_FILES);
+    let mut errors = BTreeMap::new();
     let mut read_as_owners = HashSet::new();
     let mut inits = NamespaceInits::new(root, deadline);
     let mut lookups = BTreeMap::new();
@@ -50,7 +65,9 @@ pub(crate) fn look_at_owners(
             Some(procfs_pid) => {
                 read_as_owners.insert(procfs_pid);
                 let looked = reader.read_owner(procfs_pid, gpus);
-                errors += looked.errors;
+                if looked.errors > 0 {
+                    errors.insert(pid, looked.errors);
+                }
                 if let Some(remember) = looked.remember {
                     learnt.push((procfs_pid, remember));
                 }
@@ -77,9 +94,11 @@ pub(crate) fn look_at_owners(
         memory.remove(&pid);
     }
     remember(memory, learnt);
-    for (pid, known) in memory.iter_mut() {
-        if !read_as_owners.contains(pid) {
-            known.let_go_of_stat_file();
+    if scope.every_owner {
+        for (pid, known) in memory.iter_mut() {
+            if !read_as_owners.contains(pid) {
+                known.let_go_of_stat_file();
+            }
         }
     }
     Owners {

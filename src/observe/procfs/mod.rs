@@ -32,7 +32,7 @@ pub use cgroup::{
     parse_cgroup_file, parse_cgroup_path, short_container_id, slurm_step_in, CgroupAttribution,
     Runtime, SlurmStep,
 };
-pub(crate) use looks::{look_at_owners, look_for_holders};
+pub(crate) use looks::{look_at_owners, look_for_holders, Owners, OwnersScope};
 pub use memory::{Memory, Remembered};
 pub use own_process::{OwnProcess, OwnProcessReading};
 pub use placement::Placement;
