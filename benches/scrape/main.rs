@@ -28,7 +28,9 @@
 //! before-and-after in one run; the targets, latency and cpu sections too). `SCRAPE_TARGET_SECONDS`
 //! (default 20) is how long each wrk run of the targets section lasts. A positional
 //! argument filters the sections by name: latency, breakdown, soak, interval, cpu, wrk,
-//! targets.
+//! targets. The `hold` section, run only when named, measures nothing: it starts the
+//! targets' scenario (`SCRAPE_HOLD_ORPHAN=1`: during the fork-orphan episode) and keeps
+//! the exporter up for `SCRAPE_HOLD_SECONDS` (default 60) for a profiler.
 
 // The integration tests' rig, fake NVML scenario and model owners. The bench uses a few of
 // them; the tests use them all, and there the compiler finds any that nothing uses.
@@ -40,6 +42,7 @@ mod helpers;
 mod settings;
 
 mod cpu;
+mod hold;
 mod latency;
 mod load;
 mod serve;
@@ -88,6 +91,7 @@ fn main() {
     ]
     .iter()
     .any(|section| wanted(section))
+        && !filters.contains(&"hold")
     {
         return;
     }
@@ -153,6 +157,16 @@ fn main() {
             &pids,
             baseline.as_deref(),
             env_number("SCRAPE_TARGET_SECONDS", 20),
+        );
+    }
+    if filters.contains(&"hold") {
+        owners.by_gpus.retain(|&gpus, _| gpus == MAX_GPUS);
+        let pids = owners.pids(&rig, MAX_GPUS);
+        hold::hold(
+            &rig,
+            &pids,
+            env_number("SCRAPE_HOLD_ORPHAN", 0) != 0,
+            env_number("SCRAPE_HOLD_SECONDS", 60) as u64,
         );
     }
     if wanted("wrk") {
