@@ -56,6 +56,7 @@ use self::worker::{InCall, NoAnswer, Pending, Worker};
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -163,6 +164,13 @@ pub struct LiveHost {
     slurmstepds: Arc<Mutex<Slurmstepds>>,
     /// The driver's table of MIG capability minors.
     mig_minors: PathBuf,
+    /// Whether the last look was followed by a holder scan: memory was orphaned then,
+    /// and most likely still is, so the next look starts its scan early (see
+    /// [`LiveHost::start_reading_owners`]).
+    scanned_last: AtomicBool,
+    /// The holder scan started early by this look, if it was: taken by
+    /// [`LiveHost::scan`] when it was made with the owners this look read.
+    early_scan: Mutex<Option<Pending<(OwnersRead, HolderScan)>>>,
 }
 
 impl LiveHost {
@@ -189,6 +197,8 @@ impl LiveHost {
             kubernetes: None,
             containers: None,
             slurmstepds: Arc::new(Mutex::new(Slurmstepds::default())),
+            scanned_last: AtomicBool::new(false),
+            early_scan: Mutex::new(None),
         }
     }
 
@@ -326,11 +336,18 @@ impl LiveHost {
     /// is as much this look's as one taken after NVML answers. Nothing else waits behind
     /// it, so a reader that is stuck or busy is left to [`LiveHost::read_owners`], which
     /// then reads every owner as before.
+    ///
+    /// When the last look was followed by a holder scan (memory orphaned), the reader
+    /// goes on to this look's scan once the owners are read, with the owners it read,
+    /// while the GPUs answer and the verdict is made: the scan [`LiveHost::scan`] then
+    /// takes, if it was made with the owners this look ends up with and saw everything.
     fn start_reading_owners(
         &self,
         guessed: &Arc<BTreeMap<u32, Vec<u32>>>,
         deadlines: &Deadlines,
     ) -> Option<Pending<Owners>> {
+        *lock(&self.early_scan) = None;
+        let scan_early = self.scanned_last.swap(false, Ordering::Relaxed);
         if guessed.is_empty() {
             return None;
         }
@@ -343,10 +360,27 @@ impl LiveHost {
             listed: guessed.len(),
             every_owner: true,
         };
-        let job = move |memory: &mut Memory| {
-            procfs::look_at_owners(&root, placement, memory, &guessed, scope, until)
+        if !scan_early {
+            let job = move |memory: &mut Memory| {
+                procfs::look_at_owners(&root, placement, memory, &guessed, scope, until)
+            };
+            return self.procfs.submit_if_idle(READING_OWNERS, job);
+        }
+        // It stops at NVML's deadline at the latest, so that a look at owners NVML lists
+        // anew, queued behind it, still gets its time; a scan stopped short is made again.
+        let (budget, scan_stops) = (self.scan_budget, deadlines.nvml);
+        let job = move |memory: &mut Memory, early: worker::Early<Owners>| {
+            let owners = procfs::look_at_owners(&root, placement, memory, &guessed, scope, until);
+            let read = owners_read_of(owners.lookups.iter(), &guessed);
+            early.answer(owners);
+            worker::calling(SCANNING);
+            let stops = scan_deadline(Instant::now(), budget, Some(scan_stops));
+            let scan = procfs::look_for_holders(&root, placement, memory, read.clone(), stops);
+            (read, scan)
         };
-        self.procfs.submit_if_idle(READING_OWNERS, job)
+        let (owners, scan) = self.procfs.submit_two_if_idle(READING_OWNERS, job)?;
+        *lock(&self.early_scan) = Some(scan);
+        Some(owners)
     }
 
     /// What `/proc` says of each PID in `listed`, now that NVML has answered: from the
@@ -487,6 +521,25 @@ impl LiveHost {
         owners_read: OwnersRead,
     ) -> (HolderScan, Option<StuckRead>) {
         let started = Instant::now();
+        self.scanned_last.store(true, Ordering::Relaxed);
+        let early = lock(&self.early_scan).take();
+        if let Some(early) = early {
+            // Made after this look's owners were read, with the same owners: the scan
+            // this look would make now, unless it stopped short of its end.
+            match early.wait_until(deadlines.scan_waited) {
+                Ok((read, scan)) if read == owners_read && !scan.cut_short => {
+                    self.procfs_answers();
+                    return (scan, None);
+                }
+                Ok(_) => {}
+                Err(no_answer) => {
+                    return (
+                        self.cut_short_scan(started),
+                        self.procfs_failure(no_answer).1,
+                    )
+                }
+            }
+        }
         let stops = scan_deadline(started, self.scan_budget, Some(deadlines.scan_stops));
         let (root, placement) = (self.proc_root.clone(), self.placement);
         let job = move |memory: &mut Memory| {
@@ -499,16 +552,19 @@ impl LiveHost {
             }
             Err(no_answer) => {
                 let (_, stuck) = self.procfs_failure(no_answer);
-                // Holders may be missing: the scan says it is incomplete, so no verdict
-                // rests on what it did not see.
-                let scan = HolderScan {
-                    holders: Vec::new(),
-                    permission_errors: 0,
-                    cut_short: true,
-                    duration_seconds: started.elapsed().as_secs_f64(),
-                };
-                (scan, stuck)
+                (self.cut_short_scan(started), stuck)
             }
+        }
+    }
+
+    /// The scan of a reader that did not answer, started at `started`: holders may be
+    /// missing, so it says it is incomplete, and no verdict rests on what it did not see.
+    fn cut_short_scan(&self, started: Instant) -> HolderScan {
+        HolderScan {
+            holders: Vec::new(),
+            permission_errors: 0,
+            cut_short: true,
+            duration_seconds: started.elapsed().as_secs_f64(),
         }
     }
 
@@ -664,10 +720,21 @@ fn wanted_containers<'a>(cgroups: impl Iterator<Item = &'a CgroupAttribution>) -
 /// The owners this observation read, for the holder scan that follows it.
 fn owners_read(observation: &Observation) -> OwnersRead {
     let listed = observation.nvml.listed_pids();
-    observation
+    let lookups = observation
         .owners
         .iter()
-        .filter_map(|(pid, lookup)| match &lookup.now {
+        .map(|(pid, lookup)| (pid, &lookup.now));
+    owners_read_of(lookups, &listed)
+}
+
+/// The owners present among `lookups` (by NVML's PID), with their start time and the
+/// GPUs `listed` lists them on, by the procfs's PID.
+fn owners_read_of<'a>(
+    lookups: impl Iterator<Item = (&'a u32, &'a ProcessLookup)>,
+    listed: &BTreeMap<u32, Vec<u32>>,
+) -> OwnersRead {
+    lookups
+        .filter_map(|(pid, lookup)| match lookup {
             ProcessLookup::Present(facts) => Some((
                 facts.pid,
                 (facts.start_time_ticks, listed.get(pid)?.clone()),

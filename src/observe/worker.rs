@@ -148,6 +148,34 @@ impl<S: Send + 'static> Worker<S> {
         self.hand(first_call, job, true).ok()
     }
 
+    /// Like [`Worker::submit_if_idle`], for a job that answers twice: what it sends
+    /// through the [`Early`] it is given, as soon as it has it (what the caller needs
+    /// first), and then what it returns (work the caller may still want after that).
+    /// Each answer is waited for on its own; a caller that gives up on the first one
+    /// gives the thread up as usual, and one that drops the second lets the thread
+    /// finish it for nobody.
+    pub(crate) fn submit_two_if_idle<A: Send + 'static, T: Send + 'static>(
+        &self,
+        first_call: &'static str,
+        job: impl FnOnce(&mut S, Early<A>) -> T + Send + 'static,
+    ) -> Option<(Pending<A>, Pending<T>)> {
+        let (early, first) = mpsc::sync_channel(1);
+        let then = self
+            .hand(
+                first_call,
+                move |state: &mut S| job(state, Early(early)),
+                true,
+            )
+            .ok()?;
+        let first = Pending {
+            reply: first,
+            status: Arc::clone(&then.status),
+            first_call,
+            handed_at: then.handed_at,
+        };
+        Some((first, then))
+    }
+
     fn hand<T: Send + 'static>(
         &self,
         first_call: &'static str,
@@ -216,6 +244,16 @@ impl<S: Send + 'static> Worker<S> {
     /// The call the thread is in, while it is in one.
     pub(crate) fn in_call(&self) -> Option<InCall> {
         lock(&self.status.busy).in_call
+    }
+}
+
+/// Where a job of [`Worker::submit_two_if_idle`] sends its first answer.
+pub(crate) struct Early<A>(mpsc::SyncSender<A>);
+
+impl<A> Early<A> {
+    /// Sends the first answer; nobody may be waiting for it any more.
+    pub(crate) fn answer(self, answer: A) {
+        let _ = self.0.send(answer);
     }
 }
 
@@ -405,6 +443,61 @@ mod tests {
         drop(open);
         assert_eq!(busy.wait_until(soon()), Ok(1));
         assert_eq!(queued.wait_until(soon()), Ok(1));
+    }
+
+    #[test]
+    fn a_job_that_answers_twice_is_waited_for_answer_by_answer() {
+        let worker = Worker::start("test-two", 0u32);
+        let (open, gate) = mpsc::channel::<()>();
+        let (first, then) = worker
+            .submit_two_if_idle("first part", move |count: &mut u32, early| {
+                *count += 1;
+                early.answer(*count);
+                calling("second part");
+                let _ = gate.recv();
+                *count + 10
+            })
+            .unwrap();
+        // The first answer comes while the second part has not ended.
+        assert_eq!(first.wait_until(soon()), Ok(1));
+        // The second part is still running: no other job ahead of need is taken.
+        assert!(worker
+            .submit_two_if_idle("again", |_: &mut u32, _: Early<u32>| 0)
+            .is_none());
+        let stuck = then.wait_until(Instant::now() + Duration::from_millis(20));
+        assert!(
+            matches!(
+                stuck,
+                Err(NoAnswer::Stuck(InCall {
+                    call: "second part",
+                    ..
+                }))
+            ),
+            "{stuck:?}"
+        );
+        drop(open);
+        let deadline = soon();
+        let count = loop {
+            match worker.run("after", deadline, |count| *count) {
+                Ok(count) => break count,
+                Err(NoAnswer::Stuck(_)) if Instant::now() < deadline => std::thread::yield_now(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(count, 1);
+    }
+
+    #[test]
+    fn a_first_answer_never_sent_is_a_failure_not_a_hang() {
+        let worker = Worker::start("test-two-none", 0u32);
+        let (first, then) = worker
+            .submit_two_if_idle("first part", |_: &mut u32, early: Early<u32>| {
+                drop(early);
+                7
+            })
+            .unwrap();
+        assert!(matches!(first.wait_until(soon()), Err(NoAnswer::Failed(_))));
+        assert_eq!(then.wait_until(soon()), Ok(7));
     }
 
     #[test]
