@@ -271,7 +271,7 @@ impl Host {
 }
 
 pub(crate) fn present(facts: ProcessFacts) -> ProcessLookup {
-    ProcessLookup::Present(Box::new(facts))
+    ProcessLookup::Present(std::sync::Arc::new(facts))
 }
 
 pub(crate) fn pids(suspects: &[Suspect]) -> Vec<u32> {

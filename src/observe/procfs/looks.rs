@@ -8,6 +8,7 @@ use super::reader::{OwnersRead, Reader};
 use super::reading::{HolderScan, ProcessLookup, ProcfsView};
 use super::root::{ProcRoot, Unread};
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The most owners whose stat files are held open between scrapes (one descriptor each);
@@ -74,9 +75,12 @@ pub(crate) fn look_at_owners(
                 match looked.facts {
                     Ok(mut facts) => {
                         if looked.nested != Some(false) {
-                            facts.pid_namespace_init = inits.of(procfs_pid);
+                            let init = inits.of(procfs_pid);
+                            if facts.pid_namespace_init != init {
+                                Arc::make_mut(&mut facts).pid_namespace_init = init;
+                            }
                         }
-                        ProcessLookup::Present(Box::new(facts))
+                        ProcessLookup::Present(facts)
                     }
                     Err(Unread::Missing) => {
                         gone.push(procfs_pid);

@@ -16,7 +16,7 @@ use std::sync::Arc;
 pub struct Remembered {
     pub(super) start_time_ticks: u64,
     /// The last full reading, when one was made (holders and owners).
-    pub(super) facts: Option<ProcessFacts>,
+    pub(super) facts: Option<Arc<ProcessFacts>>,
     /// Whether it lives in a PID namespace nested in the procfs's: only then is its
     /// container's PID 1 looked up again (`None`: not known yet).
     pub(super) nested: Option<bool>,
@@ -28,6 +28,9 @@ pub struct Remembered {
     pub(super) held_nvidia: bool,
     /// Whether it is a kernel thread, which never holds a file.
     pub(super) kernel_thread: bool,
+    /// The inode of its `/proc/PID` directory when the scan last listed it: a process
+    /// that gets the PID later gets a directory of its own.
+    pub(super) directory: Option<u64>,
     /// An owner's stat file, held open: reading it again is one system call instead of
     /// three, and once the process is gone a read fails (ESRCH) rather than show another
     /// process that got its PID.
@@ -52,7 +55,7 @@ impl Remembered {
 
     /// This entry with a newer full reading of the same process (without copying the
     /// reading it replaces).
-    pub(super) fn with_facts(&self, facts: ProcessFacts) -> Remembered {
+    pub(super) fn with_facts(&self, facts: Arc<ProcessFacts>) -> Remembered {
         Remembered {
             start_time_ticks: self.start_time_ticks,
             facts: Some(facts),
@@ -60,6 +63,7 @@ impl Remembered {
             fd_directory: self.fd_directory,
             held_nvidia: self.held_nvidia,
             kernel_thread: self.kernel_thread,
+            directory: self.directory,
             stat_file: self.stat_file.clone(),
         }
     }
@@ -74,6 +78,7 @@ impl Remembered {
             fd_directory: self.fd_directory,
             held_nvidia: self.held_nvidia,
             kernel_thread: self.kernel_thread,
+            directory: self.directory,
             stat_file: None,
         }
     }
@@ -93,6 +98,7 @@ impl Remembered {
             facts: newer.facts.or(self.facts),
             nested: newer.nested.or(self.nested),
             fd_directory: newer.fd_directory.or(self.fd_directory),
+            directory: newer.directory.or(self.directory),
             stat_file: newer.stat_file.or(self.stat_file),
             ..newer
         }

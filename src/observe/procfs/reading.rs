@@ -4,6 +4,7 @@
 use super::cgroup::CgroupAttribution;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// How the PIDs of the procfs we read relate to ours (and NVML's).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,7 +57,7 @@ pub enum ProcessLookup {
     /// No such process in our PID namespace.
     Missing,
     /// The process exists.
-    Present(Box<ProcessFacts>),
+    Present(Arc<ProcessFacts>),
     /// The entry exists but could not be read (permissions, a race); not evidence of absence.
     Unreadable {
         /// The error, in one line.

@@ -85,6 +85,21 @@ impl ProcRoot {
     }
 
     /// Every PID the procfs lists: the one walk over processes.
+    /// Every PID of the procfs with the inode of its directory, as the listing gives it
+    /// (`None` where the kernel could not say): which process it is, while it lives.
+    pub(super) fn pids_and_directories(&self) -> io::Result<Vec<(u32, Option<u64>)>> {
+        use std::os::unix::fs::DirEntryExt;
+        Ok(fs::read_dir(&self.root)?
+            .flatten()
+            .filter_map(|entry| {
+                let pid = parse::pid_name(entry.file_name().as_bytes())?;
+                // The kernel says 1 for an entry it could not instantiate.
+                let inode = entry.ino();
+                Some((pid, (inode > 1).then_some(inode)))
+            })
+            .collect())
+    }
+
     pub(super) fn pids(&self) -> io::Result<Vec<u32>> {
         Ok(fs::read_dir(&self.root)?
             .flatten()

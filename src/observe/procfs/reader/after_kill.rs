@@ -9,6 +9,7 @@ use crate::observe::procfs::reading::{Leader, Lineage, ProcessFacts, Relative};
 use crate::observe::procfs::root::gone;
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
 
 impl Reader<'_> {
     /// The kernel function a process in uninterruptible sleep waits in.
@@ -70,6 +71,7 @@ impl Reader<'_> {
             return;
         };
         if facts.lineage.is_none() {
+            let facts = Arc::make_mut(facts);
             let stat = Stat {
                 comm: facts.comm.clone(),
                 state: facts.state as u8,
@@ -83,7 +85,7 @@ impl Reader<'_> {
             facts.lineage = Some(self.lineage(dir, facts.pid, &stat));
         }
         if let (Some(remember), Ok(facts)) = (looked.remember.as_mut(), looked.facts.as_ref()) {
-            *remember = remember.with_facts(facts.clone());
+            *remember = remember.with_facts(Arc::clone(facts));
         }
     }
 

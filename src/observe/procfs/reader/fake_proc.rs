@@ -69,7 +69,7 @@ impl FakeProc {
     pub(super) fn read_owner(&self, memory: &mut Memory, pid: u32, gpus: &[u32]) -> ProcessFacts {
         let reader = Reader::with_memory(&self.root, self.placement(), memory);
         let looked = reader.read_owner(pid, gpus);
-        let facts = looked.facts.expect("the process");
+        let facts = ProcessFacts::clone(&looked.facts.expect("the process"));
         let remember = looked.remember.expect("something to remember");
         drop(reader);
         memory.insert(pid, remember);

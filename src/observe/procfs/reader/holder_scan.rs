@@ -10,6 +10,7 @@ use crate::observe::procfs::reading::{HolderScan, ProcessFacts, References};
 use crate::observe::procfs::references::{self, FdDirectory};
 use crate::observe::procfs::root::{gone, Unread};
 use std::io;
+use std::sync::Arc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -63,9 +64,17 @@ impl<'a> Reader<'a> {
     /// One process of the holder scan: `None` when it holds no NVIDIA file (or is gone),
     /// else its facts; with what to remember of it. A process remembered with no NVIDIA
     /// file, the same start time and as many descriptors as then is not listed again.
-    fn scan_one(&self, pid: u32) -> Scanned {
+    fn scan_one(&self, pid: u32, directory: Option<u64>) -> Scanned {
         if let Some((known, facts)) = self.owner_reading(pid) {
-            return Scanned::Holder(Box::new(facts.clone()), known.unchanged());
+            return Scanned::Holder(Box::new(ProcessFacts::clone(facts)), known.unchanged());
+        }
+        // A kernel thread holds no file, ever: one seen before, whose `/proc` directory
+        // is still the one listed then, is taken as it was without a system call (hosts
+        // with many cores have thousands).
+        if let Some(known) = self.previous.get(&pid) {
+            if known.kernel_thread && directory.is_some() && known.directory == directory {
+                return Scanned::Nothing(known.unchanged());
+            }
         }
         let dir = self.root.pid_dir(pid);
         // One system call tells a process remembered without NVIDIA files, which still
@@ -90,6 +99,7 @@ impl<'a> Reader<'a> {
             fd_directory,
             held_nvidia: false,
             kernel_thread,
+            directory,
             stat_file: None,
         };
         // A kernel thread holds no file, ever.
@@ -111,7 +121,7 @@ impl<'a> Reader<'a> {
                 let looked = self.read_afresh(pid, &dir, stat, Some(found));
                 match (looked.facts, looked.remember) {
                     (Ok(facts), Some(remember)) => Scanned::Holder(
-                        Box::new(facts),
+                        Box::new(Arc::unwrap_or_clone(facts)),
                         Remembered {
                             fd_directory,
                             ..remember
@@ -138,10 +148,10 @@ impl<'a> Reader<'a> {
     pub fn scan_and_remember(&self, deadline: Instant) -> (HolderScan, Vec<(u32, Remembered)>) {
         let started = Instant::now();
         let mut inits = NamespaceInits::new(self.root, deadline);
-        let pids: Vec<u32> = match self.root.pids() {
+        let pids: Vec<(u32, Option<u64>)> = match self.root.pids_and_directories() {
             Ok(pids) => pids
                 .into_iter()
-                .filter(|&pid| pid != self.placement.own_pid)
+                .filter(|&(pid, _)| pid != self.placement.own_pid)
                 .collect(),
             Err(_) => {
                 let scan = HolderScan {
@@ -155,7 +165,7 @@ impl<'a> Reader<'a> {
         };
         let known = pids
             .iter()
-            .filter(|pid| self.previous.contains_key(pid))
+            .filter(|(pid, _)| self.previous.contains_key(pid))
             .count();
         let work = (pids.len() - known) + known / KNOWN_PER_NEW_PROCESS;
         let threads = cores()
@@ -217,14 +227,18 @@ impl<'a> Reader<'a> {
     }
 
     /// Scan `pids`, stopping once the scan is past its deadline.
-    fn scan_some(&self, pids: impl Iterator<Item = u32>, deadline: Instant) -> PartialScan {
+    fn scan_some(
+        &self,
+        pids: impl Iterator<Item = (u32, Option<u64>)>,
+        deadline: Instant,
+    ) -> PartialScan {
         let mut part = PartialScan::default();
-        for (seen, pid) in pids.enumerate() {
+        for (seen, (pid, directory)) in pids.enumerate() {
             if seen % CLOCK_CHECK_EVERY == 0 && Instant::now() > deadline {
                 part.cut_short = true;
                 break;
             }
-            match self.scan_one(pid) {
+            match self.scan_one(pid, directory) {
                 Scanned::Holder(facts, remember) => {
                     part.holders.push((*facts, remember.nested()));
                     part.remembered.push((pid, remember));
@@ -288,7 +302,7 @@ mod tests {
         let placement = proc.placement();
         let empty = Memory::new();
         let first = Reader::with_memory(&proc.root, placement, &empty);
-        let Scanned::Nothing(remember) = first.scan_one(200) else {
+        let Scanned::Nothing(remember) = first.scan_one(200, None) else {
             panic!("no NVIDIA file yet")
         };
         let memory: Memory = [(200, remember)].into();
@@ -298,10 +312,10 @@ mod tests {
         fs::remove_file(dir.join("fd/3")).unwrap();
         symlink("/dev/nvidia0", dir.join("fd/3")).unwrap();
         let reader = Reader::with_memory(&proc.root, placement, &memory);
-        assert!(matches!(reader.scan_one(200), Scanned::Nothing(_)));
+        assert!(matches!(reader.scan_one(200, None), Scanned::Nothing(_)));
         // A new start time under the PID is listed afresh.
         proc.process(200, 900, 'S', &[0]);
-        assert!(matches!(reader.scan_one(200), Scanned::Holder(..)));
+        assert!(matches!(reader.scan_one(200, None), Scanned::Holder(..)));
     }
 
     #[test]
@@ -314,19 +328,19 @@ mod tests {
         let placement = proc.placement();
         let empty = Memory::new();
         let first = Reader::with_memory(&proc.root, placement, &empty);
-        let Scanned::Nothing(remember) = first.scan_one(300) else {
+        let Scanned::Nothing(remember) = first.scan_one(300, None) else {
             panic!("no NVIDIA file")
         };
         let memory: Memory = [(300, remember)].into();
         // Its stat is not read again: were it, this line would make it unreadable.
         fs::write(dir.join("stat"), "not a stat line").unwrap();
         let reader = Reader::with_memory(&proc.root, placement, &memory);
-        assert!(matches!(reader.scan_one(300), Scanned::Nothing(_)));
+        assert!(matches!(reader.scan_one(300, None), Scanned::Nothing(_)));
         // Another directory under the PID is another process: read, and unreadable here.
         fs::rename(dir.join("fd"), dir.join("fd-then")).unwrap();
         fs::create_dir(dir.join("fd")).unwrap();
         symlink("/dev/null", dir.join("fd/3")).unwrap();
-        assert!(matches!(reader.scan_one(300), Scanned::Denied));
+        assert!(matches!(reader.scan_one(300, None), Scanned::Denied));
     }
 
     #[test]
@@ -343,12 +357,42 @@ mod tests {
         let placement = proc.placement();
         let empty = Memory::new();
         let first = Reader::with_memory(&proc.root, placement, &empty);
-        let Scanned::Nothing(remember) = first.scan_one(2) else {
+        let Scanned::Nothing(remember) = first.scan_one(2, None) else {
             panic!("a kernel thread holds nothing")
         };
         let memory: Memory = [(2, remember)].into();
         fs::write(dir.join("stat"), "not a stat line").unwrap();
         let reader = Reader::with_memory(&proc.root, placement, &memory);
-        assert!(matches!(reader.scan_one(2), Scanned::Nothing(_)));
+        assert!(matches!(reader.scan_one(2, None), Scanned::Nothing(_)));
+    }
+
+    #[test]
+    fn a_kernel_thread_under_the_same_proc_directory_is_taken_without_a_system_call() {
+        let proc = FakeProc::new();
+        let dir = proc.dir.path().join("3");
+        fs::create_dir_all(dir.join("fd")).unwrap();
+        fs::write(
+            dir.join("stat"),
+            "3 (pool_workqueue_release) S 2 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 3 0",
+        )
+        .unwrap();
+        let placement = proc.placement();
+        let empty = Memory::new();
+        let first = Reader::with_memory(&proc.root, placement, &empty);
+        let Scanned::Nothing(remember) = first.scan_one(3, Some(41)) else {
+            panic!("a kernel thread holds nothing")
+        };
+        assert_eq!(remember.directory, Some(41));
+        let memory: Memory = [(3, remember)].into();
+        // Nothing is read again: its descriptor directory gone would make it gone.
+        fs::remove_dir(dir.join("fd")).unwrap();
+        let reader = Reader::with_memory(&proc.root, placement, &memory);
+        assert!(matches!(reader.scan_one(3, Some(41)), Scanned::Nothing(_)));
+        // Another directory under the PID is another process, read again: a user process
+        // that got the number, holding a GPU.
+        proc.process(3, 900, 'S', &[0]);
+        assert!(matches!(reader.scan_one(3, Some(42)), Scanned::Holder(..)));
+        // A listing that could not say which directory it is says nothing either.
+        assert!(matches!(reader.scan_one(3, None), Scanned::Holder(..)));
     }
 }

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::OnceLock;
 
 /// One look at a process: what was found, how many entries could not be read, and what
@@ -32,7 +33,7 @@ use std::sync::OnceLock;
 #[derive(Debug)]
 pub struct Looked {
     /// The facts, or why there are none.
-    pub(super) facts: Result<ProcessFacts, Unread>,
+    pub(super) facts: Result<Arc<ProcessFacts>, Unread>,
     /// Entries that existed but could not be read.
     pub(super) errors: u64,
     /// Whether it lives in a nested PID namespace (`None`: not known).
@@ -205,7 +206,7 @@ impl<'a> Reader<'a> {
     fn read_owner_with(&self, pid: u32, dir: &Path, stat: Stat, gpus: &[u32]) -> Looked {
         let Some((known, mut facts)) = self
             .remembered(pid, &stat)
-            .and_then(|known| Some((known, known.facts.clone()?)))
+            .and_then(|known| Some((known, Arc::clone(known.facts.as_ref()?))))
         else {
             let mut looked = self.read_afresh(pid, dir, stat, None);
             self.add_lineage(&mut looked, dir);
@@ -215,12 +216,11 @@ impl<'a> Reader<'a> {
             || !gpus
                 .iter()
                 .all(|&minor| facts.mappings.maps_gpu_read_write(minor));
-        refresh_from_stat(&mut facts, &stat);
-        facts.exiting = self.process_exiting(dir, &stat);
         let mut errors = 0;
         if stale {
             match self.references(dir, &stat, None) {
                 Ok((descriptors, mappings, failed)) => {
+                    let facts = Arc::make_mut(&mut facts);
                     facts.descriptors = descriptors;
                     facts.mappings = mappings;
                     errors += failed;
@@ -228,15 +228,33 @@ impl<'a> Reader<'a> {
                 Err(unread) => return Looked::failed(unread),
             }
         }
-        facts.wchan = self.wchan(dir, &stat);
-        facts.kill_pending_since_unix_seconds =
-            self.kill_pending_since(dir, &stat, None, Some(&facts));
-        facts.lineage = match facts.lineage.take() {
-            Some(lineage) => Some(self.parent_exit(lineage, &stat)),
-            None => Some(self.lineage(dir, pid, &stat)),
+        // The reading shared with the memory is copied only where this stat line and
+        // the reads it calls for say something new: a live owner most often says nothing.
+        let exiting = self.process_exiting(dir, &stat);
+        let wchan = self.wchan(dir, &stat);
+        let kill_pending_since = self.kill_pending_since(dir, &stat, None, Some(&facts));
+        let lineage = match facts.lineage.as_ref() {
+            Some(lineage) => self.parent_exit(lineage.clone(), &stat),
+            None => self.lineage(dir, pid, &stat),
         };
+        let unchanged = facts.comm == stat.comm
+            && facts.state == char::from(stat.state)
+            && (facts.ppid, facts.pgid, facts.sid, facts.threads)
+                == (stat.ppid, stat.pgrp, stat.session, stat.threads)
+            && facts.exiting == exiting
+            && facts.wchan == wchan
+            && facts.kill_pending_since_unix_seconds == kill_pending_since
+            && facts.lineage.as_ref() == Some(&lineage);
+        if !unchanged {
+            let facts = Arc::make_mut(&mut facts);
+            refresh_from_stat(facts, &stat);
+            facts.exiting = exiting;
+            facts.wchan = wchan;
+            facts.kill_pending_since_unix_seconds = kill_pending_since;
+            facts.lineage = Some(lineage);
+        }
         Looked {
-            remember: Some(known.with_facts(facts.clone())),
+            remember: Some(known.with_facts(Arc::clone(&facts))),
             facts: Ok(facts),
             errors,
             nested: known.nested,
@@ -269,7 +287,7 @@ impl<'a> Reader<'a> {
         // again: where it came from, and since when a kill has been pending.
         let earlier = self
             .remembered(pid, &stat)
-            .and_then(|known| known.facts.as_ref());
+            .and_then(|known| known.facts.as_deref());
         let facts = ProcessFacts {
             pid,
             local_pid: self.local_pid(pid, dir, Some(&status)),
@@ -296,6 +314,7 @@ impl<'a> Reader<'a> {
             cgroup: self.root.cgroup(dir),
             pid_namespace_init: None,
         };
+        let facts = Arc::new(facts);
         Looked {
             remember: Some(Remembered {
                 start_time_ticks: stat.start_time_ticks,
@@ -304,7 +323,8 @@ impl<'a> Reader<'a> {
                     .nodes()
                     .is_some_and(|nodes| !nodes.is_empty()),
                 kernel_thread: false,
-                facts: Some(facts.clone()),
+                directory: None,
+                facts: Some(Arc::clone(&facts)),
                 nested,
                 fd_directory: None,
                 stat_file: None,
