@@ -20,8 +20,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// Longest single wait for an event: how long a superseded watcher can linger.
-const WAIT_MS: u32 = 1000;
+/// Longest single wait for an event: how long a superseded watcher can linger (it
+/// counts nothing meanwhile, and only holds the old library's handle). Each wake-up
+/// costs the thread a cold start on a host that has no event to report: ten seconds
+/// make it one wake where one second made ten.
+const WAIT_MS: u32 = 10_000;
 /// First pause before watching again after NVML failed us; doubles up to [`MAX_RETRY`].
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(300);
