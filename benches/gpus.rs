@@ -15,9 +15,7 @@
 //! `GPUS_CALL_MS`, `GPUS_HANG_SCRAPES` (scrapes timed during the hang, default 100).
 
 // The integration tests' rig, fake NVML scenario and model owners.
-#[path = "../tests/integration/helpers/mod.rs"]
-#[allow(dead_code, unused_imports)]
-mod helpers;
+use test_helpers as helpers;
 // What the benches read from the environment.
 mod settings;
 

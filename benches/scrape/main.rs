@@ -29,14 +29,13 @@
 //! (default 20) is how long each wrk run of the targets section lasts. A positional
 //! argument filters the sections by name: latency, breakdown, soak, interval, cpu, wrk,
 //! targets. The `hold` section, run only when named, measures nothing: it starts the
-//! targets' scenario (`SCRAPE_HOLD_ORPHAN=1`: during the fork-orphan episode) and keeps
-//! the exporter up for `SCRAPE_HOLD_SECONDS` (default 60) for a profiler.
+//! targets' scenario (`SCRAPE_HOLD_ORPHAN=1`: during the fork-orphan episode;
+//! `SCRAPE_HOLD_GPUS` and `SCRAPE_HOLD_OWNERS` for another) and keeps the exporter up for
+//! `SCRAPE_HOLD_SECONDS` (default 60) for a profiler.
 
 // The integration tests' rig, fake NVML scenario and model owners. The bench uses a few of
 // them; the tests use them all, and there the compiler finds any that nothing uses.
-#[path = "../../tests/integration/helpers/mod.rs"]
-#[allow(dead_code, unused_imports)]
-mod helpers;
+use test_helpers as helpers;
 // What the benches read from the environment.
 #[path = "../settings/mod.rs"]
 mod settings;
@@ -160,11 +159,13 @@ fn main() {
         );
     }
     if filters.contains(&"hold") {
-        owners.by_gpus.retain(|&gpus, _| gpus == MAX_GPUS);
-        let pids = owners.pids(&rig, MAX_GPUS);
+        let gpus = env_number("SCRAPE_HOLD_GPUS", MAX_GPUS as usize) as u32;
+        let count = env_number("SCRAPE_HOLD_OWNERS", MAX_OWNERS).min(MAX_OWNERS);
+        let pids = owners.pids(&rig, gpus);
         hold::hold(
             &rig,
-            &pids,
+            gpus,
+            &pids[..count],
             env_number("SCRAPE_HOLD_ORPHAN", 0) != 0,
             env_number("SCRAPE_HOLD_SECONDS", 60) as u64,
         );

@@ -1,8 +1,9 @@
 //! Integration tests: the real binary, the fake NVML, real processes and real /proc,
-//! compiled as one test binary. Two modules are shared rather than tests: `helpers` and
-//! `kubelet` (a stand-in kubelet); every other module holds the tests of one subject.
+//! compiled as one test binary. Two modules are shared rather than tests: `helpers` (the
+//! crate in `tests/helpers`, shared with the benches) and `kubelet` (a stand-in kubelet);
+//! every other module holds the tests of one subject.
 
-mod helpers;
+use test_helpers as helpers;
 mod kubelet;
 
 mod after_kill;

@@ -1,8 +1,8 @@
 //! The exporter binary running: as a server on a free port (with a small HTTP client), or
 //! as a one-shot command whose output is collected.
 
-use super::output::Metrics;
-use super::wait_until;
+use crate::output::Metrics;
+use crate::wait_until;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

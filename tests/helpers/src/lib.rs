@@ -1,6 +1,9 @@
 //! What every integration test needs: the fake NVML and its scenario, fake device nodes,
 //! the real exporter binary on a free port, real child processes as GPU owners, and a
-//! small HTTP client and metrics parser. Tests take it all with `use crate::helpers::*`.
+//! small HTTP client and metrics parser. Tests take it all with `use crate::helpers::*`
+//! (the integration tests' crate names this crate `helpers`); the benches use some of it.
+//! A crate of its own, so that a bench that needs a part of it compiles without the rest
+//! being dead code to it.
 
 mod console;
 mod exporter;
@@ -44,9 +47,18 @@ pub const TOTAL: u64 = 150_754_820_096;
 /// The driver's reservation on an idle H200.
 pub const RESERVED: u64 = 644_939_776;
 
-/// The exporter binary cargo built for these tests.
+/// The exporter binary cargo built beside the test or bench running now: cargo puts
+/// those in `deps/` under the folder of the binaries (as `CARGO_BIN_EXE_*` would say to
+/// the test target itself, which this crate is not).
 pub fn exporter_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_vram-exporter"))
+    binaries_folder().join("vram-exporter")
+}
+
+/// The folder of the binaries cargo built for this profile.
+fn binaries_folder() -> PathBuf {
+    let running = std::env::current_exe().expect("the test's own path");
+    let deps = running.parent().expect("cargo's deps folder");
+    deps.parent().expect("cargo's profile folder").to_path_buf()
 }
 
 /// The fake NVML cargo built as a dev-dependency, as it was when a test first asked for
@@ -59,7 +71,10 @@ pub fn fake_nvml_library() -> PathBuf {
     static SNAPSHOT: OnceLock<PathBuf> = OnceLock::new();
     SNAPSHOT
         .get_or_init(|| {
-            let folder = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+            // Cargo's scratch folder for tests (`CARGO_TARGET_TMPDIR`): `tmp` in its
+            // target folder.
+            let target = binaries_folder();
+            let folder = target.parent().expect("cargo's target folder").join("tmp");
             std::fs::create_dir_all(&folder).expect("cargo's scratch folder for tests");
             let snapshot = folder.join("libfake_nvml.so");
             let partial = folder.join(format!("libfake_nvml.so.{}", std::process::id()));
@@ -112,7 +127,12 @@ pub fn require_tool(program: &str, package: &str) -> PathBuf {
 
 /// The repository's root: where the documents, charts and deployment files are.
 pub fn repository() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    // This crate is `tests/helpers` in it.
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .nth(2)
+        .expect("the repository")
+        .to_path_buf()
 }
 
 /// A loopback port that was free a moment ago.

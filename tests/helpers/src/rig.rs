@@ -1,11 +1,11 @@
 //! The rig: a test's world in a temporary folder (the fake NVML, its scenario, the files
 //! standing in for `/dev/nvidia*`) and the exporter commands that run in it.
 
-use super::exporter::{start, Exporter, Outcome, Running};
-use super::model::{control_node, uvm_node};
-use super::processes::{effective_uid, holds};
-use super::scenario::{Gpu, Gpus};
-use super::{exporter_binary, fake_nvml_library, require_tool, wait_until, USED};
+use crate::exporter::{start, Exporter, Outcome, Running};
+use crate::model::{control_node, uvm_node};
+use crate::processes::{effective_uid, holds};
+use crate::scenario::{Gpu, Gpus};
+use crate::{exporter_binary, fake_nvml_library, require_tool, wait_until, USED};
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,12 @@ pub struct Rig {
     pub scenario: PathBuf,
     pub library: PathBuf,
     pub devices: PathBuf,
+}
+
+impl Default for Rig {
+    fn default() -> Rig {
+        Rig::new()
+    }
 }
 
 impl Rig {

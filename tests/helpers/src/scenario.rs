@@ -1,7 +1,7 @@
 //! The fake NVML's scenario: GPUs, MIG devices, what the driver says a GPU needs, Xid
 //! events, and NVML calls that fail or hang.
 
-use super::{CHARGED, RESERVED, TOTAL, USED};
+use crate::{CHARGED, RESERVED, TOTAL, USED};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -10,6 +10,12 @@ pub struct Gpus {
     gpus: Vec<Value>,
     init_error: Option<String>,
     hangs: Value,
+}
+
+impl Default for Gpus {
+    fn default() -> Gpus {
+        Gpus::new()
+    }
 }
 
 impl Gpus {

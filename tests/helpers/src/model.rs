@@ -6,8 +6,8 @@
 //! and maps nothing; the MPS control daemon maps the GPU's node only write-only and the
 //! control node only read-only, and its server, its child, maps both read-write.
 
-use super::processes::{become_subreaper, effective_uid, proc_comm, proc_state, signal, Holder};
-use super::{require_tool, wait_until};
+use crate::processes::{become_subreaper, effective_uid, proc_comm, proc_state, signal, Holder};
+use crate::{require_tool, wait_until};
 use serde_json::{json, Value};
 use std::fs;
 use std::io::Read;

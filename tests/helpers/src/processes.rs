@@ -1,7 +1,7 @@
 //! Real processes holding device files ([`Holder`]), and what `/proc` says about a process.
 
-use super::model::Model;
-use super::wait_until;
+use crate::model::Model;
+use crate::wait_until;
 use std::fs;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
