@@ -208,17 +208,24 @@ impl Exporter {
         );
     }
 
-    /// `collection`'s report in `format`, with its timing; the report comes back for a
-    /// caller whose exit status depends on it. Renders what was collected and reads
-    /// nothing: the registry's one collector holds the finished report.
-    pub fn encode(&self, collection: Collection, format: Format) -> (String, Report) {
-        let report = Arc::new(collection.report);
+    /// `collection`'s report in `format`, with its timing; the collection comes back
+    /// whole, for a caller whose exit status depends on its report, and for a server to
+    /// free after the body has gone out rather than before. Renders what was collected
+    /// and reads nothing: the registry's one collector holds the finished report.
+    pub fn encode(&self, collection: Collection, format: Format) -> (String, Collection) {
+        let Collection {
+            observation,
+            report,
+            scan_seconds,
+            seconds,
+        } = collection;
+        let report = Arc::new(report);
         let mut registry = Registry::default();
         registry.register_collector(Box::new(FinishedReport {
             report: Arc::clone(&report),
             timing: ScrapeTiming {
-                total_seconds: collection.seconds,
-                scan_seconds: collection.scan_seconds,
+                total_seconds: seconds,
+                scan_seconds,
             },
             build: self.build.clone(),
             options: self.options,
@@ -228,13 +235,20 @@ impl Exporter {
         self.last_body_bytes.store(body.len(), Ordering::Relaxed);
         drop(registry);
         let report = Arc::try_unwrap(report).unwrap_or_else(|shared| (*shared).clone());
-        (body, report)
+        let collection = Collection {
+            observation,
+            report,
+            scan_seconds,
+            seconds,
+        };
+        (body, collection)
     }
 
     /// One collection encoded in `format`, done by `until`, with its report: for a
     /// one-shot command whose exit status says what the file it writes carries.
     pub fn encode_once(&self, until: Instant, format: Format) -> (String, Report) {
-        self.encode(self.collect(until), format)
+        let (body, collection) = self.encode(self.collect(until), format);
+        (body, collection.report)
     }
 
     /// Loads NVML now without waiting, so that a server logs a missing NVML at start.

@@ -115,7 +115,7 @@ impl Collections {
             };
             let exporter = &collections.exporter;
             let collection = exporter.collect(started + timeout);
-            let (body, _) = exporter.encode(collection, format);
+            let (body, collection) = exporter.encode(collection, format);
             let body = Bytes::from(body);
             if overran.load(Ordering::SeqCst) {
                 tracing::info!(
@@ -127,6 +127,8 @@ impl Collections {
             // starts a fresh collection instead of getting this one.
             drop(done);
             let _ = sender.send(Some(body));
+            // Freed once the body is on its way: the scrape waits for none of it.
+            drop(collection);
         });
         running
     }
