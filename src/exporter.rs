@@ -16,7 +16,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// When to scan `/proc/*/fd` for device-file holders.
@@ -71,7 +71,7 @@ pub struct Exporter {
     /// One collection at a time: each GPU and `/proc` has one reader thread, and a second
     /// collection would find it busy with the first's calls and report it stuck. Every
     /// collection ends by its deadline, so the next waits no longer than that.
-    collecting: Mutex<()>,
+    collecting: tokio::sync::Mutex<()>,
     /// The exporter's own process, read for its `process_*` series: a server's only.
     own_process: Option<OwnProcess>,
     /// The size of the last body encoded: the next is about as large, so its buffer is
@@ -87,7 +87,7 @@ impl Exporter {
             settings,
             options,
             build: BuildInfo::current(),
-            collecting: Mutex::new(()),
+            collecting: tokio::sync::Mutex::const_new(()),
             own_process: None,
             last_body_bytes: AtomicUsize::new(16 * 1024),
         }
@@ -104,9 +104,12 @@ impl Exporter {
     /// A scrape's collection, done by `until`: observe, scan for holders where memory is
     /// orphaned, classify. A replay file that cannot be read is served as NVML being
     /// down, with the reason in the log.
-    pub fn collect(&self, until: Instant) -> Collection {
+    pub async fn collect(&self, until: Instant) -> Collection {
         let started = Instant::now();
-        match self.try_observe_and_classify(HolderScanPolicy::WhenOrphaned, until) {
+        match self
+            .try_observe_and_classify(HolderScanPolicy::WhenOrphaned, until)
+            .await
+        {
             Ok(collection) => collection,
             Err(error) => {
                 let error = one_line(&error);
@@ -130,15 +133,15 @@ impl Exporter {
     /// [`Deadlines`]).
     ///
     /// A replay file that cannot be read is an error here: one-shot commands report it.
-    pub fn try_observe_and_classify(
+    pub async fn try_observe_and_classify(
         &self,
         policy: HolderScanPolicy,
         until: Instant,
     ) -> Result<Collection, ObserveError> {
         let started = Instant::now();
-        let _one_at_a_time = crate::sync::lock(&self.collecting);
+        let _one_at_a_time = self.collecting.lock().await;
         let deadlines = Deadlines::between(started, until);
-        let mut observation = self.source.observe(&deadlines)?;
+        let mut observation = self.source.observe(&deadlines).await?;
         // Read here, not on the /proc reader thread: only this process's own stat, limits
         // and descriptor directory, which no other process and no call stuck in the driver
         // can hold a lock on, within a budget of their own (see `OwnProcess::read`).
@@ -155,7 +158,7 @@ impl Exporter {
         let mut scan_seconds = None;
         if scan {
             let started = Instant::now();
-            self.source.scan_holders(&mut observation, &deadlines);
+            self.source.scan_holders(&mut observation, &deadlines).await;
             scan_seconds = Some(started.elapsed().as_secs_f64());
         }
         let report = match before_scan {
@@ -247,8 +250,23 @@ impl Exporter {
     /// One collection encoded in `format`, done by `until`, with its report: for a
     /// one-shot command whose exit status says what the file it writes carries.
     pub fn encode_once(&self, until: Instant, format: Format) -> (String, Report) {
-        let (body, collection) = self.encode(self.collect(until), format);
+        let (body, collection) = self.encode(self.collect_blocking(until), format);
         (body, collection.report)
+    }
+
+    /// [`Exporter::collect`] for a caller that is not a task (a one-shot command): its
+    /// waits block this thread.
+    pub fn collect_blocking(&self, until: Instant) -> Collection {
+        crate::observe::block_on(self.collect(until))
+    }
+
+    /// [`Exporter::try_observe_and_classify`] for a caller that is not a task.
+    pub fn try_observe_and_classify_blocking(
+        &self,
+        policy: HolderScanPolicy,
+        until: Instant,
+    ) -> Result<Collection, ObserveError> {
+        crate::observe::block_on(self.try_observe_and_classify(policy, until))
     }
 
     /// Loads NVML now without waiting, so that a server logs a missing NVML at start.

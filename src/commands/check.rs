@@ -77,7 +77,7 @@ fn look(
     std::thread::scope(|scope| {
         let (sender, answer) = mpsc::channel();
         scope.spawn(move || {
-            let _ = sender.send(exporter.try_observe_and_classify(policy, until));
+            let _ = sender.send(exporter.try_observe_and_classify_blocking(policy, until));
         });
         let mut progress = Progress::new();
         let mut shown = false;

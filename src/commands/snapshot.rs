@@ -16,8 +16,8 @@ pub fn run(
     output: Option<&Path>,
     timeout: Duration,
 ) -> anyhow::Result<ExitCode> {
-    let collected =
-        exporter.try_observe_and_classify(HolderScanPolicy::Always, Instant::now() + timeout)?;
+    let collected = exporter
+        .try_observe_and_classify_blocking(HolderScanPolicy::Always, Instant::now() + timeout)?;
     let observation = collected.observation;
     let snapshot = Snapshot {
         format: Snapshot::FORMAT,

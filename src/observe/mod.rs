@@ -46,6 +46,7 @@ pub use procfs::{
 };
 pub use slurm::{RunningStep, SlurmReading};
 pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot, StuckRead};
+pub(crate) use worker::block_on;
 
 use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
@@ -261,19 +262,20 @@ impl LiveHost {
             .collect()
     }
 
-    fn observe(&self, deadlines: &Deadlines) -> Observation {
+    async fn observe(&self, deadlines: &Deadlines) -> Observation {
         let started = Instant::now();
         // The owners NVML listed at the last look are mostly those it lists now: their
         // /proc reads start now, on the /proc reader, while the GPU threads answer NVML,
         // instead of after them.
         let guessed = Arc::clone(&lock(&self.last_listed));
         let early = self.start_reading_owners(&guessed, deadlines);
-        let mut nvml = self.nvml.read(deadlines.nvml);
+        let mut nvml = self.nvml.read(deadlines.nvml).await;
         let nvml_read = started.elapsed();
         let listed = Arc::new(nvml.listed_pids());
         *lock(&self.last_listed) = Arc::clone(&listed);
-        let (lookups, mut procfs_errors, procfs_view, procfs_stuck) =
-            self.read_owners(early, &guessed, &listed, &mut nvml, deadlines);
+        let (lookups, mut procfs_errors, procfs_view, procfs_stuck) = self
+            .read_owners(early, &guessed, &listed, &mut nvml, deadlines)
+            .await;
         if procfs_stuck.is_none() {
             self.procfs_answers();
         }
@@ -294,11 +296,16 @@ impl LiveHost {
         if pid_namespace == PidNamespace::Unreadable {
             procfs_errors += 1;
         }
-        let kubernetes = self
-            .kubernetes
-            .as_ref()
-            .map(|watch| self.kubernetes_reading(watch, &owners, deadlines.owners));
-        let slurm = self.slurm_reading(cgroups_of(&owners), deadlines.owners);
+        let kubernetes = match &self.kubernetes {
+            Some(watch) => Some(
+                self.kubernetes_reading(watch, &owners, deadlines.owners)
+                    .await,
+            ),
+            None => None,
+        };
+        let slurm = self
+            .slurm_reading(cgroups_of(&owners), deadlines.owners)
+            .await;
         let containers = self
             .containers
             .as_ref()
@@ -394,7 +401,7 @@ impl LiveHost {
     /// Both looks are waited for until `deadlines.owners`; an owner neither look read
     /// is "unknown" (not read is not gone), with the stuck read when there is one.
     #[allow(clippy::type_complexity)]
-    fn read_owners(
+    async fn read_owners(
         &self,
         early: Option<Pending<Owners>>,
         guessed: &BTreeMap<u32, Vec<u32>>,
@@ -424,7 +431,7 @@ impl LiveHost {
         let mut failure: Option<(String, Option<StuckRead>)> = None;
         let mut answered = Vec::with_capacity(2);
         if let Some(early) = early {
-            match early.wait_until(deadlines.owners) {
+            match early.wait_until(deadlines.owners).await {
                 Ok(owners) => answered.push(owners),
                 Err(no_answer) => failure = Some(self.procfs_failure(no_answer)),
             }
@@ -432,7 +439,11 @@ impl LiveHost {
         // A later look queued behind a stuck early one would only be stuck behind it.
         let early_stuck = matches!(&failure, Some((_, Some(_))));
         if let Some(later) = later.filter(|_| !early_stuck) {
-            match later.and_then(|pending| pending.wait_until(deadlines.owners)) {
+            let answer = match later {
+                Ok(pending) => pending.wait_until(deadlines.owners).await,
+                Err(no_answer) => Err(no_answer),
+            };
+            match answer {
                 Ok((with_capabilities, owners)) => {
                     if let Some(with_capabilities) = with_capabilities {
                         *nvml = with_capabilities;
@@ -515,7 +526,7 @@ impl LiveHost {
     /// The holder scan, served from and adding to what earlier looks found, stopping at
     /// its budget or `deadlines.scan_stops`; with what the `/proc` reader is stuck in when
     /// it did not finish by `deadlines.scan_waited`.
-    fn scan(
+    async fn scan(
         &self,
         deadlines: &Deadlines,
         owners_read: OwnersRead,
@@ -526,7 +537,7 @@ impl LiveHost {
         if let Some(early) = early {
             // Made after this look's owners were read, with the same owners: the scan
             // this look would make now, unless it stopped short of its end.
-            match early.wait_until(deadlines.scan_waited) {
+            match early.wait_until(deadlines.scan_waited).await {
                 Ok((read, scan)) if read == owners_read && !scan.cut_short => {
                     self.procfs_answers();
                     return (scan, None);
@@ -545,7 +556,7 @@ impl LiveHost {
         let job = move |memory: &mut Memory| {
             procfs::look_for_holders(&root, placement, memory, owners_read, stops)
         };
-        match self.procfs.run(SCANNING, deadlines.scan_waited, job) {
+        match self.procfs.run(SCANNING, deadlines.scan_waited, job).await {
             Ok(scan) => {
                 self.procfs_answers();
                 (scan, None)
@@ -606,7 +617,7 @@ impl LiveHost {
     /// runs in a job. The look walks `/proc` when a step is new, so it runs on the `/proc`
     /// reader thread, waited for until `until`: a reader that does not answer makes the
     /// look incomplete, and no job is then cancelled on it.
-    fn slurm_reading<'a>(
+    async fn slurm_reading<'a>(
         &self,
         cgroups: impl Iterator<Item = &'a CgroupAttribution>,
         until: Instant,
@@ -621,19 +632,21 @@ impl LiveHost {
         let deadline = scan_deadline(Instant::now(), self.scan_budget, Some(until));
         let (procfs, slurmstepds) = (self.proc_root.root.clone(), Arc::clone(&self.slurmstepds));
         let job = move |_: &mut Memory| lock(&slurmstepds).look(&procfs, &wanted, deadline);
-        Some(match self.procfs.run(LOOKING_FOR_SLURMSTEPDS, until, job) {
-            Ok(reading) => {
-                self.procfs_answers();
-                reading
-            }
-            Err(no_answer) => {
-                self.procfs_failure(no_answer);
-                SlurmReading {
-                    running_steps: Vec::new(),
-                    complete: false,
+        Some(
+            match self.procfs.run(LOOKING_FOR_SLURMSTEPDS, until, job).await {
+                Ok(reading) => {
+                    self.procfs_answers();
+                    reading
                 }
-            }
-        })
+                Err(no_answer) => {
+                    self.procfs_failure(no_answer);
+                    SlurmReading {
+                        running_steps: Vec::new(),
+                        complete: false,
+                    }
+                }
+            },
+        )
     }
 
     /// Fill in each owner's first-seen identity, remembering new ones and forgetting the
@@ -668,7 +681,7 @@ impl LiveHost {
 
     /// The kubelet's sources as last refreshed, with the names of the owners' pods and
     /// NVML's answer to which GPU each assigned MIG device is part of.
-    fn kubernetes_reading(
+    async fn kubernetes_reading(
         &self,
         watch: &KubernetesWatch,
         owners: &BTreeMap<u32, OwnerLookup>,
@@ -685,7 +698,7 @@ impl LiveHost {
             .map(str::to_string)
             .collect();
         if !mig.is_empty() {
-            reading.mig_parents = self.nvml.mig_parents(&mig, until);
+            reading.mig_parents = self.nvml.mig_parents(&mig, until).await;
         }
         reading
     }
@@ -786,18 +799,18 @@ impl Source {
 
     /// One observation, without the holder scan, waiting for each source until its
     /// deadline.
-    pub fn observe(&self, deadlines: &Deadlines) -> Result<Observation, ObserveError> {
+    pub async fn observe(&self, deadlines: &Deadlines) -> Result<Observation, ObserveError> {
         match self {
-            Source::Live(host) => Ok(host.observe(deadlines)),
+            Source::Live(host) => Ok(host.observe(deadlines).await),
             Source::Replay(path) => read_snapshot(path),
         }
     }
 
     /// Adds the holder scan to `observation` (a replay keeps the scan it recorded); the
     /// scan stops at its budget or at its deadline, whichever comes first.
-    pub fn scan_holders(&self, observation: &mut Observation, deadlines: &Deadlines) {
+    pub async fn scan_holders(&self, observation: &mut Observation, deadlines: &Deadlines) {
         if let Source::Live(host) = self {
-            let (scan, stuck) = host.scan(deadlines, owners_read(observation));
+            let (scan, stuck) = host.scan(deadlines, owners_read(observation)).await;
             if stuck.is_some() {
                 observation.procfs_stuck = stuck;
             }
@@ -819,10 +832,12 @@ impl Source {
                 .any(|holder| holder.cgroup.slurm.is_some())
             {
                 let holders = scan.holders.iter().map(|holder| &holder.cgroup);
-                observation.slurm = host.slurm_reading(
-                    cgroups_of(&observation.owners).chain(holders),
-                    deadlines.scan_waited,
-                );
+                observation.slurm = host
+                    .slurm_reading(
+                        cgroups_of(&observation.owners).chain(holders),
+                        deadlines.scan_waited,
+                    )
+                    .await;
             }
             observation.holder_scan = Some(scan);
         }

@@ -24,6 +24,7 @@ use std::cell::RefCell;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 
 /// How long a caller whose deadline has passed still waits for an answer that may be on
 /// its way: a job says it is idle just before it sends its answer.
@@ -159,7 +160,7 @@ impl<S: Send + 'static> Worker<S> {
         first_call: &'static str,
         job: impl FnOnce(&mut S, Early<A>) -> T + Send + 'static,
     ) -> Option<(Pending<A>, Pending<T>)> {
-        let (early, first) = mpsc::sync_channel(1);
+        let (early, first) = oneshot::channel();
         let then = self
             .hand(
                 first_call,
@@ -201,7 +202,7 @@ impl<S: Send + 'static> Worker<S> {
                 }
             }
         }
-        let (answer, reply) = mpsc::sync_channel(1);
+        let (answer, reply) = oneshot::channel();
         let status = Arc::clone(&self.status);
         let handed = jobs.send(Box::new(move |state: &mut S| {
             *lock(&status.busy) = Busy {
@@ -232,13 +233,13 @@ impl<S: Send + 'static> Worker<S> {
     }
 
     /// Runs `job` as [`Worker::submit`] does and waits for its answer until `deadline`.
-    pub(crate) fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         first_call: &'static str,
         deadline: Instant,
         job: impl FnOnce(&mut S) -> T + Send + 'static,
     ) -> Result<T, NoAnswer> {
-        self.submit(first_call, job)?.wait_until(deadline)
+        self.submit(first_call, job)?.wait_until(deadline).await
     }
 
     /// The call the thread is in, while it is in one.
@@ -248,7 +249,7 @@ impl<S: Send + 'static> Worker<S> {
 }
 
 /// Where a job of [`Worker::submit_two_if_idle`] sends its first answer.
-pub(crate) struct Early<A>(mpsc::SyncSender<A>);
+pub(crate) struct Early<A>(oneshot::Sender<A>);
 
 impl<A> Early<A> {
     /// Sends the first answer; nobody may be waiting for it any more.
@@ -257,10 +258,11 @@ impl<A> Early<A> {
     }
 }
 
-/// A job handed to a worker, whose answer may still come.
+/// A job handed to a worker, whose answer may still come: waited for by a task, so that
+/// the thread waiting (the server's async thread) is woken once, by the answer.
 #[derive(Debug)]
 pub(crate) struct Pending<T> {
-    reply: mpsc::Receiver<T>,
+    reply: oneshot::Receiver<T>,
     status: Arc<Status>,
     /// What the job does before it says otherwise, and when it was handed over: what
     /// is reported while it has not started (queued behind another).
@@ -270,38 +272,43 @@ pub(crate) struct Pending<T> {
 
 impl<T> Pending<T> {
     /// The job's answer, or the call it is still in at `deadline`.
-    pub(crate) fn wait_until(self, deadline: Instant) -> Result<T, NoAnswer> {
-        let wait = deadline.saturating_duration_since(Instant::now());
-        match self.reply.recv_timeout(wait) {
-            Ok(answer) => Ok(answer),
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                Err(NoAnswer::Failed("the reading panicked".into()))
+    pub(crate) async fn wait_until(mut self, deadline: Instant) -> Result<T, NoAnswer> {
+        let panicked = || NoAnswer::Failed("the reading panicked".into());
+        match tokio::time::timeout_at(deadline.into(), &mut self.reply).await {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(_)) => return Err(panicked()),
+            Err(_) => {}
+        }
+        match tokio::time::timeout(ANSWER_IN_FLIGHT, &mut self.reply).await {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(_)) => return Err(panicked()),
+            Err(_) => {}
+        }
+        let mut busy = lock(&self.status.busy);
+        match busy.in_call {
+            Some(in_call) => {
+                // Given up on: later looks report it at once, and hand it nothing while
+                // it is in this call.
+                busy.given_up = Some(in_call);
+                Err(NoAnswer::Stuck(in_call))
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                match self.reply.recv_timeout(ANSWER_IN_FLIGHT) {
-                    Ok(answer) => return Ok(answer),
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        return Err(NoAnswer::Failed("the reading panicked".into()))
-                    }
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                }
-                let mut busy = lock(&self.status.busy);
-                match busy.in_call {
-                    Some(in_call) => {
-                        // Given up on: later looks report it at once, and hand it nothing
-                        // while it is in this call.
-                        busy.given_up = Some(in_call);
-                        Err(NoAnswer::Stuck(in_call))
-                    }
-                    // Between the job it was queued behind and its own start.
-                    None => Err(NoAnswer::Stuck(InCall {
-                        call: self.first_call,
-                        since: self.handed_at,
-                    })),
-                }
-            }
+            // Between the job it was queued behind and its own start.
+            None => Err(NoAnswer::Stuck(InCall {
+                call: self.first_call,
+                since: self.handed_at,
+            })),
         }
     }
+}
+
+/// Runs `look` to its end on this thread, for a caller that is not a task (a one-shot
+/// command, a test): its waits then block this thread, as they should there.
+pub(crate) fn block_on<T>(look: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime for one look")
+        .block_on(look)
 }
 
 #[cfg(test)]
@@ -331,8 +338,14 @@ mod tests {
     #[test]
     fn a_job_answers_and_the_state_stays_with_the_thread() {
         let worker = Worker::start("test-worker", 0u32);
-        assert_eq!(worker.run("first", soon(), |count| *count += 5), Ok(()));
-        assert_eq!(worker.run("second", soon(), |count| *count), Ok(5));
+        assert_eq!(
+            block_on(worker.run("first", soon(), |count| *count += 5)),
+            Ok(())
+        );
+        assert_eq!(
+            block_on(worker.run("second", soon(), |count| *count)),
+            Ok(5)
+        );
         assert_eq!(worker.in_call(), None);
     }
 
@@ -341,7 +354,8 @@ mod tests {
         let worker = Worker::start("test-stuck", 0u32);
         let (open, job) = gated();
         let started = Instant::now();
-        let answer = worker.run("opening", Instant::now() + Duration::from_millis(50), job);
+        let answer =
+            block_on(worker.run("opening", Instant::now() + Duration::from_millis(50), job));
         let Err(NoAnswer::Stuck(in_call)) = answer else {
             panic!("{answer:?}")
         };
@@ -357,7 +371,7 @@ mod tests {
         open.send(()).unwrap();
         let deadline = soon();
         let count = loop {
-            match worker.run("after", deadline, |count| *count) {
+            match block_on(worker.run("after", deadline, |count| *count)) {
                 Ok(count) => break count,
                 Err(NoAnswer::Stuck(_)) if Instant::now() < deadline => std::thread::yield_now(),
                 other => panic!("{other:?}"),
@@ -379,7 +393,7 @@ mod tests {
         let third = worker.submit("third", |count: &mut u32| *count);
         assert!(matches!(third, Err(NoAnswer::Stuck(_))), "{third:?}");
         drop(open);
-        assert_eq!(queued.wait_until(soon()), Ok(1));
+        assert_eq!(block_on(queued.wait_until(soon())), Ok(1));
     }
 
     #[test]
@@ -398,7 +412,7 @@ mod tests {
             *count += 1;
             *count
         };
-        let stuck = worker.run("start", Instant::now() + Duration::from_millis(50), job);
+        let stuck = block_on(worker.run("start", Instant::now() + Duration::from_millis(50), job));
         assert!(matches!(
             stuck,
             Err(NoAnswer::Stuck(InCall {
@@ -412,27 +426,33 @@ mod tests {
         told.recv().unwrap();
         let queued = worker.submit("look", |count: &mut u32| *count).unwrap();
         drop(open_second);
-        assert_eq!(queued.wait_until(soon()), Ok(1));
+        assert_eq!(block_on(queued.wait_until(soon())), Ok(1));
     }
 
     #[test]
     fn a_panicking_job_fails_alone_and_the_thread_goes_on() {
         let worker = Worker::start("test-panic", 0u32);
-        let failed = worker.run("boom", soon(), |_| -> u32 { panic!("a bug in a job") });
+        let failed = block_on(worker.run("boom", soon(), |_| -> u32 { panic!("a bug in a job") }));
         assert!(matches!(failed, Err(NoAnswer::Failed(_))), "{failed:?}");
         let deadline = soon();
         while worker.in_call().is_some() {
             assert!(Instant::now() < deadline);
             std::thread::yield_now();
         }
-        assert_eq!(worker.run("after", soon(), |count| *count + 1), Ok(1));
+        assert_eq!(
+            block_on(worker.run("after", soon(), |count| *count + 1)),
+            Ok(1)
+        );
     }
 
     #[test]
     fn a_job_ahead_of_need_is_handed_only_to_an_idle_thread() {
         let worker = Worker::start("test-if-idle", 0u32);
         let ahead = worker.submit_if_idle("ahead", |count: &mut u32| *count + 1);
-        assert_eq!(ahead.map(|pending| pending.wait_until(soon())), Some(Ok(1)));
+        assert_eq!(
+            ahead.map(|pending| block_on(pending.wait_until(soon()))),
+            Some(Ok(1))
+        );
         let (open, job) = gated();
         let busy = worker.submit("busy", job).unwrap();
         // Busy: the job is not handed over, and does not take the one place in the queue.
@@ -441,8 +461,8 @@ mod tests {
             .is_none());
         let queued = worker.submit("look", |count: &mut u32| *count).unwrap();
         drop(open);
-        assert_eq!(busy.wait_until(soon()), Ok(1));
-        assert_eq!(queued.wait_until(soon()), Ok(1));
+        assert_eq!(block_on(busy.wait_until(soon())), Ok(1));
+        assert_eq!(block_on(queued.wait_until(soon())), Ok(1));
     }
 
     #[test]
@@ -459,12 +479,12 @@ mod tests {
             })
             .unwrap();
         // The first answer comes while the second part has not ended.
-        assert_eq!(first.wait_until(soon()), Ok(1));
+        assert_eq!(block_on(first.wait_until(soon())), Ok(1));
         // The second part is still running: no other job ahead of need is taken.
         assert!(worker
             .submit_two_if_idle("again", |_: &mut u32, _: Early<u32>| 0)
             .is_none());
-        let stuck = then.wait_until(Instant::now() + Duration::from_millis(20));
+        let stuck = block_on(then.wait_until(Instant::now() + Duration::from_millis(20)));
         assert!(
             matches!(
                 stuck,
@@ -478,7 +498,7 @@ mod tests {
         drop(open);
         let deadline = soon();
         let count = loop {
-            match worker.run("after", deadline, |count| *count) {
+            match block_on(worker.run("after", deadline, |count| *count)) {
                 Ok(count) => break count,
                 Err(NoAnswer::Stuck(_)) if Instant::now() < deadline => std::thread::yield_now(),
                 other => panic!("{other:?}"),
@@ -496,8 +516,11 @@ mod tests {
                 7
             })
             .unwrap();
-        assert!(matches!(first.wait_until(soon()), Err(NoAnswer::Failed(_))));
-        assert_eq!(then.wait_until(soon()), Ok(7));
+        assert!(matches!(
+            block_on(first.wait_until(soon())),
+            Err(NoAnswer::Failed(_))
+        ));
+        assert_eq!(block_on(then.wait_until(soon())), Ok(7));
     }
 
     #[test]

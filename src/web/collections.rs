@@ -108,13 +108,13 @@ impl Collections {
             wait_seconds = timeout.as_secs_f64(),
             "collecting for a scrape"
         );
-        tokio::task::spawn_blocking(move || {
+        tokio::spawn(async move {
             let done = InFlightGuard {
                 collections: &collections,
                 format,
             };
             let exporter = &collections.exporter;
-            let collection = exporter.collect(started + timeout);
+            let collection = exporter.collect(started + timeout).await;
             let (body, collection) = exporter.encode(collection, format);
             let body = Bytes::from(body);
             if overran.load(Ordering::SeqCst) {

@@ -212,25 +212,25 @@ impl NvmlSource {
     /// well: a driver that went away fails every GPU's calls, and is then reported as
     /// NVML down in the same look, as if the library had been asked first. A look of a
     /// healthy host thus hands work to one thread fewer.
-    pub(crate) fn read(&self, until: Instant) -> NvmlReading {
+    pub(crate) async fn read(&self, until: Instant) -> NvmlReading {
         let recent = lock(&self.library_up)
             .clone()
             .filter(|up| up.asked_at.elapsed() < LIBRARY_ANSWERS_FOR);
         let asked_first = recent.is_none();
         let up = match recent {
             Some(up) => up,
-            None => match self.ask_library(until) {
+            None => match self.ask_library(until).await {
                 Ok(up) => up,
                 Err(down) => return down,
             },
         };
-        let gpus = self.read_gpus(&up, until);
+        let gpus = self.read_gpus(&up, until).await;
         if !asked_first
             && gpus
                 .iter()
                 .any(|gpu| !matches!(gpu.state, GpuState::Ok { .. }))
         {
-            if let Err(down) = self.ask_library(until) {
+            if let Err(down) = self.ask_library(until).await {
                 return down;
             }
         }
@@ -242,11 +242,12 @@ impl NvmlSource {
 
     /// The library-level answers, asked of its thread until `until` (loading NVML if it
     /// is not loaded); the `Down` reading to serve when NVML is not up.
-    fn ask_library(&self, until: Instant) -> Result<LibraryUp, NvmlReading> {
+    async fn ask_library(&self, until: Instant) -> Result<LibraryUp, NvmlReading> {
         let loading = self.loading.clone();
         let answer = self
             .library
-            .run(LOADING, until, move |state| state.look(&loading));
+            .run(LOADING, until, move |state| state.look(&loading))
+            .await;
         let looked_at = Instant::now();
         let up = match answer {
             Ok(LibraryAnswer::Up {
@@ -305,7 +306,7 @@ impl NvmlSource {
     }
 
     /// Each GPU's reading, from its own thread, waited for until `until`.
-    fn read_gpus(&self, up: &LibraryUp, until: Instant) -> Vec<GpuReading> {
+    async fn read_gpus(&self, up: &LibraryUp, until: Instant) -> Vec<GpuReading> {
         let (count, generation) = (up.count, up.generation);
         let slots = self.slots(count);
         let job = |index: u32, slot: &GpuSlot| {
@@ -324,18 +325,23 @@ impl NvmlSource {
                 },
             )
         };
-        let answers: Vec<Result<GpuReading, NoAnswer>> = if self.side_by_side {
+        let mut answers: Vec<Result<GpuReading, NoAnswer>> = Vec::with_capacity(count as usize);
+        if self.side_by_side {
             let pending: Vec<_> = (0..count).zip(&slots).map(|(i, s)| job(i, s)).collect();
-            pending
-                .into_iter()
-                .map(|pending| pending.and_then(|pending| pending.wait_until(until)))
-                .collect()
+            for pending in pending {
+                answers.push(match pending {
+                    Ok(pending) => pending.wait_until(until).await,
+                    Err(no_answer) => Err(no_answer),
+                });
+            }
         } else {
-            (0..count)
-                .zip(&slots)
-                .map(|(index, slot)| job(index, slot).and_then(|pending| pending.wait_until(until)))
-                .collect()
-        };
+            for (index, slot) in (0..count).zip(&slots) {
+                answers.push(match job(index, slot) {
+                    Ok(pending) => pending.wait_until(until).await,
+                    Err(no_answer) => Err(no_answer),
+                });
+            }
+        }
         let looked_at = Instant::now();
         (0..count)
             .zip(&slots)
@@ -422,7 +428,7 @@ impl NvmlSource {
     /// names them) is part of, asked until `until`. Devices NVML does not know, and any
     /// answer while NVML is not loaded or does not answer, are left out: those devices
     /// stay unplaced rather than guessed.
-    pub(crate) fn mig_parents(
+    pub(crate) async fn mig_parents(
         &self,
         mig_uuids: &[String],
         until: Instant,
@@ -445,7 +451,8 @@ impl NvmlSource {
                         Some((uuid.clone(), parent.uuid().ok()?))
                     })
                     .collect()
-            });
+            })
+            .await;
         asked.unwrap_or_default()
     }
 
