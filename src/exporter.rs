@@ -103,7 +103,8 @@ impl Exporter {
 
     /// A scrape's collection, done by `until`: observe, scan for holders where memory is
     /// orphaned, classify. A replay file that cannot be read is served as NVML being
-    /// down, with the reason in the log.
+    /// down, with the reason in the log. Its waits are awaited: the calls that block run
+    /// on the readers' threads (see `observe::worker`).
     pub async fn collect(&self, until: Instant) -> Collection {
         let started = Instant::now();
         match self

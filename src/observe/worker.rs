@@ -5,7 +5,9 @@
 //! and a read of `/proc/PID/maps` blocks while that process holds its memory map lock in
 //! uninterruptible sleep. Neither can be cancelled. So each source that may block (the
 //! NVML library, each GPU, the `/proc` reader) has a thread of its own, started once;
-//! a look hands it a job and waits until its deadline. A thread still in its job when
+//! a look hands it a job and awaits its answer until its deadline (a server's look is a
+//! task on its async thread, which serves other requests meanwhile; a one-shot command's
+//! waits block its thread through [`block_on`]). A thread still in its job when
 //! the deadline passes is reported with the call it is stuck in and since when; that
 //! call is "given up on": later looks report it at once and hand the thread nothing,
 //! until the call returns. So threads never stack behind a stuck call, however many

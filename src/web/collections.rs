@@ -89,8 +89,10 @@ impl Collections {
         }
     }
 
-    /// Start a collection for a scrape that waits `timeout`, on the blocking pool: NVML
-    /// calls block, and must never run on the async threads.
+    /// Start a collection for a scrape that waits `timeout`, as a task of its own: it
+    /// awaits the reader threads, which make the calls that block (NVML's, `/proc`'s),
+    /// so the async thread serves other requests meanwhile, and it goes on to its end
+    /// when the scrape that started it stops waiting.
     fn start(self: &Arc<Self>, format: Format, timeout: Duration) -> InFlight {
         let (sender, receiver) = watch::channel(None);
         let running = InFlight {
