@@ -52,7 +52,6 @@ pub(crate) use worker::block_on;
 use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::{NvmlSource, NvmlThread};
-use self::proc_reader::owners_read;
 use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
 use self::slurm::Slurmstepds;
 use self::worker::{Pending, Worker};
@@ -474,7 +473,7 @@ impl Source {
     /// scan stops at its budget or at its deadline, whichever comes first.
     pub async fn scan_holders(&self, observation: &mut Observation, deadlines: &Deadlines) {
         if let Source::Live(host) = self {
-            let (scan, stuck) = host.scan(deadlines, owners_read(observation)).await;
+            let (scan, stuck) = host.scan(deadlines, observation).await;
             if stuck.is_some() {
                 observation.procfs_stuck = stuck;
             }

@@ -202,15 +202,16 @@ impl LiveHost {
         self.procfs.submit(READING_OWNERS, job)
     }
 
-    /// The holder scan, served from and adding to what earlier looks found, stopping at
-    /// its budget or `deadlines.scan_stops`; with what the `/proc` reader is stuck in when
-    /// it did not finish by `deadlines.scan_waited`.
+    /// The holder scan after `observation`, served from and adding to what earlier looks
+    /// found, stopping at its budget or `deadlines.scan_stops`; with what the `/proc`
+    /// reader is stuck in when it did not finish by `deadlines.scan_waited`.
     pub(super) async fn scan(
         &self,
         deadlines: &Deadlines,
-        owners_read: OwnersRead,
+        observation: &Observation,
     ) -> (HolderScan, Option<StuckRead>) {
         let started = Instant::now();
+        let owners_read = owners_read(observation);
         self.scanned_last.store(true, Ordering::Relaxed);
         let early = lock(&self.early_scan).take();
         if let Some(early) = early {
@@ -330,7 +331,7 @@ impl LiveHost {
 }
 
 /// The owners this observation read, for the holder scan that follows it.
-pub(super) fn owners_read(observation: &Observation) -> OwnersRead {
+fn owners_read(observation: &Observation) -> OwnersRead {
     let listed = observation.nvml.listed_pids();
     let lookups = observation
         .owners
