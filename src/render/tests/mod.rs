@@ -100,23 +100,9 @@ fn find<'a>(samples: &'a [Sample], family: &str, with: &[(&str, &str)]) -> Vec<&
         .collect()
 }
 
-/// Families that write only their non-zero members: counts by kind and the one active
-/// kind of a state set. A missing member reads as 0, and a written one must not be 0.
-const SPARSE_FAMILIES: &[&str] = &[
-    "vram_nvml_error",
-    "vram_gpu_error",
-    "vram_gpu_recovery_action",
-    "vram_owner_processes",
-    "vram_owned_bytes",
-    "vram_gone_owner_processes",
-    "vram_owner_processes_usage_unavailable",
-    "vram_exited_container_processes",
-    "vram_holder_processes",
-    "vram_mig_owner_processes",
-    "vram_mig_holder_processes",
-    "vram_kubelet_error",
-    "vram_container_engine_error",
-];
+// Families that write only their non-zero members: a missing member reads as 0, and a
+// written one must not be 0. One list, the integration tests' (docs/reference.md).
+use test_helpers::SPARSE_FAMILIES;
 
 /// The one value of `family` with `with` (0 for a missing member of a sparse family).
 fn value(samples: &[Sample], family: &str, with: &[(&str, &str)]) -> f64 {

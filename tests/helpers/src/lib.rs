@@ -22,7 +22,7 @@ pub use exporter::{
 pub use model::{model_program, Model, Mps, Server};
 pub use output::{
     assert_per_gpu_series_carry_no_workload_labels, assert_promtool_clean, columns, kill_line,
-    pids_of, promtool, said, suggestion, verdict_line, Metrics,
+    pids_of, promtool, said, suggestion, verdict_line, Metrics, SPARSE_FAMILIES,
 };
 pub use processes::{
     children_of, effective_uid, holds, nonexistent_pid, proc_comm, proc_state,
