@@ -217,19 +217,13 @@ impl Exporter {
     /// free after the body has gone out rather than before. Renders what was collected
     /// and reads nothing: the registry's one collector holds the finished report.
     pub fn encode(&self, collection: Collection, format: Format) -> (String, Collection) {
-        let Collection {
-            observation,
-            report,
-            scan_seconds,
-            seconds,
-        } = collection;
-        let report = Arc::new(report);
+        let report = Arc::new(collection.report);
         let mut registry = Registry::default();
         registry.register_collector(Box::new(FinishedReport {
             report: Arc::clone(&report),
             timing: ScrapeTiming {
-                total_seconds: seconds,
-                scan_seconds,
+                total_seconds: collection.seconds,
+                scan_seconds: collection.scan_seconds,
             },
             build: self.build.clone(),
             options: self.options,
@@ -239,13 +233,13 @@ impl Exporter {
         self.last_body_bytes.store(body.len(), Ordering::Relaxed);
         drop(registry);
         let report = Arc::try_unwrap(report).unwrap_or_else(|shared| (*shared).clone());
-        let collection = Collection {
-            observation,
-            report,
-            scan_seconds,
-            seconds,
-        };
-        (body, collection)
+        (
+            body,
+            Collection {
+                report,
+                ..collection
+            },
+        )
     }
 
     /// One collection encoded in `format`, done by `until`, with its report: for a

@@ -224,10 +224,7 @@ impl LiveHost {
                 }
                 Ok(_) => {}
                 Err(no_answer) => {
-                    return (
-                        self.cut_short_scan(started),
-                        self.procfs_failure(no_answer).1,
-                    )
+                    return (cut_short_scan(started), self.procfs_failure(no_answer).1)
                 }
             }
         }
@@ -243,19 +240,8 @@ impl LiveHost {
             }
             Err(no_answer) => {
                 let (_, stuck) = self.procfs_failure(no_answer);
-                (self.cut_short_scan(started), stuck)
+                (cut_short_scan(started), stuck)
             }
-        }
-    }
-
-    /// The scan of a reader that did not answer, started at `started`: holders may be
-    /// missing, so it says it is incomplete, and no verdict rests on what it did not see.
-    fn cut_short_scan(&self, started: Instant) -> HolderScan {
-        HolderScan {
-            holders: Vec::new(),
-            permission_errors: 0,
-            cut_short: true,
-            duration_seconds: started.elapsed().as_secs_f64(),
         }
     }
 
@@ -355,4 +341,15 @@ fn owners_read_of<'a>(
             _ => None,
         })
         .collect()
+}
+
+/// The scan of a reader that did not answer, started at `started`: holders may be
+/// missing, so it says it is incomplete, and no verdict rests on what it did not see.
+fn cut_short_scan(started: Instant) -> HolderScan {
+    HolderScan {
+        holders: Vec::new(),
+        permission_errors: 0,
+        cut_short: true,
+        duration_seconds: started.elapsed().as_secs_f64(),
+    }
 }

@@ -337,6 +337,18 @@ mod tests {
         Instant::now() + Duration::from_secs(10)
     }
 
+    /// The count a job reads once the worker takes jobs again (its stuck call returned).
+    fn count_once_free(worker: &Worker<u32>) -> u32 {
+        let deadline = soon();
+        loop {
+            match block_on(worker.run("after", deadline, |count| *count)) {
+                Ok(count) => return count,
+                Err(NoAnswer::Stuck(_)) if Instant::now() < deadline => std::thread::yield_now(),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn a_job_answers_and_the_state_stays_with_the_thread() {
         let worker = Worker::start("test-worker", 0u32);
@@ -371,15 +383,7 @@ mod tests {
         assert_eq!(worker.in_call(), Some(in_call));
         // Once the call returns, the next job runs; the refused one never did.
         open.send(()).unwrap();
-        let deadline = soon();
-        let count = loop {
-            match block_on(worker.run("after", deadline, |count| *count)) {
-                Ok(count) => break count,
-                Err(NoAnswer::Stuck(_)) if Instant::now() < deadline => std::thread::yield_now(),
-                other => panic!("{other:?}"),
-            }
-        };
-        assert_eq!(count, 1);
+        assert_eq!(count_once_free(&worker), 1);
         assert!(!*lock(&ran));
     }
 
@@ -498,15 +502,7 @@ mod tests {
             "{stuck:?}"
         );
         drop(open);
-        let deadline = soon();
-        let count = loop {
-            match block_on(worker.run("after", deadline, |count| *count)) {
-                Ok(count) => break count,
-                Err(NoAnswer::Stuck(_)) if Instant::now() < deadline => std::thread::yield_now(),
-                other => panic!("{other:?}"),
-            }
-        };
-        assert_eq!(count, 1);
+        assert_eq!(count_once_free(&worker), 1);
     }
 
     #[test]

@@ -126,24 +126,20 @@ impl Reader<'_> {
         }
     }
 
-    /// `lineage` brought up to date by the owner's stat now: a parent PID other than the
-    /// one first read means the parent exited (the kernel hands a child to a subreaper or
-    /// PID 1 only then); its PID is read to be sure, and the moment is kept.
-    pub(super) fn parent_exit(&self, mut lineage: Lineage, stat: &Stat) -> Lineage {
-        let Some(start) = lineage.parent.start_time_ticks else {
-            return lineage;
-        };
+    /// When the owner's stat now shows its first parent exited, if it shows that for the
+    /// first time: a parent PID other than the one first read means the parent exited
+    /// (the kernel hands a child to a subreaper or PID 1 only then); its PID is read to be
+    /// sure, and the moment is kept.
+    pub(super) fn parent_exit_seen(&self, lineage: &Lineage, stat: &Stat) -> Option<u64> {
+        let start = lineage.parent.start_time_ticks?;
         if lineage.parent_exit_seen_unix_seconds.is_some() || stat.ppid == lineage.parent.pid {
-            return lineage;
+            return None;
         }
         let parent_lives = match self.root.stat(&self.root.pid_dir(lineage.parent.pid)) {
             Ok(now) => now.start_time_ticks == start,
             Err(error) => !gone(&error),
         };
-        if !parent_lives {
-            lineage.parent_exit_seen_unix_seconds = Some(now_unix_seconds());
-        }
-        lineage
+        (!parent_lives).then(now_unix_seconds)
     }
 }
 

@@ -343,17 +343,23 @@ mod tests {
         assert!(matches!(reader.scan_one(300, None), Scanned::Denied));
     }
 
+    /// Kernel thread `pid` named `comm` in `proc`: PF_KTHREAD (0x200000) among the flags
+    /// of its stat line, no descriptors. Its folder.
+    fn kernel_thread(proc: &FakeProc, pid: u32, comm: &str) -> std::path::PathBuf {
+        let dir = proc.dir.path().join(pid.to_string());
+        fs::create_dir_all(dir.join("fd")).unwrap();
+        fs::write(
+            dir.join("stat"),
+            format!("{pid} ({comm}) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 3 0"),
+        )
+        .unwrap();
+        dir
+    }
+
     #[test]
     fn a_kernel_thread_is_known_by_its_descriptor_directory_too() {
         let proc = FakeProc::new();
-        let dir = proc.dir.path().join("2");
-        fs::create_dir_all(dir.join("fd")).unwrap();
-        // kthreadd's line: PF_KTHREAD (0x200000) among its flags, no descriptors.
-        fs::write(
-            dir.join("stat"),
-            "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 3 0",
-        )
-        .unwrap();
+        let dir = kernel_thread(&proc, 2, "kthreadd");
         let placement = proc.placement();
         let empty = Memory::new();
         let first = Reader::with_memory(&proc.root, placement, &empty);
@@ -369,13 +375,7 @@ mod tests {
     #[test]
     fn a_kernel_thread_under_the_same_proc_directory_is_taken_without_a_system_call() {
         let proc = FakeProc::new();
-        let dir = proc.dir.path().join("3");
-        fs::create_dir_all(dir.join("fd")).unwrap();
-        fs::write(
-            dir.join("stat"),
-            "3 (pool_workqueue_release) S 2 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 3 0",
-        )
-        .unwrap();
+        let dir = kernel_thread(&proc, 3, "pool_workqueue_release");
         let placement = proc.placement();
         let empty = Memory::new();
         let first = Reader::with_memory(&proc.root, placement, &empty);

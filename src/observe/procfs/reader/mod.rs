@@ -17,7 +17,7 @@ mod holder_scan;
 use super::memory::{open_stat_file, read_held_stat, Memory, Remembered};
 use super::parse::{self, Stat, Status};
 use super::placement::{Placement, Position};
-use super::reading::{NodeSet, ProcessFacts, ProcfsView, References};
+use super::reading::{Lineage, NodeSet, ProcessFacts, ProcfsView, References};
 use super::references::{self, Descriptors, OpenFile};
 use super::root::{gone, ProcRoot, Unread};
 use std::borrow::Cow;
@@ -233,25 +233,28 @@ impl<'a> Reader<'a> {
         let exiting = self.process_exiting(dir, &stat);
         let wchan = self.wchan(dir, &stat);
         let kill_pending_since = self.kill_pending_since(dir, &stat, None, Some(&facts));
+        // `None`: the lineage read before still holds.
         let lineage = match facts.lineage.as_ref() {
-            Some(lineage) => self.parent_exit(lineage.clone(), &stat),
-            None => self.lineage(dir, pid, &stat),
+            Some(lineage) => self.parent_exit_seen(lineage, &stat).map(|seen| Lineage {
+                parent_exit_seen_unix_seconds: Some(seen),
+                ..lineage.clone()
+            }),
+            None => Some(self.lineage(dir, pid, &stat)),
         };
-        let unchanged = facts.comm == stat.comm
-            && facts.state == char::from(stat.state)
-            && (facts.ppid, facts.pgid, facts.sid, facts.threads)
-                == (stat.ppid, stat.pgrp, stat.session, stat.threads)
+        let unchanged = agrees_with_stat(&facts, &stat)
             && facts.exiting == exiting
             && facts.wchan == wchan
             && facts.kill_pending_since_unix_seconds == kill_pending_since
-            && facts.lineage.as_ref() == Some(&lineage);
+            && lineage.is_none();
         if !unchanged {
             let facts = Arc::make_mut(&mut facts);
             refresh_from_stat(facts, &stat);
             facts.exiting = exiting;
             facts.wchan = wchan;
             facts.kill_pending_since_unix_seconds = kill_pending_since;
-            facts.lineage = Some(lineage);
+            if lineage.is_some() {
+                facts.lineage = lineage;
+            }
         }
         Looked {
             remember: Some(known.with_facts(Arc::clone(&facts))),
@@ -406,6 +409,15 @@ impl<'a> Reader<'a> {
             .as_deref()
             .and_then(|passwd| parse::passwd_user(passwd, uid))
     }
+}
+
+/// Whether a new stat line says of a remembered process what it said before: the fields
+/// [`refresh_from_stat`] brings up to date.
+fn agrees_with_stat(facts: &ProcessFacts, stat: &Stat) -> bool {
+    facts.comm == stat.comm
+        && facts.state == char::from(stat.state)
+        && (facts.ppid, facts.pgid, facts.sid, facts.threads)
+            == (stat.ppid, stat.pgrp, stat.session, stat.threads)
 }
 
 /// The fields of a remembered process that a new stat line brings up to date.
