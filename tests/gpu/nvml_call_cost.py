@@ -4,7 +4,8 @@ time goes, with 0, 1 and N owners.
 
 Run by hand on a GPU host (never by CI), with PyTorch for the owners:
 
-    python3 tests/gpu/nvml_call_cost.py [--owners 0,1,64] [--calls 500] [--exporter BINARY]
+    python3 tests/gpu/nvml_call_cost.py [--owners 0,1,64] [--calls 500] [--interval S]
+        [--exporter BINARY]
 
 For each owner count it starts that many PyTorch processes holding 64 MiB each on GPU 0,
 times every call the exporter makes per GPU and scrape (the list a scrape of the fake
@@ -101,33 +102,41 @@ def calls(nvml, device):
     }
 
 
-def time_calls(nvml, device, count):
+def time_calls(nvml, device, count, interval=0.0):
     """Each call's median and p99 over `count` rounds, a round making every call once in
     the order a scrape makes them (a call repeated back to back can be answered from
-    the driver's cache and look cheaper than in a scrape)."""
+    the driver's cache and look cheaper than in a scrape), and the median CPU time of
+    the calling thread. With `interval`, each round starts that many seconds after the
+    last, as cold as a scrape at that rate finds the driver and the CPU."""
     made = calls(nvml, device)
     statuses = {name: call() for name, call in made.items()}
     samples = {name: [] for name in made}
+    cpu = {name: [] for name in made}
     for turn in range(count + 20):
+        if interval and turn >= 20:
+            time.sleep(interval)
         for name, call in made.items():
-            started = time.perf_counter_ns()
+            started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
             call()
             if turn >= 20:
+                cpu[name].append((time.thread_time_ns() - started_cpu) / 1000)
                 samples[name].append((time.perf_counter_ns() - started) / 1000)
     rows = {}
     for name, taken in samples.items():
         taken.sort()
         rows[name] = {"status": statuses[name], "median_us": round(statistics.median(taken), 1),
-                      "p99_us": round(taken[int(len(taken) * 0.99) - 1], 1)}
+                      "p99_us": round(taken[int(len(taken) * 0.99) - 1], 1),
+                      "cpu_median_us": round(statistics.median(cpu[name]), 1)}
     return rows
 
 
 def report(title, rows):
     print(f"\n## {title}")
-    print("| call | NVML status | median us | p99 us |")
-    print("| --- | --- | --- | --- |")
+    print("| call | NVML status | median us | p99 us | CPU median us |")
+    print("| --- | --- | --- | --- | --- |")
     for name, row in rows.items():
-        print(f"| {name} | {row['status']} | {row['median_us']} | {row['p99_us']} |")
+        print(f"| {name} | {row['status']} | {row['median_us']} | {row['p99_us']} "
+              f"| {row['cpu_median_us']} |")
     total = sum(row["median_us"] for row in rows.values())
     print(f"sum of the medians: {total:.1f} us")
     return total
@@ -205,6 +214,8 @@ def main():
     parser.add_argument("--owners", default="0,1,64")
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--exporter")
+    parser.add_argument("--interval", type=float, default=0.0,
+                        help="seconds between rounds (0: back to back)")
     args = parser.parse_args()
     nvml = ctypes.CDLL("libnvidia-ml.so.1")
     assert nvml.nvmlInit_v2() == 0, "nvmlInit_v2 failed"
@@ -220,12 +231,13 @@ def main():
             for owner in started:
                 assert owner.stdout.readline().strip() == "READY", "an owner did not start"
             title = f"GPU 0, {count} owners"
-            figures[title] = {"nvml_calls_us": report(title, time_calls(nvml, device, args.calls))}
+            figures[title] = {"nvml_calls_us": report(
+                title, time_calls(nvml, device, args.calls, args.interval))}
             waiter = XidWaiter(nvml, device)
             try:
                 waiting = title + ", another thread waiting for Xid events"
                 figures[title]["while_waiting_for_xid_us"] = report(
-                    waiting, time_calls(nvml, device, args.calls))
+                    waiting, time_calls(nvml, device, args.calls, args.interval))
             finally:
                 waiter.close()
             if args.exporter:

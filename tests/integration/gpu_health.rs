@@ -417,6 +417,64 @@ fn what_a_gpu_cannot_answer_and_its_mig_mode_are_not_asked_on_every_scrape() {
 }
 
 #[test]
+fn a_gpu_s_health_is_asked_again_after_a_critical_xid_not_on_every_scrape() {
+    // The driver changes what a GPU needs after a fault, and a fault raises a critical
+    // Xid: between events, scrapes serve the health as read (for 30 s), while memory is
+    // asked every time.
+    const FIELDS: &str = "nvmlDeviceGetFieldValues";
+    const ROWS: &str = "nvmlDeviceGetRemappedRows";
+    let rig = Rig::new();
+    let gpus = |action, correctable| {
+        Gpus::new()
+            .gpu(
+                Gpu::idle(0)
+                    .used(USED)
+                    .recovery_action(action)
+                    .remapped_rows(correctable, 0, false, false),
+            )
+            .into_json()
+    };
+    let remapped = |metrics: &Metrics| {
+        metrics.value(
+            "vram_gpu_remapped_rows",
+            &[("gpu", "0"), ("cause", "correctable")],
+        )
+    };
+    rig.write_scenario(&gpus(0, 0));
+    let (exporter, calls) = start_logging_calls(&rig);
+    let count = |symbol: &str| calls_made(&calls, symbol);
+    let first = exporter.scrape();
+    assert_eq!(action(&first, "0", "none"), 1.0);
+    let asked = [
+        count(FIELDS),
+        count(ROWS),
+        count("nvmlDeviceGetMemoryInfo_v2"),
+    ];
+    assert!(asked.iter().all(|&times| times >= 1), "{asked:?}");
+
+    // The driver would answer otherwise now, but no event said so: not asked.
+    rig.write_scenario(&gpus(1, 2));
+    for _ in 0..3 {
+        let metrics = exporter.scrape();
+        assert_eq!(action(&metrics, "0", "none"), 1.0);
+        assert_eq!(remapped(&metrics), 0.0);
+    }
+    assert_eq!([count(FIELDS), count(ROWS)], [asked[0], asked[1]]);
+    assert_eq!(count("nvmlDeviceGetMemoryInfo_v2"), asked[2] + 3);
+
+    // Xid 154 (the recovery action changed): the scrape after it is counted asks again.
+    rig.write_scenario(&with_xid_events(gpus(1, 2), &[(1, 0, 154)]));
+    scrape_until(&exporter, "Xid 154 is counted", |metrics| {
+        xid_count(metrics, "0", "154") == 1.0
+    });
+    let metrics = exporter.scrape();
+    assert_eq!(action(&metrics, "0", "gpu_reset"), 1.0);
+    assert_eq!(action(&metrics, "0", "none"), 0.0);
+    assert_eq!(remapped(&metrics), 2.0);
+    assert!(count(FIELDS) > asked[0] && count(ROWS) > asked[1]);
+}
+
+#[test]
 fn a_healthy_host_is_asked_the_library_calls_once_and_a_driver_gone_is_down_at_the_next_scrape() {
     // The device count and driver version do not change while NVML stays loaded: a look
     // of a healthy host reads the GPUs without asking them again (for 30 s).

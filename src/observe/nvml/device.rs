@@ -75,6 +75,17 @@ pub(super) struct Answers {
     /// whole: none of it changes while NVML stays loaded (these answers are forgotten
     /// when it is loaded again), so a scrape asks for it only until all four answered.
     identity_whole: bool,
+    /// What the driver last said the GPU needs, while the GPU answers.
+    health: Option<KeptHealth>,
+}
+
+/// A health reading kept between scrapes, with when it was read and how many critical
+/// Xid events had been counted by then.
+#[derive(Debug)]
+struct KeptHealth {
+    read_at: Instant,
+    xid_events: u64,
+    health: GpuHealth,
 }
 
 /// How long a GPU's MIG mode is served from memory. Enabling or disabling MIG takes
@@ -83,13 +94,24 @@ pub(super) struct Answers {
 /// much later at most.
 const MIG_MODE_FOR: Duration = Duration::from_secs(30);
 
+/// How long a GPU's health (recovery action, row remapping, retired pages, NUMA node) is
+/// served from memory while the GPU answers and no critical Xid event has arrived. The
+/// driver changes them after a fault, and a fault it can report raises a critical Xid
+/// (Xid 154 announces a new recovery action; 48, 63, 64, 79, 94 and 95 the faults
+/// behind one), which makes the next scrape ask again; without one, a change shows this
+/// much later at most. They are two of the seven driver calls a scrape makes of a GPU:
+/// 15 and 18 us of CPU each on an H100, asked ten times a second.
+const HEALTH_FOR: Duration = Duration::from_secs(30);
+
 /// GPU `index`, its identity kept in `known`: updated as soon as it is read, before the
-/// calls that may hang, so a GPU stuck in one keeps its labels.
+/// calls that may hang, so a GPU stuck in one keeps its labels. `xid_events` is the
+/// number of critical Xid events counted so far, 0 where nothing watches them.
 pub(super) fn read_gpu(
     nvml: &Nvml,
     index: u32,
     known: &Mutex<Identity>,
     answers: &mut Answers,
+    xid_events: u64,
 ) -> GpuReading {
     let mut cached = lock(known).clone();
     calling("nvmlDeviceGetHandleByIndex_v2");
@@ -105,7 +127,9 @@ pub(super) fn read_gpu(
             if let Some(mig) = &mig {
                 complete_from_instances(&mut state, mig);
             }
-            (state, mig, read_health(&device, answers))
+            let answered = matches!(state, GpuState::Ok { .. });
+            let health = health(&device, answers, answered, xid_events);
+            (state, mig, health)
         }
         Err(error) => (failed(error), None, GpuHealth::default()),
     };
@@ -366,6 +390,26 @@ fn instance_id(device: &Device, kind: InstanceKind) -> Option<u32> {
     // unsigned int into `id`, which we own.
     let status = unsafe { call(device.handle(), &mut id) };
     (status == 0).then_some(id)
+}
+
+/// What the driver says the GPU needs: as kept, while the GPU answered (`answered`), the
+/// reading is younger than [`HEALTH_FOR`] and no critical Xid event arrived since;
+/// otherwise asked again. A GPU that fails is asked on every scrape: what it needs is
+/// then the question.
+fn health(device: &Device, answers: &mut Answers, answered: bool, xid_events: u64) -> GpuHealth {
+    let now = Instant::now();
+    if let Some(kept) = answers.health.as_ref().filter(|kept| {
+        answered && kept.xid_events == xid_events && now.duration_since(kept.read_at) < HEALTH_FOR
+    }) {
+        return kept.health.clone();
+    }
+    let health = read_health(device, answers);
+    answers.health = answered.then(|| KeptHealth {
+        read_at: now,
+        xid_events,
+        health: health.clone(),
+    });
+    health
 }
 
 /// What the driver says the GPU needs. Each reading that this driver or GPU cannot give

@@ -309,6 +309,7 @@ impl NvmlSource {
     async fn read_gpus(&self, up: &LibraryUp, until: Instant) -> Vec<GpuReading> {
         let (count, generation) = (up.count, up.generation);
         let slots = self.slots(count);
+        let xid_events = self.loading.xid.as_ref().map_or(0, |xid| xid.events());
         let job = |index: u32, slot: &GpuSlot| {
             let (nvml, known) = (Arc::clone(&up.nvml), Arc::clone(&slot.identity));
             slot.worker.submit(
@@ -321,7 +322,7 @@ impl NvmlSource {
                             answers: Answers::default(),
                         };
                     }
-                    read_gpu(&nvml, index, &known, &mut memo.answers)
+                    read_gpu(&nvml, index, &known, &mut memo.answers, xid_events)
                 },
             )
         };

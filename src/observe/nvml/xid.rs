@@ -51,6 +51,9 @@ struct State {
     registered: u64,
     /// Per GPU UUID.
     gpus: BTreeMap<String, XidReading>,
+    /// Events counted, of every GPU and generation: what the GPUs' threads compare to
+    /// know that their health readings may be out of date.
+    events: u64,
 }
 
 impl XidCounter {
@@ -123,6 +126,28 @@ impl XidCounter {
             .get(uuid)
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Critical Xid events counted so far, over every GPU.
+    pub(super) fn events(&self) -> u64 {
+        lock(&self.state).events
+    }
+
+    /// Counts one event `xid` of the GPU with `uuid` if `generation` is still current.
+    fn count(&self, generation: u64, uuid: &str, xid: u64) -> bool {
+        let mut state = lock(&self.state);
+        if state.generation != generation {
+            return false;
+        }
+        state.events += 1;
+        *state
+            .gpus
+            .entry(uuid.to_string())
+            .or_default()
+            .counts
+            .entry(xid)
+            .or_default() += 1;
+        true
     }
 
     fn is_current(&self, generation: u64) -> bool {
@@ -212,9 +237,7 @@ fn watch(
         else {
             continue;
         };
-        if counter.update(generation, &uuid, |gpu| {
-            *gpu.counts.entry(xid).or_default() += 1
-        }) {
+        if counter.count(generation, &uuid, xid) {
             tracing::warn!(uuid = %uuid, xid, "critical Xid error");
         }
     }
@@ -311,6 +334,25 @@ mod tests {
         counter.stop();
         assert_eq!(counter.reading("GPU-0").counts[&79], 2);
         assert_eq!(counter.reading("GPU-1"), XidReading::default());
+    }
+
+    #[test]
+    fn the_events_total_counts_what_the_current_watcher_counts_on_every_gpu() {
+        let counter = XidCounter::default();
+        let first = counter.supersede();
+        assert_eq!(counter.events(), 0);
+        assert!(counter.count(first, "GPU-0", 79));
+        assert!(counter.count(first, "GPU-1", 48));
+        assert_eq!(counter.events(), 2);
+        assert_eq!(counter.reading("GPU-1").counts, BTreeMap::from([(48, 1)]));
+
+        // A superseded watcher's event is neither counted nor totalled.
+        let second = counter.supersede();
+        assert!(!counter.count(first, "GPU-0", 79));
+        assert_eq!(counter.events(), 2);
+        assert!(counter.count(second, "GPU-0", 79));
+        assert_eq!(counter.events(), 3);
+        assert_eq!(counter.reading("GPU-0").counts[&79], 2);
     }
 
     #[test]
