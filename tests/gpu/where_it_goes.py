@@ -4,9 +4,10 @@
 usage: python3 tests/gpu/where_it_goes.py --binary target/release/vram-exporter [--out DIR]
 
 CPU: each of the exporter's threads' on-CPU nanoseconds (/proc/PID/task/TID/schedstat),
-per scrape, while scraped once a second (as Prometheus would, at its shortest interval)
-and then back to back; the process's utime+stime beside them, which also counts threads
-that ended. Memory: VmRSS split by what is mapped (/proc/PID/smaps): NVML's library and
+per scrape, while scraped once a second (as Prometheus would, at its shortest interval),
+then back to back, then the landing page `/` once a second (HTTP and a cold wake alone,
+no collection); the process's utime+stime beside them, which also counts threads that
+ended. Memory: VmRSS split by what is mapped (/proc/PID/smaps): NVML's library and
 the driver's mappings, the exporter's binary, the heap and anonymous mappings (which
 include every thread's stack; the largest three are listed), other libraries.
 """
@@ -61,14 +62,14 @@ def by_thread(before, after, scrapes):
             len(ended), len(set(after) - set(before)))
 
 
-def measure(pid, port, scrapes, interval):
+def measure(pid, port, scrapes, interval, path="/metrics"):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     before, cpu_before = threads(pid), process_cpu_ms(pid)
     started = time.monotonic()
     for index in range(scrapes):
         if interval:
             time.sleep(max(0.0, started + index * interval - time.monotonic()))
-        connection.request("GET", "/metrics")
+        connection.request("GET", path)
         response = connection.getresponse()
         response.read()
         assert response.status == 200, response.status
@@ -148,6 +149,10 @@ def main():
             found["resident_at_start"] = resident(exporter.pid)
             found["at_one_hz"] = measure(exporter.pid, port, args.slow_scrapes, 1.0)
             found["back_to_back"] = measure(exporter.pid, port, args.fast_scrapes, 0)
+            # The same exchange for the landing page, which collects nothing: what HTTP and
+            # a cold wake cost alone, below which no collection can go.
+            found["landing_page_at_one_hz"] = measure(exporter.pid, port, args.slow_scrapes,
+                                                      1.0, path="/")
             found["resident_after"] = resident(exporter.pid)
         finally:
             exporter.terminate()
