@@ -56,6 +56,13 @@ struct State {
     events: u64,
 }
 
+impl State {
+    /// The entry of the GPU with `uuid`, made if it has none yet.
+    fn gpu(&mut self, uuid: &str) -> &mut XidReading {
+        self.gpus.entry(uuid.to_string()).or_default()
+    }
+}
+
 impl XidCounter {
     /// Starts a watcher on `nvml`, superseding any earlier one, and waits until it has
     /// registered the GPUs, [`REGISTRATION_WAIT`] at most.
@@ -135,19 +142,10 @@ impl XidCounter {
 
     /// Counts one event `xid` of the GPU with `uuid` if `generation` is still current.
     fn count(&self, generation: u64, uuid: &str, xid: u64) -> bool {
-        let mut state = lock(&self.state);
-        if state.generation != generation {
-            return false;
-        }
-        state.events += 1;
-        *state
-            .gpus
-            .entry(uuid.to_string())
-            .or_default()
-            .counts
-            .entry(xid)
-            .or_default() += 1;
-        true
+        self.if_current(generation, |state| {
+            state.events += 1;
+            *state.gpu(uuid).counts.entry(xid).or_default() += 1;
+        })
     }
 
     fn is_current(&self, generation: u64) -> bool {
@@ -156,12 +154,17 @@ impl XidCounter {
 
     /// Runs `change` on the GPU's entry if `generation` is still current.
     fn update(&self, generation: u64, uuid: &str, change: impl FnOnce(&mut XidReading)) -> bool {
+        self.if_current(generation, |state| change(state.gpu(uuid)))
+    }
+
+    /// Runs `change` on the state if `generation` is still current; whether it ran.
+    fn if_current(&self, generation: u64, change: impl FnOnce(&mut State)) -> bool {
         let mut state = lock(&self.state);
-        if state.generation != generation {
-            return false;
+        let current = state.generation == generation;
+        if current {
+            change(&mut state);
         }
-        change(state.gpus.entry(uuid.to_string()).or_default());
-        true
+        current
     }
 
     fn unwatch_all(&self, generation: u64) {

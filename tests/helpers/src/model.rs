@@ -355,11 +355,7 @@ impl Model {
         let mut spec = self.spec(mode);
         spec["child_name"] = json!(name);
         let mut launcher = Self::command(&spec).spawn().expect("spawn python3");
-        let line = first_line(&mut launcher);
-        let pid: u32 = line
-            .strip_prefix("CHILD ")
-            .and_then(|pid| pid.trim().parse().ok())
-            .unwrap_or_else(|| panic!("not a CHILD line: {line}"));
+        let pid = child_pid(&mut launcher);
         launcher.wait().expect("reap the launcher");
         wait_until(
             "the holder is named and asleep",
@@ -375,11 +371,7 @@ impl Model {
         let mut spec = self.spec("reexec");
         spec["child_name"] = json!(child_name);
         let mut parent = Self::command(&spec).spawn().expect("spawn python3");
-        let line = first_line(&mut parent);
-        let child: u32 = line
-            .strip_prefix("CHILD ")
-            .and_then(|pid| pid.trim().parse().ok())
-            .unwrap_or_else(|| panic!("not a CHILD line: {line}"));
+        let child = child_pid(&mut parent);
         let pid = parent.id();
         ready(&first_line(&mut parent), pid, 'S', "the parent is asleep");
         wait_until("the child is named", Duration::from_secs(10), || {
@@ -455,6 +447,14 @@ fn first_line(child: &mut Child) -> String {
     read_line(child.stdout.as_mut().expect("piped stdout"))
 }
 
+/// The PID of the child the model says it started, from its next line (`CHILD PID`).
+fn child_pid(model: &mut Child) -> u32 {
+    let line = first_line(model);
+    line.strip_prefix("CHILD ")
+        .and_then(|pid| pid.trim().parse().ok())
+        .unwrap_or_else(|| panic!("not a CHILD line: {line}"))
+}
+
 /// The next line from `output`, read byte by byte so that nothing after it is taken from
 /// the pipe.
 fn read_line(output: &mut impl Read) -> String {
@@ -488,14 +488,7 @@ fn orphaned_children(
     child_name: &str,
     states: &[char],
 ) -> Vec<Holder> {
-    let pids: Vec<u32> = (0..children)
-        .map(|_| {
-            let line = first_line(owner);
-            line.strip_prefix("CHILD ")
-                .and_then(|pid| pid.trim().parse().ok())
-                .unwrap_or_else(|| panic!("not a CHILD line: {line}"))
-        })
-        .collect();
+    let pids: Vec<u32> = (0..children).map(|_| child_pid(owner)).collect();
     owner.wait().expect("reap the owner");
     pids.into_iter()
         .map(|pid| {
