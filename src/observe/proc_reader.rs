@@ -118,11 +118,7 @@ impl LiveHost {
         // A later look queued behind a stuck early one would only be stuck behind it.
         let early_stuck = matches!(&failure, Some((_, Some(_))));
         if let Some(later) = later.filter(|_| !early_stuck) {
-            let answer = match later {
-                Ok(pending) => pending.wait_until(deadlines.owners).await,
-                Err(no_answer) => Err(no_answer),
-            };
-            match answer {
+            match worker::answer(later, deadlines.owners).await {
                 Ok((with_capabilities, owners)) => {
                     if let Some(with_capabilities) = with_capabilities {
                         *nvml = with_capabilities;

@@ -241,7 +241,7 @@ impl<S: Send + 'static> Worker<S> {
         deadline: Instant,
         job: impl FnOnce(&mut S) -> T + Send + 'static,
     ) -> Result<T, NoAnswer> {
-        self.submit(first_call, job)?.wait_until(deadline).await
+        answer(self.submit(first_call, job), deadline).await
     }
 
     /// The call the thread is in, while it is in one.
@@ -300,6 +300,18 @@ impl<T> Pending<T> {
                 since: self.handed_at,
             })),
         }
+    }
+}
+
+/// The answer of a job `handed` over, awaited until `deadline`, or why it was not handed
+/// over (its thread is stuck in a call given up on).
+pub(crate) async fn answer<T>(
+    handed: Result<Pending<T>, NoAnswer>,
+    deadline: Instant,
+) -> Result<T, NoAnswer> {
+    match handed {
+        Ok(pending) => pending.wait_until(deadline).await,
+        Err(no_answer) => Err(no_answer),
     }
 }
 

@@ -100,7 +100,7 @@ const MIG_MODE_FOR: Duration = Duration::from_secs(30);
 /// (Xid 154 announces a new recovery action; 48, 63, 64, 79, 94 and 95 the faults
 /// behind one), which makes the next scrape ask again; without one, a change shows this
 /// much later at most. They are two of the seven driver calls a scrape makes of a GPU:
-/// 15 and 18 us of CPU each on an H100, asked ten times a second.
+/// 15 and 18 us of CPU each on an H100 when asked cold (`nvml_call_cost.py --interval`).
 const HEALTH_FOR: Duration = Duration::from_secs(30);
 
 /// GPU `index`, its identity kept in `known`: updated as soon as it is read, before the

@@ -17,7 +17,7 @@ use super::reading::{GpuError, GpuReading, GpuState, NvmlFailure, NvmlReading, S
 use super::xid::XidCounter;
 use crate::observe::error_line::one_line;
 use crate::observe::lifespan::Lifespan;
-use crate::observe::worker::{calling, InCall, NoAnswer, Worker};
+use crate::observe::worker::{answer, calling, InCall, NoAnswer, Worker};
 use crate::sync::lock;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
@@ -329,18 +329,12 @@ impl NvmlSource {
         let mut answers: Vec<Result<GpuReading, NoAnswer>> = Vec::with_capacity(count as usize);
         if self.side_by_side {
             let pending: Vec<_> = (0..count).zip(&slots).map(|(i, s)| job(i, s)).collect();
-            for pending in pending {
-                answers.push(match pending {
-                    Ok(pending) => pending.wait_until(until).await,
-                    Err(no_answer) => Err(no_answer),
-                });
+            for handed in pending {
+                answers.push(answer(handed, until).await);
             }
         } else {
             for (index, slot) in (0..count).zip(&slots) {
-                answers.push(match job(index, slot) {
-                    Ok(pending) => pending.wait_until(until).await,
-                    Err(no_answer) => Err(no_answer),
-                });
+                answers.push(answer(job(index, slot), until).await);
             }
         }
         let looked_at = Instant::now();
