@@ -298,6 +298,7 @@ fn nvml_down(error: String) -> Observation {
         boot_time_unix_seconds: None,
         clock_ticks_per_second: 100,
         taken_at_unix_seconds: None,
+        taken_at_unix_millis: None,
         owners: BTreeMap::new(),
         holder_scan: None,
         procfs_errors: 0,

@@ -59,6 +59,7 @@ pub(crate) fn cuda(pid: u32, gpus: &[u32]) -> ProcessFacts {
         user: Some("root".into()),
         wchan: None,
         exiting: false,
+        ending_since_unix_millis: None,
         kill_pending_since_unix_seconds: None,
         lineage: None,
         descriptors: nodes(gpus),
@@ -241,6 +242,7 @@ impl Host {
             boot_time_unix_seconds: Some(BOOT),
             clock_ticks_per_second: 100,
             taken_at_unix_seconds: self.taken_at,
+            taken_at_unix_millis: None,
             owners: self.owners.clone(),
             holder_scan: self.holders.clone().map(|holders| HolderScan {
                 holders,

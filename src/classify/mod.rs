@@ -32,7 +32,8 @@ mod verdict;
 
 use account::{account_for_gpu, AccountScope, HostContext};
 pub use after_kill::{
-    killed_stuck, Clue, KilledStuck, LeftBehindOwner, Parent, Seen, KILL_STUCK_SECONDS,
+    killed_stuck, Clue, KilledStuck, LeftBehindOwner, Parent, Seen, ENDING_AT_MOST_MILLIS,
+    FREEING_MEASURED, KILL_STUCK_SECONDS,
 };
 pub use exporter_process::{exporter_process, ExporterProcess};
 pub use owners::{
@@ -78,6 +79,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         procfs_view: observation.procfs_view,
         slurm: observation.slurm.as_ref(),
         containers: observation.containers.as_ref(),
+        now_unix_millis: observation.taken_at_unix_millis(),
     };
     let scan = scan_summary(observation);
     let (nvml, mut gpus) = match &observation.nvml {

@@ -2,6 +2,7 @@
 //! and start time) and by evidence of a context (read-write shared mappings of the GPU's
 //! device file).
 
+use super::after_kill::ENDING_AT_MOST_MILLIS;
 use super::process::{Process, ProcessLens, ProcessState};
 use crate::observe::{Identity, NvmlLists, NvmlProcess, OwnerLookup, ProcessFacts, ProcessLookup};
 use serde::{Serialize, Serializer};
@@ -38,7 +39,8 @@ pub enum OwnerState {
     /// the kill waits until the call returns, and its memory with it.
     Killed,
     /// In its exit path: the kernel is closing its files and the driver is freeing its
-    /// memory (0.13-0.18 s after a SIGKILL on an H200).
+    /// memory (see [`super::FREEING_MEASURED`]), for at most
+    /// [`super::ENDING_AT_MOST_MILLIS`] once every thread has exited.
     Exiting,
     /// No live process holds the context: it exited, or the PID now names another process.
     Gone,
@@ -283,7 +285,9 @@ impl Serialize for Owner {
 /// - no process under the PID: gone (exited);
 /// - the process first seen under the PID, in its exit path (its main thread exiting and
 ///   not yet a zombie, or a zombie with no live thread and nothing mapped): exiting, its
-///   memory being freed;
+///   memory being freed; but gone once it has been a zombie with no live thread for
+///   longer than a free takes ([`ENDING_AT_MOST_MILLIS`]): whoever inherited its device
+///   file keeps the memory, not it;
 /// - a process that maps this GPU's node read-write holds a context here: live, in its
 ///   state (one that maps it only write-only or read-only initialised the driver without
 ///   a context, as the MPS control daemon does);
@@ -336,8 +340,8 @@ fn standing(
         .first_seen
         .as_ref()
         .is_none_or(|first| first.start_time_ticks == facts.start_time_ticks);
-    if exiting(facts) {
-        return if same_process {
+    if facts.ending() {
+        return if same_process && !ended_too_long_ago(facts, lens) {
             Standing::Exiting(Box::new(Process::new(facts, lens)))
         } else {
             Standing::Gone(WhyGone::Exited)
@@ -380,15 +384,17 @@ enum Context {
     Unknown(WhyUnknown),
 }
 
-/// A process in its exit path: every thread exiting (the reader's `exiting`: a zombie
-/// main thread whose other threads live is not, they keep the context), or finished but
-/// for its reaping: a zombie main thread with no other thread and an address space
-/// already gone.
-fn exiting(facts: &ProcessFacts) -> bool {
-    facts.exiting
-        || (facts.state == 'Z'
-            && facts.threads <= 1
-            && facts.mappings.nodes().is_some_and(|nodes| nodes.is_empty()))
+/// Whether an ending owner is past being freed: every thread of it has exited (a zombie
+/// its parent has not reaped) more than [`ENDING_AT_MOST_MILLIS`] ago, while NVML still
+/// charges its memory. The driver frees a context with the last reference to its device
+/// file, so what keeps the memory now is a process that inherited that file, and the
+/// owner itself is gone. An owner whose threads are still in their exit path is being
+/// freed for as long as they are.
+fn ended_too_long_ago(facts: &ProcessFacts, lens: &ProcessLens) -> bool {
+    facts.finished()
+        && lens
+            .millis_since(facts.ending_since_unix_millis)
+            .is_some_and(|millis| millis > ENDING_AT_MOST_MILLIS)
 }
 
 impl ProcessState {

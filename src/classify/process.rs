@@ -239,9 +239,16 @@ pub struct ProcessLens<'a> {
     pub slurm: Option<&'a SlurmReading>,
     /// The names the container engines gave containers, when they are watched.
     pub containers: Option<&'a ContainersReading>,
+    /// When the look was made, in milliseconds since the Unix epoch, when known.
+    pub now_unix_millis: Option<u64>,
 }
 
 impl ProcessLens<'_> {
+    /// Milliseconds from `since` (since the Unix epoch) to the look, when both are known.
+    pub fn millis_since(&self, since: Option<u64>) -> Option<u64> {
+        Some(self.now_unix_millis?.saturating_sub(since?))
+    }
+
     /// When a process that started `ticks` after boot started, in seconds since the epoch.
     pub fn started(&self, ticks: u64) -> Option<u64> {
         let boot = self.boot_time_unix_seconds?;

@@ -117,8 +117,8 @@ pub(super) fn decide(
 const AFTER_ACTING_WAIT_SECONDS: u64 = 30;
 /// Seconds the look waits for a kill that waits in the driver, or after stopping owners.
 const STUCK_WAIT_SECONDS: u64 = 60;
-/// Seconds the look waits for memory the driver is freeing (0.13-0.18 s after a SIGKILL
-/// on an H200).
+/// Seconds the look waits for memory the driver is freeing (see
+/// [`super::FREEING_MEASURED`]).
 const FREEING_WAIT_SECONDS: u64 = 5;
 
 /// The remedy as a person acts on it on GPU `gpu` (a MIG instance's GPU for its own

@@ -484,6 +484,20 @@ impl Report {
     pub fn orphaned_bytes(&self) -> u64 {
         orphaned_bytes_of(self.gpus.iter())
     }
+
+    /// Whether some owner, on any GPU or MIG instance, is being freed: a look a moment
+    /// later says whether the free ended, or the owner is gone (see
+    /// [`super::ENDING_AT_MOST_MILLIS`]).
+    pub fn owners_being_freed(&self) -> bool {
+        self.gpus
+            .iter()
+            .flat_map(|gpu| {
+                std::iter::once(gpu.account())
+                    .chain(gpu.instances.iter().map(InstanceVerdict::account))
+            })
+            .flatten()
+            .any(|account| account.tally.processes(OwnerState::Exiting) > 0)
+    }
 }
 
 /// Total orphaned bytes of `gpus` (those `check --gpu` chose, or all).

@@ -3,7 +3,7 @@
 //! saying on stderr what it waits for while NVML or `/proc` is slow, so a person can tell
 //! a hung GPU from a hung tool.
 
-use crate::classify::{CheckStatus, Report, Selection};
+use crate::classify::{CheckStatus, Report, Selection, ENDING_AT_MOST_MILLIS};
 use crate::cli::CheckConfig;
 use crate::exit_codes;
 use crate::exporter::{Exporter, HolderScanPolicy};
@@ -25,10 +25,13 @@ const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(5);
 const SLOW_CALL: Duration = Duration::from_secs(2);
 /// How often a look that waits looks at what it waits for.
 const LOOK_PROGRESS_EVERY: Duration = Duration::from_millis(250);
+/// How often a look that found an owner being freed looks again: a free takes 0.12 to
+/// 0.20 s.
+const ENDING_LOOK_EVERY: Duration = Duration::from_millis(100);
 
 /// Run `check`; the exit status is the verdict's (see [`exit_codes`]), or an error (2).
 pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode> {
-    let report = look(exporter, HolderScanPolicy::Always, config.timeout)?;
+    let report = settled_look(exporter, config.timeout)?;
     let first = report.select(&config.gpus)?;
     // Waits while memory is orphaned, left behind, held by a killed owner or being freed,
     // also beside a GPU that does not answer.
@@ -64,6 +67,21 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
         progress.show(&waiting.figure(), &waiting.line());
         std::thread::sleep(config.wait_interval.min(wait - waiting.waited));
     }
+}
+
+/// A look that answers for an owner being freed only once it is past it: while some
+/// owner is, the host is looked at again, until the free ends or the owner has been
+/// ending for longer than a free takes and is judged gone ([`ENDING_AT_MOST_MILLIS`]).
+/// A real free ends within a fifth of a second, so this costs a person nothing.
+fn settled_look(exporter: &Exporter, timeout: Duration) -> anyhow::Result<Report> {
+    let settled_by =
+        Instant::now() + Duration::from_millis(ENDING_AT_MOST_MILLIS) + ENDING_LOOK_EVERY * 2;
+    let mut report = look(exporter, HolderScanPolicy::Always, timeout)?;
+    while report.owners_being_freed() && Instant::now() < settled_by {
+        std::thread::sleep(ENDING_LOOK_EVERY);
+        report = look(exporter, HolderScanPolicy::Always, timeout)?;
+    }
+    Ok(report)
 }
 
 /// One look, done within `timeout`; while a reader is slow, what it waits for goes to

@@ -318,16 +318,17 @@ impl LiveHost {
             owners = owners.len(),
             "observed"
         );
+        let taken_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok();
         Observation {
             nvml,
             host_pid_namespace: pid_namespace.is_host(),
             procfs_view,
             boot_time_unix_seconds: self.boot_time_unix_seconds,
             clock_ticks_per_second: clock_ticks_per_second(),
-            taken_at_unix_seconds: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .ok()
-                .map(|since| since.as_secs()),
+            taken_at_unix_seconds: taken_at.map(|since| since.as_secs()),
+            taken_at_unix_millis: taken_at.map(|since| since.as_millis() as u64),
             owners,
             holder_scan: None,
             procfs_errors,

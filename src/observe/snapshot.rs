@@ -33,6 +33,10 @@ pub struct Observation {
     /// snapshots of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub taken_at_unix_seconds: Option<u64>,
+    /// The same moment in milliseconds, for waits shorter than a second (an owner being
+    /// freed). `None` in snapshots of older versions, which read it from the seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_at_unix_millis: Option<u64>,
     /// What `/proc` says about every PID that NVML lists as an owner on some GPU, by
     /// NVML's PID (ours: the driver translates PIDs into the caller's PID namespace).
     pub owners: BTreeMap<u32, OwnerLookup>,
@@ -72,6 +76,14 @@ pub struct Observation {
     /// describes the process that took it, not the host.
     #[serde(skip)]
     pub own_process: Option<OwnProcessReading>,
+}
+
+impl Observation {
+    /// When the look was made, in milliseconds since the Unix epoch, when known.
+    pub fn taken_at_unix_millis(&self) -> Option<u64> {
+        self.taken_at_unix_millis
+            .or_else(|| Some(self.taken_at_unix_seconds? * 1000))
+    }
 }
 
 /// The `/proc` reader thread, not returned at a look's deadline.

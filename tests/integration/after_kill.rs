@@ -354,7 +354,7 @@ fn an_owner_killed_but_stuck_in_the_driver_is_named_with_its_wait() {
 #[test]
 fn an_owner_in_its_exit_path_is_being_freed_never_orphaned() {
     // Branch 2: SIGKILL delivered, the main thread in its exit path (PF_EXITING) while the
-    // driver frees the context; a fixture tree, as the moment lasts 0.13-0.18 s on an H200.
+    // driver frees the context; a fixture tree, as the moment lasts 0.12-0.20 s on an H100 or H200.
     let rig = Rig::new();
     let procfs = rig.procfs_with_owner(
         4242,
@@ -369,7 +369,7 @@ fn an_owner_in_its_exit_path_is_being_freed_never_orphaned() {
     assert_eq!(outcome.status, Some(3), "{outcome:?}");
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
-        "GPU 0: 8.6 GiB (8,802 MiB) being freed: owner PID 4242 is exiting and the driver is freeing its memory (0.13-0.18 s after a SIGKILL on an H200); nothing orphaned."
+        "GPU 0: 8.6 GiB (8,802 MiB) being freed: owner PID 4242 is exiting and the driver is freeing its memory (0.12-0.20 s after a SIGKILL on an H100 or H200); nothing orphaned."
     );
     let exporter = rig.start(&["--path.procfs", procfs]);
     let metrics = exporter.scrape();

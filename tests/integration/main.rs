@@ -9,6 +9,7 @@ mod kubelet;
 mod after_kill;
 mod alerts;
 mod bad_input;
+mod being_freed;
 mod build_info;
 mod check;
 mod coalescing;

@@ -302,7 +302,7 @@ fn a_new_process_with_its_own_context_here_owns_the_charge() {
 fn an_exiting_owner_is_being_freed_not_orphaned_and_the_remedy_is_to_wait() {
     // SIGKILLed: a zombie with one thread and no address space, or a main thread in its
     // exit path (PF_EXITING) whose files the kernel is closing; the driver frees the
-    // memory within 0.13-0.18 s. Branch 2 of the story: never a page.
+    // memory within 0.12-0.20 s. Branch 2 of the story: never a page.
     let mut zombie = cuda(432, &[]).state('Z');
     zombie.threads = 1;
     let mut exiting = cuda(432, &[]).state('D');
@@ -340,6 +340,63 @@ fn an_exiting_owner_is_being_freed_not_orphaned_and_the_remedy_is_to_wait() {
         .scanned()
         .account();
     assert_eq!(account.owners[0].state(), OwnerState::Zombie);
+}
+
+#[test]
+fn an_unreaped_owner_still_charged_past_a_free_is_gone_and_its_forked_child_named() {
+    // The story's commonest branch with a parent that does not reap: the owner forked a
+    // child that kept its device file and was SIGKILLed; a zombie with nothing mapped,
+    // which NVML goes on charging (an H100 showed it at 0.3, 1, 3 and 15 s) because the
+    // child keeps the context. Being freed for as long as a free can take, then gone.
+    const LOOKED_AT_MILLIS: u64 = 1_796_300_000_000;
+    let mut zombie = cuda(503, &[]).state('Z');
+    zombie.threads = 1;
+    zombie.exiting = true;
+    let host = |ended_millis_ago: u64| {
+        let mut facts = zombie.clone();
+        facts.ending_since_unix_millis = Some(LOOKED_AT_MILLIS - ended_millis_ago);
+        let mut host = Host::idle()
+            .used(USED_ONE_OWNER)
+            .owner(503, Some(CHARGED_ONE_OWNER), present(facts))
+            .first_seen(503, &cuda(503, &[0]))
+            .holder(cuda(524, &[0]).child_of(503).started(150_000));
+        host.taken_at = Some(LOOKED_AT_MILLIS / 1000);
+        host
+    };
+    let within = host(ENDING_AT_MOST_MILLIS).account();
+    assert_eq!(within.owners[0].state(), OwnerState::Exiting);
+    assert_eq!(within.finding, Finding::BeingFreed);
+    assert_eq!(within.orphaned_bytes(), 0);
+    let past = host(ENDING_AT_MOST_MILLIS + 1).account();
+    assert_eq!(past.owners[0].standing, Standing::Gone(WhyGone::Exited));
+    assert_eq!(past.finding, Finding::Orphaned);
+    assert_eq!(past.orphaned_owner_gone_bytes, CHARGED_ONE_OWNER);
+    assert_eq!(
+        past.culprits
+            .iter()
+            .map(|culprit| culprit.process.pid)
+            .collect::<Vec<_>>(),
+        vec![524]
+    );
+    // A main thread still in its exit path is being freed whatever the time: the driver
+    // is at it (a stuck one is the killed owner's verdict, from its pending kill).
+    let mut exiting = cuda(503, &[0]).state('D');
+    exiting.exiting = true;
+    exiting.ending_since_unix_millis = Some(LOOKED_AT_MILLIS - 60_000);
+    let mut still =
+        Host::idle()
+            .used(USED_ONE_OWNER)
+            .owner(503, Some(CHARGED_ONE_OWNER), present(exiting));
+    still.taken_at = Some(LOOKED_AT_MILLIS / 1000);
+    assert_eq!(still.account().owners[0].state(), OwnerState::Exiting);
+    // A look that cannot say how long (a snapshot without times) keeps "being freed".
+    let mut unknown = zombie.clone();
+    unknown.ending_since_unix_millis = None;
+    let account = Host::idle()
+        .used(USED_ONE_OWNER)
+        .owner(503, Some(CHARGED_ONE_OWNER), present(unknown))
+        .account();
+    assert_eq!(account.owners[0].state(), OwnerState::Exiting);
 }
 
 #[test]

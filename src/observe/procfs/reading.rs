@@ -110,6 +110,12 @@ pub struct ProcessFacts {
     /// The time, in seconds since the Unix epoch, when the exporter first saw it so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill_pending_since_unix_seconds: Option<u64>,
+    /// Since when it has been seen ending (see [`ProcessFacts::ending`]), in milliseconds
+    /// since the Unix epoch: a kill frees a context in a fifth of a second, so the wait is
+    /// measured finer than a second. Carried from look to look while it is the same
+    /// process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending_since_unix_millis: Option<u64>,
     /// Where it came from, read for NVML's owners when first seen: its parent then, and
     /// whether that parent has exited since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,6 +137,30 @@ impl ProcessFacts {
     /// Whether it holds or maps anything of GPU `minor`'s node.
     pub fn touches_gpu(&self, minor: u32) -> bool {
         self.descriptors.has_gpu(minor) || self.mappings.has_gpu(minor)
+    }
+
+    /// Whether the process is ending: every thread in its exit path (`exiting`; a zombie
+    /// main thread whose other threads live is not, they keep the context), or finished
+    /// (see [`ProcessFacts::finished`]).
+    pub fn ending(&self) -> bool {
+        Self::is_ending(self.exiting, self.state, self.threads, &self.mappings)
+    }
+
+    /// [`ProcessFacts::ending`] of a process with these fields, for a reader that has them
+    /// before it has the facts.
+    pub fn is_ending(exiting: bool, state: char, threads: u32, mappings: &References) -> bool {
+        exiting || Self::is_finished(state, threads, mappings)
+    }
+
+    /// Whether every thread has exited: a zombie with no other thread and an address space
+    /// already gone, which waits only to be reaped and holds nothing of its own. Memory
+    /// NVML still charges it is kept by whoever keeps its device file (a child it forked).
+    pub fn finished(&self) -> bool {
+        Self::is_finished(self.state, self.threads, &self.mappings)
+    }
+
+    fn is_finished(state: char, threads: u32, mappings: &References) -> bool {
+        state == 'Z' && threads <= 1 && mappings.nodes().is_some_and(NodeSet::is_empty)
     }
 }
 

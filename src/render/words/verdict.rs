@@ -9,7 +9,7 @@ use super::phrases::{
 use super::remedy::{remedy_clause, suggested_line};
 use crate::classify::{
     ChargedTo, Clue, Departure, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, Owner,
-    Process, Seen, Sentence, UnattributedTrust,
+    Process, Seen, Sentence, UnattributedTrust, FREEING_MEASURED,
 };
 use crate::dates::utc_words;
 use serde::Serialize;
@@ -127,7 +127,7 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
             sentence
         }
         Sentence::BeingFreed { bytes, pids } => format!(
-            "{label}: {} being freed: {} exiting and the driver is freeing {} memory (0.13-0.18 s after a SIGKILL on an H200); nothing orphaned.",
+            "{label}: {} being freed: {} exiting and the driver is freeing {} memory ({FREEING_MEASURED}); nothing orphaned.",
             size_words(bytes),
             if pids.len() == 1 {
                 format!("owner PID {} is", pids[0])

@@ -27,7 +27,7 @@ pub use output::{
 pub use processes::{
     children_of, effective_uid, holds, nonexistent_pid, proc_comm, proc_state,
     process_group_and_session, signal, start_time_ticks, task_flags, thread_count, user_name,
-    Holder,
+    Holder, Unreaped,
 };
 pub use rig::Rig;
 pub use scenario::{with_xid_events, Gpu, Gpus, MigDevice, MIG_1G_TOTAL, PROCESS_LIST_CALLS};

@@ -10,7 +10,9 @@ thread exit while another thread holds them ("zombie-leader"), or starts its MPS
 ("mps-daemon": a child named `child_name` that drops the parent's mappings, as the real
 server, a program of its own, has none of them, and maps `server_map` read-write). It
 prints `READY <pid>` once it holds its files, `CHILD <pid>` for each child it leaves
-behind, and `SERVER <pid>` before READY once its server holds its files.
+behind, and `SERVER <pid>` before READY once its server holds its files. "hold-and-fork"
+forks `children` named `child_name` that keep its files and holds them beside them,
+printing `CHILD <pid>` for each before READY.
 
 Mode "server" is an inference server as vLLM and SGLang start theirs: it holds nothing
 itself and starts `children` workers through Python's multiprocessing (spawn, as
@@ -133,6 +135,17 @@ if mode == "mps-daemon":
         park()
     os.read(ready, 1)
     print("SERVER", server, flush=True)
+if mode == "hold-and-fork":
+    # An owner whose forked children keep its files beside it (DataLoader workers).
+    children = []
+    for _ in range(spec["children"]):
+        child = os.fork()
+        if child == 0:
+            rename(spec["child_name"])
+            park()
+        children.append(child)
+    for child in children:
+        print("CHILD", child, flush=True)
 if mode == "fork-and-stay":
     # A container's PID 1 and its child, both holding the context.
     for _ in range(spec["children"]):

@@ -195,6 +195,41 @@ impl Model {
         }
     }
 
+    /// Start it as a live owner that has forked `children` named `child_name`, which keep
+    /// its descriptors and mappings beside it; returns once all are asleep. The children
+    /// reach this test (a subreaper) when the owner dies.
+    pub fn spawn_with_children(&self, children: usize, child_name: &str) -> (Holder, Vec<Holder>) {
+        let mut spec = self.spec("hold-and-fork");
+        spec["children"] = json!(children);
+        spec["child_name"] = json!(child_name);
+        become_subreaper();
+        let mut owner = Self::command(&spec).spawn().expect("spawn python3");
+        let pids: Vec<u32> = (0..children).map(|_| child_pid(&mut owner)).collect();
+        let pid = owner.id();
+        ready(&first_line(&mut owner), pid, 'S', "the owner is asleep");
+        let children = pids
+            .into_iter()
+            .map(|pid| {
+                wait_until(
+                    "the child is named and asleep",
+                    Duration::from_secs(10),
+                    || {
+                        proc_comm(pid).as_deref() == Some(child_name)
+                            && proc_state(pid) == Some('S')
+                    },
+                );
+                Holder { pid, child: None }
+            })
+            .collect();
+        (
+            Holder {
+                pid,
+                child: Some(owner),
+            },
+            children,
+        )
+    }
+
     /// Start it as a live owner that forks `children` named `child_name` and exits when
     /// told ([`ForkingOwner::orphan_now`]).
     pub fn spawn_forking_later(&self, children: usize, child_name: &str) -> ForkingOwner {

@@ -86,6 +86,25 @@ impl Holder {
         self.kill_and_reap();
     }
 
+    /// SIGKILL it and leave it unreaped, as a parent that does not reap (a stopped or hung
+    /// server, a container's PID 1 that reaps nothing) leaves it: returns once it is a
+    /// zombie. It is reaped when the result is dropped.
+    pub fn kill_leaving_unreaped(mut self) -> Unreaped {
+        signal(self.pid, libc::SIGKILL);
+        wait_until(
+            "the killed process is a zombie",
+            Duration::from_secs(10),
+            || proc_state(self.pid) == Some('Z'),
+        );
+        let unreaped = Unreaped(Holder {
+            pid: self.pid,
+            child: self.child.take(),
+        });
+        // This holder's own drop would reap it now.
+        std::mem::forget(self);
+        unreaped
+    }
+
     fn kill_and_reap(&mut self) {
         let _ = unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGKILL) };
         match self.child.take() {
@@ -98,6 +117,16 @@ impl Holder {
                 unsafe { libc::waitpid(self.pid as libc::pid_t, std::ptr::null_mut(), 0) };
             }
         }
+    }
+}
+
+/// A killed process that nobody has reaped yet (state Z); reaped when dropped.
+pub struct Unreaped(Holder);
+
+impl Unreaped {
+    /// Its PID, which NVML may go on charging.
+    pub fn pid(&self) -> u32 {
+        self.0.pid
     }
 }
 

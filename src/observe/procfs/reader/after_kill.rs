@@ -24,7 +24,7 @@ impl Reader<'_> {
     /// (`PF_EXITING`) and, when that thread is already a zombie, every other thread too.
     /// After a SIGKILL every thread exits, and the driver frees the context with the last
     /// (an H200's and an H100's PyTorch owners showed a zombie main thread for most of the
-    /// 0.12-0.20 s); a main thread that called pthread_exit leaves the others running with
+    /// 0.12-0.20 s a free took); a main thread that called pthread_exit leaves the others running with
     /// the context. Threads are read only for a zombie main thread.
     pub(super) fn process_exiting(&self, dir: &Path, stat: &Stat) -> bool {
         if stat.flags & PF_EXITING == 0 {
@@ -143,11 +143,27 @@ impl Reader<'_> {
     }
 }
 
+/// Since when a process that is `ending` (see [`ProcessFacts::ending`]) has been seen so:
+/// carried from `earlier` (the last reading of the same process), or now; `None` while
+/// it is not ending.
+pub(super) fn ending_since(ending: bool, earlier: Option<&ProcessFacts>) -> Option<u64> {
+    ending.then(|| {
+        earlier
+            .and_then(|facts| facts.ending_since_unix_millis)
+            .unwrap_or_else(now_unix_millis)
+    })
+}
+
 /// Now, in seconds since the Unix epoch.
 fn now_unix_seconds() -> u64 {
+    now_unix_millis() / 1000
+}
+
+/// Now, in milliseconds since the Unix epoch.
+fn now_unix_millis() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs())
+        .map_or(0, |since| since.as_millis() as u64)
 }
 
 #[cfg(test)]
@@ -232,6 +248,34 @@ mod tests {
         // SIGKILL: every thread exits.
         thread(101, 'D', exiting);
         assert!(reader.process_exiting(&dir, &stat));
+    }
+
+    #[test]
+    fn an_ending_owner_keeps_the_moment_it_was_first_seen_ending() {
+        let proc = FakeProc::new();
+        proc.process(100, 500, 'S', &[0]);
+        let mut memory = Memory::new();
+        assert_eq!(
+            proc.read_owner(&mut memory, 100, &[0])
+                .ending_since_unix_millis,
+            None
+        );
+        // Every thread exited, its parent has not reaped it: a zombie that maps nothing.
+        let finished = |start: u64| {
+            proc.process(100, start, 'Z', &[]);
+            fs::write(proc.dir.path().join("100/maps"), "").unwrap();
+        };
+        finished(500);
+        let first = proc.read_owner(&mut memory, 100, &[0]);
+        assert!(first.finished());
+        let since = first.ending_since_unix_millis.expect("ending");
+        let again = proc.read_owner(&mut memory, 100, &[0]);
+        assert_eq!(again.ending_since_unix_millis, Some(since));
+        // Another process under the PID is seen ending from now, not from then.
+        finished(900);
+        let stranger = proc.read_owner(&mut memory, 100, &[0]);
+        assert!(stranger.ending_since_unix_millis.unwrap() >= since);
+        assert_eq!(stranger.start_time_ticks, 900);
     }
 
     #[test]

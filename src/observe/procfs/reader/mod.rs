@@ -20,6 +20,7 @@ use super::placement::{Placement, Position};
 use super::reading::{Lineage, NodeSet, ProcessFacts, ProcfsView, References};
 use super::references::{self, Descriptors, OpenFile};
 use super::root::{gone, ProcRoot, Unread};
+use after_kill::ending_since;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs;
@@ -233,6 +234,13 @@ impl<'a> Reader<'a> {
         let exiting = self.process_exiting(dir, &stat);
         let wchan = self.wchan(dir, &stat);
         let kill_pending_since = self.kill_pending_since(dir, &stat, None, Some(&facts));
+        let ending = ProcessFacts::is_ending(
+            exiting,
+            char::from(stat.state),
+            stat.threads,
+            &facts.mappings,
+        );
+        let ending_since = ending_since(ending, Some(&facts));
         // `None`: the lineage read before still holds.
         let lineage = match facts.lineage.as_ref() {
             Some(lineage) => self.parent_exit_seen(lineage, &stat).map(|seen| Lineage {
@@ -245,6 +253,7 @@ impl<'a> Reader<'a> {
             && facts.exiting == exiting
             && facts.wchan == wchan
             && facts.kill_pending_since_unix_seconds == kill_pending_since
+            && facts.ending_since_unix_millis == ending_since
             && lineage.is_none();
         if !unchanged {
             let facts = Arc::make_mut(&mut facts);
@@ -252,6 +261,7 @@ impl<'a> Reader<'a> {
             facts.exiting = exiting;
             facts.wchan = wchan;
             facts.kill_pending_since_unix_seconds = kill_pending_since;
+            facts.ending_since_unix_millis = ending_since;
             if lineage.is_some() {
                 facts.lineage = lineage;
             }
@@ -291,6 +301,9 @@ impl<'a> Reader<'a> {
         let earlier = self
             .remembered(pid, &stat)
             .and_then(|known| known.facts.as_deref());
+        let exiting = self.process_exiting(dir, &stat);
+        let ending =
+            ProcessFacts::is_ending(exiting, char::from(stat.state), stat.threads, &mappings);
         let facts = ProcessFacts {
             pid,
             local_pid: self.local_pid(pid, dir, Some(&status)),
@@ -304,7 +317,8 @@ impl<'a> Reader<'a> {
             uid: status.uid,
             user: status.uid.and_then(|uid| self.user_name(uid)),
             wchan: self.wchan(dir, &stat),
-            exiting: self.process_exiting(dir, &stat),
+            exiting,
+            ending_since_unix_millis: ending_since(ending, earlier),
             kill_pending_since_unix_seconds: self.kill_pending_since(
                 dir,
                 &stat,
