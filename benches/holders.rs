@@ -132,6 +132,8 @@ fn proc_root(root: PathBuf) -> ProcRoot {
     ProcRoot {
         root,
         device_prefix: DEVICE_PREFIX.to_vec(),
+        // Synthetic trees of files standing in for a procfs.
+        stand_in: true,
     }
 }
 

@@ -279,6 +279,11 @@ impl Exporter {
         self.source.pid_namespace()
     }
 
+    /// Whose PIDs the procfs read shows; `None` for a replay.
+    pub fn procfs_view(&self) -> Option<ProcfsView> {
+        self.source.procfs_view()
+    }
+
     /// The name of the host observed.
     pub fn hostname(&self) -> String {
         self.source.hostname()

@@ -22,7 +22,7 @@ pub(crate) mod web;
 use cli::{Cli, CliError, Config, Mode};
 use exporter::Exporter;
 use observe::procfs::ProcRoot;
-use observe::{Lifespan, LiveHost, PidNamespace, Source};
+use observe::{Lifespan, LiveHost, PidNamespace, ProcfsView, Source};
 use render::prometheus::RenderOptions;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -91,7 +91,7 @@ fn exporter(config: &Config, lifespan: Lifespan) -> anyhow::Result<Exporter> {
         observe::read_snapshot(path)?;
     }
     Ok(Exporter::new(
-        source(config, lifespan)
+        source(config, lifespan)?
             .with_kubernetes(&config.kubernetes, lifespan)
             .with_containers(&config.containers, lifespan),
         config.settings.clone(),
@@ -101,27 +101,38 @@ fn exporter(config: &Config, lifespan: Lifespan) -> anyhow::Result<Exporter> {
     ))
 }
 
-fn source(config: &Config, lifespan: Lifespan) -> Source {
-    match &config.replay {
-        Some(path) => Source::Replay(path.clone()),
-        None => Source::Live(Box::new(
+fn source(config: &Config, lifespan: Lifespan) -> anyhow::Result<Source> {
+    let Some(path) = &config.replay else {
+        let proc_root = ProcRoot {
+            root: config.procfs.clone(),
+            device_prefix: config.device_prefix.clone(),
+            stand_in: config.procfs_stand_in,
+        };
+        // A procfs that shows no process would make every owner look exited.
+        proc_root.check_is_procfs()?;
+        return Ok(Source::Live(Box::new(
             LiveHost::new(
                 config.nvml_library.clone(),
-                ProcRoot {
-                    root: config.procfs.clone(),
-                    device_prefix: config.device_prefix.clone(),
-                },
+                proc_root,
                 config.scan_timeout,
                 lifespan,
             )
             .with_mig_minors(config.mig_minors.clone())
             .with_one_gpu_at_a_time(config.nvml_one_gpu_at_a_time),
-        )),
-    }
+        )));
+    };
+    Ok(Source::Replay(path.clone()))
 }
 
-/// Outside the host PID namespace NVML hides other processes; say so once, loudly.
+/// Outside the host PID namespace NVML hides other processes, and a procfs of another
+/// namespace shows none of NVML's owners; say so once, loudly.
 fn warn_if_blind(exporter: &Exporter, config: &Config) {
+    if exporter.procfs_view() == Some(ProcfsView::Unknown) {
+        tracing::warn!(
+            procfs = %config.procfs.display(),
+            "the procfs read shows another PID namespace, in which this process is not: the owners NVML names cannot be looked up, so none is judged and no memory is called orphaned (vram_procfs_own_pid_namespace 0); point --path.procfs at the host's /proc"
+        );
+    }
     match exporter.host_pid_namespace() {
         // A replay has nothing live to look at.
         None | Some(PidNamespace::Host) => {}

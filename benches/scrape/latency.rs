@@ -137,6 +137,7 @@ pub(crate) fn breakdown(rig: &Rig, all: &mut Owners, latencies: &[Latency]) {
     let proc_root = ProcRoot {
         root: "/proc".into(),
         device_prefix: rig.device_prefix().into_os_string().into_encoded_bytes(),
+        stand_in: false,
     };
     for (gpus, owners) in SHAPES {
         let spawned = all.pids(rig, gpus);

@@ -42,7 +42,7 @@ pub use owners::{
 pub use process::{Ended, KillTarget, Process, ProcessLens, ProcessState, Started};
 pub use report::{
     orphaned_bytes_of, AssignedPod, CheckStatus, GpuOutcome, GpuVerdict, Health, InstanceVerdict,
-    MigMode, NvmlStatus, Report, ScanSummary, Written,
+    MigMode, NvmlStatus, Report, ScanSummary, Sight, Written,
 };
 pub use selection::{HeldAs, NoSuchGpu, Selection};
 pub use sentence::{ChargedTo, Departure, Sentence};

@@ -467,10 +467,34 @@ pub struct Report {
     pub exporter_process: Option<ExporterProcess>,
 }
 
+/// What the exporter can see of the host's processes, as `check` warns of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sight {
+    /// Every process: it runs in the host's PID namespace and reads a procfs of it.
+    Whole,
+    /// It cannot find itself in the procfs it reads (a procfs of another PID namespace):
+    /// owners NVML names cannot be looked up, so none is judged.
+    ProcfsNotOurs,
+    /// It runs outside the host's PID namespace (or cannot tell): NVML hides other
+    /// namespaces' processes, so memory without a visible owner is not called orphaned.
+    OutsideHostNamespace,
+}
+
 impl Report {
     /// True when NVML's process lists may be missing processes of other PID namespaces.
     pub fn blind(&self) -> bool {
         self.host_pid_namespace != Some(true)
+    }
+
+    /// What the exporter can see of the host's processes.
+    pub fn sight(&self) -> Sight {
+        if self.procfs_view == ProcfsView::Unknown {
+            Sight::ProcfsNotOurs
+        } else if self.blind() {
+            Sight::OutsideHostNamespace
+        } else {
+            Sight::Whole
+        }
     }
 
     /// Whether no holder is missing for want of looking: the scan saw every process, or

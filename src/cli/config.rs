@@ -63,6 +63,8 @@ pub struct Config {
     pub mode: Mode,
     /// procfs mount point.
     pub procfs: PathBuf,
+    /// Whether `procfs` is a tree of files standing in for one (tests only).
+    pub procfs_stand_in: bool,
     /// NVML library path, `None` for the system's.
     pub nvml_library: Option<PathBuf>,
     /// Snapshot to read instead of the system.
@@ -138,6 +140,7 @@ impl Cli {
         Ok(Config {
             mode,
             procfs: source.procfs.unwrap_or_else(|| PathBuf::from("/proc")),
+            procfs_stand_in: source.procfs_stand_in,
             nvml_library: source.nvml_library,
             replay: source.replay,
             settings: Settings {

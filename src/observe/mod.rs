@@ -532,6 +532,14 @@ impl Source {
         }
     }
 
+    /// Whose PIDs the procfs read shows; `None` for a replay.
+    pub fn procfs_view(&self) -> Option<ProcfsView> {
+        match self {
+            Source::Live(host) => Some(host.placement.view()),
+            Source::Replay(_) => None,
+        }
+    }
+
     /// The name of the host observed, for a snapshot.
     pub fn hostname(&self) -> String {
         match self {

@@ -285,7 +285,7 @@ fn an_owner_killed_but_stuck_in_the_driver_is_named_with_its_wait() {
     rig.charge_gpu0(4242, Some(CHARGED));
     let procfs = procfs.to_str().unwrap();
 
-    let outcome = rig.run(&["check", "--path.procfs", procfs]);
+    let outcome = rig.run(&["check", "--test.procfs-stand-in", "--path.procfs", procfs]);
     assert_eq!(outcome.status, Some(4), "{outcome:?}");
     let line = verdict_line(&outcome.stdout, 0);
     assert!(
@@ -306,7 +306,13 @@ fn an_owner_killed_but_stuck_in_the_driver_is_named_with_its_wait() {
         Some("vram-exporter check --gpu 0 --wait 60s")
     );
     let document = rig
-        .run(&["check", "--json", "--path.procfs", procfs])
+        .run(&[
+            "check",
+            "--json",
+            "--test.procfs-stand-in",
+            "--path.procfs",
+            procfs,
+        ])
         .json();
     let gpu = &document["gpus"][0];
     assert_eq!(gpu["finding"], "killed_stuck");
@@ -315,7 +321,7 @@ fn an_owner_killed_but_stuck_in_the_driver_is_named_with_its_wait() {
     assert!(gpu["owners"][0]["process"]["kill_pending_since_unix_seconds"].is_u64());
     assert_eq!(gpu["remedy"]["action"], "wait");
 
-    let exporter = rig.start(&["--path.procfs", procfs]);
+    let exporter = rig.start(&["--test.procfs-stand-in", "--path.procfs", procfs]);
     let metrics = exporter.scrape();
     assert_eq!(
         metrics.value("vram_owner_processes", &[("gpu", "0"), ("state", "killed")]),
@@ -343,7 +349,13 @@ fn an_owner_killed_but_stuck_in_the_driver_is_named_with_its_wait() {
         "uvm_va_space_destroy",
     );
     rig.charge_gpu0(4242, Some(CHARGED));
-    let outcome = rig.run(&["check", "--json", "--path.procfs", procfs.to_str().unwrap()]);
+    let outcome = rig.run(&[
+        "check",
+        "--json",
+        "--test.procfs-stand-in",
+        "--path.procfs",
+        procfs.to_str().unwrap(),
+    ]);
     assert_eq!(outcome.status, Some(0), "{outcome:?}");
     assert_eq!(
         outcome.json()["gpus"][0]["owners"][0]["state"],
@@ -365,13 +377,13 @@ fn an_owner_in_its_exit_path_is_being_freed_never_orphaned() {
     );
     rig.charge_gpu0(4242, Some(CHARGED));
     let procfs = procfs.to_str().unwrap();
-    let outcome = rig.run(&["check", "--path.procfs", procfs]);
+    let outcome = rig.run(&["check", "--test.procfs-stand-in", "--path.procfs", procfs]);
     assert_eq!(outcome.status, Some(3), "{outcome:?}");
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
         "GPU 0: 8.6 GiB (8,802 MiB) being freed: owner PID 4242 is exiting and the driver is freeing its memory (0.12-0.20 s after a SIGKILL on an H100 or H200); nothing orphaned."
     );
-    let exporter = rig.start(&["--path.procfs", procfs]);
+    let exporter = rig.start(&["--test.procfs-stand-in", "--path.procfs", procfs]);
     let metrics = exporter.scrape();
     assert_eq!(
         metrics.value(

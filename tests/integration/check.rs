@@ -315,7 +315,12 @@ fn blind_exporter_warns_and_calls_no_memory_orphaned() {
     let procfs = rig.blind_procfs();
     let used = 4 * GIB + 9 * MIB;
     rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0).used(used)).into_json());
-    let outcome = rig.run(&["check", "--path.procfs", procfs.to_str().unwrap()]);
+    let outcome = rig.run(&[
+        "check",
+        "--test.procfs-stand-in",
+        "--path.procfs",
+        procfs.to_str().unwrap(),
+    ]);
     // Memory it cannot attribute is neither "orphaned" nor "fine": exit status 3.
     assert_eq!(outcome.status, Some(3), "{outcome:?}");
     assert!(
@@ -337,7 +342,13 @@ fn blind_exporter_warns_and_calls_no_memory_orphaned() {
     ), "{}", outcome.stdout);
 
     let document = rig
-        .run(&["check", "--json", "--path.procfs", procfs.to_str().unwrap()])
+        .run(&[
+            "check",
+            "--json",
+            "--test.procfs-stand-in",
+            "--path.procfs",
+            procfs.to_str().unwrap(),
+        ])
         .json();
     assert_eq!(document["host_pid_namespace"], false);
     assert_eq!(document["gpus"][0]["unattributed_bytes"], used);

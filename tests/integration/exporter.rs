@@ -276,7 +276,11 @@ fn blind_exporter_reports_unattributed_but_not_orphaned() {
     std::os::unix::fs::symlink("pid:[4026532999]", procfs.join("self/ns/pid")).unwrap();
     let used = 4 * 1024 * 1024 * 1024 + 9 * 1024 * 1024;
     rig.write_scenario(&Gpus::new().gpu(Gpu::idle(0).used(used)).into_json());
-    let exporter = rig.start(&["--path.procfs", procfs.to_str().unwrap()]);
+    let exporter = rig.start(&[
+        "--test.procfs-stand-in",
+        "--path.procfs",
+        procfs.to_str().unwrap(),
+    ]);
     let metrics = exporter.scrape();
     assert_eq!(metrics.value("vram_host_pid_namespace", &[]), 0.0);
     assert_eq!(metrics.value("vram_unattributed_bytes", &GPU0), used as f64);

@@ -619,6 +619,7 @@ fn a_proc_read_that_blocks_leaves_the_scan_incomplete_and_stalls_nothing() {
     let blocking = rig.procfs_whose_maps_block(4242, &rig.device(0));
     let procfs = &blocking.procfs;
     let exporter = rig.start(&[
+        "--test.procfs-stand-in",
         "--path.procfs",
         procfs.to_str().unwrap(),
         // Long enough that a scrape which wrongly waits for the scan again (6.8 s, 85 %
@@ -674,6 +675,7 @@ fn a_proc_read_that_blocks_leaves_the_scan_incomplete_and_stalls_nothing() {
         "--json",
         "--timeout",
         "2s",
+        "--test.procfs-stand-in",
         "--path.procfs",
         procfs.to_str().unwrap(),
     ]);

@@ -10,6 +10,7 @@ mod after_kill;
 mod alerts;
 mod bad_input;
 mod being_freed;
+mod blind;
 mod build_info;
 mod check;
 mod coalescing;

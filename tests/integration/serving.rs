@@ -294,6 +294,7 @@ fn a_holder_scan_stops_in_time_for_the_scrape_that_waits_for_it() {
     let exporter = rig.start(&[
         "--holders.scan-timeout",
         "30s",
+        "--test.procfs-stand-in",
         "--path.procfs",
         blocking.procfs.to_str().unwrap(),
     ]);

@@ -21,6 +21,13 @@ pub struct SourceArgs {
     #[arg(long = "replay", value_name = "FILE")]
     pub replay: Option<PathBuf>,
 
+    /// Read --path.procfs as a tree of files standing in for a procfs: it is not refused
+    /// for not being one, and, without a `self` entry, shows this process's own PID
+    /// namespace. Tests point it at a tree they write for what no process can be made to
+    /// do without a GPU driver.
+    #[arg(long = "test.procfs-stand-in", hide = true)]
+    pub procfs_stand_in: bool,
+
     /// Byte prefix of NVIDIA device paths; tests point it at files they create.
     #[arg(long = "test.device-prefix", hide = true)]
     pub device_prefix: Option<PathBuf>,

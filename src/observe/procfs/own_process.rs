@@ -75,6 +75,7 @@ impl OwnProcess {
         let proc_root = ProcRoot {
             root: root.to_path_buf(),
             device_prefix: Vec::new(),
+            stand_in: false,
         };
         // SAFETY: sysconf has no preconditions.
         let (ticks, page) = unsafe {

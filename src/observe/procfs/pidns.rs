@@ -181,6 +181,7 @@ mod tests {
             let root = ProcRoot {
                 root: self.0.path().to_path_buf(),
                 device_prefix: b"/dev/nvidia".to_vec(),
+                stand_in: false,
             };
             NamespaceInits::new(&root, Instant::now() + Duration::from_secs(5)).of(pid)
         }

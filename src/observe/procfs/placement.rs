@@ -36,8 +36,14 @@ impl Placement {
     /// Locate the exporter in `root`.
     pub fn locate(root: &ProcRoot) -> Placement {
         let ours = std::process::id();
-        let own_pid = root.self_pid().unwrap_or(ours);
-        let position = if own_pid == ours {
+        let found = root.self_pid();
+        let own_pid = found.unwrap_or(ours);
+        // A procfs shows `self` to every process of its PID namespace and its ancestors':
+        // one that shows it no `self` belongs to a namespace this process cannot see
+        // into, where the PIDs NVML gives name other processes, if any.
+        let position = if found.is_none() && !root.stand_in {
+            Position::Lost
+        } else if own_pid == ours {
             Position::Own
         } else {
             let dir = root.pid_dir(own_pid);
@@ -66,7 +72,8 @@ impl Placement {
     pub(crate) fn view(self) -> ProcfsView {
         match self.position {
             Position::Own => ProcfsView::Own,
-            Position::Foreign { .. } | Position::Lost => ProcfsView::Foreign,
+            Position::Foreign { .. } => ProcfsView::Foreign,
+            Position::Lost => ProcfsView::Unknown,
         }
     }
 }

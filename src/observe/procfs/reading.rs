@@ -17,7 +17,9 @@ pub enum ProcfsView {
     /// mounts the host's `/proc`): NVML's PIDs were translated through each process's
     /// `NSpid`, and those that could not be are not judged.
     Foreign,
-    /// `{procfs}/self` could not be read: whose PIDs the procfs shows is unknown.
+    /// The exporter cannot find itself in the procfs (it shows no `self`, or another
+    /// namespace whose ancestry cannot be read): whose PIDs it shows is unknown, so no
+    /// owner NVML names can be judged in it.
     Unknown,
 }
 

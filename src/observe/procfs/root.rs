@@ -27,6 +27,33 @@ pub struct ProcRoot {
     pub root: PathBuf,
     /// Byte prefix of NVIDIA device paths (see [`parse::nvidia_node`]).
     pub device_prefix: Vec<u8>,
+    /// A tree of files standing in for a procfs (tests): without a `self` entry it shows
+    /// the exporter's own PID namespace, where a real procfs without one shows another.
+    pub stand_in: bool,
+}
+
+/// `PROC_SUPER_MAGIC`: the file system type of every procfs mount (`statfs(2)`).
+const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+
+/// Why a path cannot be read as a procfs.
+#[derive(Debug, thiserror::Error)]
+pub enum NotProcfs {
+    /// It cannot be looked at: missing, or not ours to see.
+    #[error("--path.procfs {path}: {error}; point it at the host's /proc (mounted at /host/proc in a container)", path = path.display())]
+    Unreadable {
+        /// The path.
+        path: PathBuf,
+        /// Why, said in the line itself (one line, each cause once).
+        error: io::Error,
+    },
+    /// It is a directory of another file system.
+    #[error("--path.procfs {path} is not a procfs (file system type {kind:#x}); point it at the host's /proc (mounted at /host/proc in a container)", path = path.display())]
+    OtherFileSystem {
+        /// The path.
+        path: PathBuf,
+        /// The file system type `statfs` gives.
+        kind: i64,
+    },
 }
 
 /// Which PID namespace the exporter runs in, as `{procfs}/self/ns/pid` says.
@@ -79,6 +106,36 @@ pub(super) fn gone(error: &io::Error) -> bool {
 }
 
 impl ProcRoot {
+    /// Whether the root is a procfs mount at all: a path that is missing or of another
+    /// file system (a container missing its `/host/proc` mount, a typo) shows no process,
+    /// and every owner NVML names would look exited. A stand-in passes.
+    pub fn check_is_procfs(&self) -> Result<(), NotProcfs> {
+        use std::os::unix::ffi::OsStrExt;
+        if self.stand_in {
+            return Ok(());
+        }
+        let unreadable = |error| NotProcfs::Unreadable {
+            path: self.root.clone(),
+            error,
+        };
+        let path = std::ffi::CString::new(self.root.as_os_str().as_bytes())
+            .map_err(|error| unreadable(io::Error::new(io::ErrorKind::InvalidInput, error)))?;
+        // SAFETY: statfs reads the NUL-terminated path we own and writes into the zeroed
+        // struct we own.
+        let mut found: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statfs(path.as_ptr(), &mut found) } != 0 {
+            return Err(unreadable(io::Error::last_os_error()));
+        }
+        let kind = found.f_type as i64;
+        if kind != PROC_SUPER_MAGIC {
+            return Err(NotProcfs::OtherFileSystem {
+                path: self.root.clone(),
+                kind,
+            });
+        }
+        Ok(())
+    }
+
     /// The process directory of `pid`.
     pub(super) fn pid_dir(&self, pid: u32) -> PathBuf {
         self.root.join(pid.to_string())

@@ -10,7 +10,7 @@ mod table;
 pub use super::words::{instance_verdict, seconds_words, size_words, verdict, Verdict};
 pub use table::gpu_table;
 
-use crate::classify::{NvmlFailure, NvmlStatus, Report, Selection};
+use crate::classify::{NvmlFailure, NvmlStatus, Report, Selection, Sight};
 use std::fmt::Write;
 
 /// What did not answer in time, one line each: NVML itself, each GPU, the `/proc`
@@ -68,8 +68,14 @@ pub fn check_text(selection: &Selection) -> String {
         }
         NvmlStatus::Up { .. } => {}
     }
-    if report.blind() {
-        let _ = writeln!(out, "warning: not in the host PID namespace: NVML hides other namespaces' processes, so memory without a visible owner is not called orphaned.\n");
+    match report.sight() {
+        Sight::Whole => {}
+        Sight::OutsideHostNamespace => {
+            let _ = writeln!(out, "warning: not in the host PID namespace: NVML hides other namespaces' processes, so memory without a visible owner is not called orphaned.\n");
+        }
+        Sight::ProcfsNotOurs => {
+            let _ = writeln!(out, "warning: the procfs read (--path.procfs) shows another PID namespace, in which this process is not: the owners NVML names cannot be looked up there, so none is judged and nothing is called orphaned.\n");
+        }
     }
     if gpus.is_empty() {
         let _ = writeln!(out, "No GPUs.");

@@ -8,6 +8,7 @@
 mod console;
 mod exporter;
 mod model;
+mod namespaces;
 mod output;
 mod processes;
 mod rig;
@@ -20,6 +21,7 @@ pub use exporter::{
     collect_lines, http, parse_response, request_head, start, Exporter, Outcome, Response, Running,
 };
 pub use model::{model_program, Model, Mps, Server};
+pub use namespaces::OtherNamespaceProcfs;
 pub use output::{
     assert_per_gpu_series_carry_no_workload_labels, assert_promtool_clean, columns, kill_line,
     pids_of, promtool, said, suggestion, verdict_line, Metrics, SPARSE_FAMILIES,

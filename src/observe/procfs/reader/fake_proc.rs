@@ -20,6 +20,7 @@ impl FakeProc {
         let root = ProcRoot {
             root: dir.path().to_path_buf(),
             device_prefix: b"/dev/nvidia".to_vec(),
+            stand_in: true,
         };
         FakeProc { dir, root }
     }
