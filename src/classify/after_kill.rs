@@ -109,6 +109,18 @@ impl Seen {
     pub fn witnessed(&self) -> bool {
         matches!(self, Seen::ParentExited { .. })
     }
+
+    /// The parent seen to exit, and when its exit was seen, for a witnessed owner.
+    pub fn parent_exit(&self) -> Option<(&Parent, u64)> {
+        match self {
+            Seen::ParentExited {
+                parent,
+                exit_seen_unix_seconds,
+                ..
+            } => Some((parent, *exit_seen_unix_seconds)),
+            Seen::Possibly { .. } => None,
+        }
+    }
 }
 
 /// Whether a live owner was left behind by the process that started it, and how that is

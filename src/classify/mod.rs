@@ -50,8 +50,8 @@ pub use settings::Settings;
 use suspects::Within;
 pub use suspects::{Evidence, Role, Suspect};
 pub use verdict::{
-    Advice, Blindness, Command, Finding, GpuAccount, JobToCancel, LeftBehind, LookAgain,
-    NotCounted, Note, OrphanReason, Remedy, StateTally, Suggestion, UnattributedTrust,
+    Advice, Blindness, Command, Finding, GpuAccount, JobToCancel, LeftBehind, LeftBehindBytes,
+    LookAgain, NotCounted, Note, OrphanReason, Remedy, StateTally, Suggestion, UnattributedTrust,
 };
 
 use crate::observe::{GpuReading, GpuState, NvmlProcess, NvmlReading, Observation, ProcessList};
@@ -73,12 +73,17 @@ pub use slurm::{JobState, LeftBySlurm, SlurmEnded, SlurmJob};
 
 /// Classify a whole observation.
 pub fn classify(observation: &Observation, settings: &Settings) -> Report {
+    let kubernetes = observation
+        .kubernetes
+        .as_ref()
+        .map(|kubernetes| pods::kubernetes_view(kubernetes, &observation.nvml));
     let lens = ProcessLens {
         boot_time_unix_seconds: observation.boot_time_unix_seconds,
         ticks_per_second: observation.clock_ticks_per_second,
         procfs_view: observation.procfs_view,
         slurm: observation.slurm.as_ref(),
         containers: observation.containers.as_ref(),
+        kubernetes: kubernetes.as_ref(),
         now_unix_millis: observation.taken_at_unix_millis(),
     };
     let scan = scan_summary(observation);
@@ -105,12 +110,8 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
             Vec::new(),
         ),
     };
-    let kubernetes = observation
-        .kubernetes
-        .as_ref()
-        .map(|kubernetes| pods::kubernetes_view(kubernetes, &observation.nvml));
     if let Some(view) = &kubernetes {
-        name_pods(&mut gpus, view);
+        assign_pods(&mut gpus, view);
     }
     Report {
         nvml,
@@ -300,11 +301,10 @@ fn judge_owners(
         .collect()
 }
 
-/// Name the pod of every process the verdicts mention, and the pods each GPU is assigned to.
-fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
-    let name = |process: &mut Process| {
-        process.pod = view.pod_of(process.cgroup.pod_uid.as_deref()).cloned();
-    };
+/// The pods each GPU is assigned to. Every process the verdicts mention carries its own
+/// pod already: it is named where the process is made ([`Process::new`]), so that no copy
+/// of one can miss it.
+fn assign_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
     for gpu in gpus {
         gpu.assigned_to = view
             .gpu_pods
@@ -318,39 +318,5 @@ fn name_pods(gpus: &mut [GpuVerdict], view: &KubernetesView) {
                 container: assigned.container.clone(),
             })
             .collect();
-        let accounts = std::iter::once(&mut gpu.outcome)
-            .chain(
-                gpu.instances
-                    .iter_mut()
-                    .map(|instance| &mut instance.outcome),
-            )
-            .filter_map(|outcome| match outcome {
-                GpuOutcome::Measured(account) => Some(account),
-                GpuOutcome::Failed { .. } | GpuOutcome::NotAnswering { .. } => None,
-            });
-        for account in accounts {
-            for owner in &mut account.owners {
-                match &mut owner.standing {
-                    Standing::Live(process) | Standing::Gone(WhyGone::Reused { by: process }) => {
-                        name(process)
-                    }
-                    Standing::Exiting(process) => name(process),
-                    Standing::Gone(WhyGone::Exited) | Standing::Unknown(_) => {}
-                }
-            }
-            for suspect in account
-                .culprits
-                .iter_mut()
-                .chain(&mut account.bystanders)
-                .chain(&mut account.undetermined)
-            {
-                name(&mut suspect.process);
-            }
-            for note in &mut account.notes {
-                if let Note::OwnerPidReused { now, .. } = note {
-                    name(now);
-                }
-            }
-        }
     }
 }

@@ -3,6 +3,7 @@
 //! through which its raw numbers read (dates, PIDs, containers, jobs); and a process to
 //! end, by identity.
 
+use super::pods::KubernetesView;
 use super::slurm::SlurmJob;
 use crate::observe::containers::ContainerName;
 use crate::observe::containers::ContainersReading;
@@ -180,7 +181,10 @@ impl Process {
             kill_pending_since_unix_seconds: facts.kill_pending_since_unix_seconds,
             lineage: facts.lineage.clone(),
             cgroup: facts.cgroup.clone(),
-            pod: None,
+            pod: lens
+                .kubernetes
+                .and_then(|view| view.pod_of(facts.cgroup.pod_uid.as_deref()))
+                .cloned(),
             container: facts.cgroup.container_id.as_ref().and_then(|id| {
                 lens.containers
                     .and_then(|reading| reading.names.get(id))
@@ -239,6 +243,8 @@ pub struct ProcessLens<'a> {
     pub slurm: Option<&'a SlurmReading>,
     /// The names the container engines gave containers, when they are watched.
     pub containers: Option<&'a ContainersReading>,
+    /// The kubelet's names of pods, when it is watched.
+    pub kubernetes: Option<&'a KubernetesView>,
     /// When the look was made, in milliseconds since the Unix epoch, when known.
     pub now_unix_millis: Option<u64>,
 }

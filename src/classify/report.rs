@@ -200,14 +200,9 @@ impl GpuVerdict {
     /// owners killed and stuck, or being freed; 0 for a GPU that did not answer.
     pub fn to_free_bytes(&self) -> u64 {
         self.account().map_or(0, |account| {
-            let left_behind = account
-                .left_behind
-                .iter()
-                .filter_map(|owner| owner.used_bytes)
-                .fold(0, u64::saturating_add);
             [
                 account.orphaned_bytes(),
-                left_behind,
+                account.left_behind_bytes().total(),
                 account.tally.bytes(OwnerState::Killed),
                 account.tally.bytes(OwnerState::Exiting),
             ]

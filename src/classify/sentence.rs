@@ -3,7 +3,7 @@
 //! put the sentence into words (plurals, lists) and choose none of it.
 
 use super::owners::{OwnerState, WhyGone};
-use super::verdict::{capacity, Finding, GpuAccount, UnattributedTrust};
+use super::verdict::{capacity, Finding, GpuAccount, LeftBehindBytes, UnattributedTrust};
 use strum::VariantArray;
 
 /// Which sentence a GPU's verdict is, with the facts it names.
@@ -34,11 +34,12 @@ pub enum Sentence {
     /// Live owners hold memory for a server that has exited: [`GpuAccount::left_behind`]
     /// names them; [`GpuAccount::remedy`] says what frees it.
     LeftBehind {
-        /// What they are charged.
-        bytes: u64,
-        /// Whether the exporter saw the server of every one of them exit (else some are
-        /// only possibly left behind).
-        witnessed: bool,
+        /// What they are charged, by certainty ([`GpuAccount::left_behind_bytes`]).
+        bytes: LeftBehindBytes,
+        /// How many the exporter saw left behind.
+        witnessed_processes: u64,
+        /// How many are only possibly left behind.
+        possibly_processes: u64,
     },
     /// Owners were killed and wait in uninterruptible sleep; [`GpuAccount::remedy`] says
     /// whether to wait or to reset.
@@ -129,15 +130,18 @@ impl GpuAccount {
                 unattributed: (self.unattributed_bytes > 0)
                     .then_some((self.unattributed_bytes, self.unattributed_trust)),
             },
-            Finding::LeftBehind => Sentence::LeftBehind {
-                bytes: self
+            Finding::LeftBehind => {
+                let witnessed_processes = self
                     .left_behind
                     .iter()
-                    .filter_map(|owner| owner.used_bytes)
-                    .fold(0, u64::saturating_add)
-                    .min(self.memory.used),
-                witnessed: self.left_behind.iter().all(|owner| owner.seen.witnessed()),
-            },
+                    .filter(|owner| owner.seen.witnessed())
+                    .count() as u64;
+                Sentence::LeftBehind {
+                    bytes: self.left_behind_bytes(),
+                    witnessed_processes,
+                    possibly_processes: self.left_behind.len() as u64 - witnessed_processes,
+                }
+            }
             Finding::KilledStuck => Sentence::KilledStuck {
                 bytes: self.tally.bytes(OwnerState::Killed),
                 pids: self.pids_in(OwnerState::Killed),

@@ -223,15 +223,42 @@ impl GpuAccount {
         self.gone_by_reason[reason as usize]
     }
 
-    /// Bytes held by owners whose server the exporter saw exit (those only possibly left
-    /// behind are not counted: the series says what was seen).
-    pub fn left_behind_bytes(&self) -> u64 {
-        self.left_behind
-            .iter()
-            .filter(|owner| owner.seen.witnessed())
-            .filter_map(|owner| owner.used_bytes)
-            .fold(0, u64::saturating_add)
-            .min(self.memory.used)
+    /// The memory of the left-behind owners, by how each is known to be left behind: the
+    /// one rule that the series, the sentence and JSON state.
+    pub fn left_behind_bytes(&self) -> LeftBehindBytes {
+        let sum = |witnessed: bool| {
+            self.left_behind
+                .iter()
+                .filter(|owner| owner.seen.witnessed() == witnessed)
+                .filter_map(|owner| owner.used_bytes)
+                .fold(0, u64::saturating_add)
+        };
+        let witnessed = sum(true).min(self.memory.used);
+        LeftBehindBytes {
+            witnessed,
+            possibly: sum(false).min(self.memory.used - witnessed),
+        }
+    }
+}
+
+/// The memory NVML charges a GPU's left-behind owners, never more than is used, counted
+/// apart by certainty. Witnessed bytes are those of owners whose server the exporter saw
+/// exit: what `vram_left_behind_bytes` counts and the alert pages on. Possibly
+/// left-behind bytes are those of owners whose scope alone says so (a look that never saw
+/// the server): `vram_possibly_left_behind_bytes`, never paged on. The sentence leads
+/// with the witnessed bytes when there are any, and names the possible ones beside them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LeftBehindBytes {
+    /// Held by owners whose server was seen to exit.
+    pub witnessed: u64,
+    /// Held by owners only possibly left behind.
+    pub possibly: u64,
+}
+
+impl LeftBehindBytes {
+    /// Both together: what a person waits to see freed.
+    pub fn total(self) -> u64 {
+        self.witnessed.saturating_add(self.possibly)
     }
 }
 

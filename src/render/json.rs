@@ -101,6 +101,8 @@ pub struct GpuDocument<'a> {
     pub left_behind: &'a [LeftBehindOwner],
     /// Bytes of those whose server the exporter saw exit (`vram_left_behind_bytes`).
     pub left_behind_bytes: u64,
+    /// Bytes of those only possibly left behind (`vram_possibly_left_behind_bytes`).
+    pub possibly_left_behind_bytes: u64,
     /// What would give orphaned memory back.
     pub remedy: Option<&'a Remedy>,
     /// Facts worth a line each, as data.
@@ -180,6 +182,7 @@ pub fn check_document<'a>(selection: &Selection<'a>) -> CheckDocument<'a> {
 
 fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
     let (error, account) = (gpu.outcome.error_kind(), gpu.outcome.account());
+    let left_behind = account.map_or_else(Default::default, GpuAccount::left_behind_bytes);
     GpuDocument {
         index: gpu.index,
         uuid: &gpu.uuid,
@@ -225,7 +228,8 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
         bystanders: account.map_or(&[], |account| account.bystanders.as_slice()),
         undetermined: account.map_or(&[], |account| account.undetermined.as_slice()),
         left_behind: account.map_or(&[], |account| account.left_behind.as_slice()),
-        left_behind_bytes: account.map_or(0, GpuAccount::left_behind_bytes),
+        left_behind_bytes: left_behind.witnessed,
+        possibly_left_behind_bytes: left_behind.possibly,
         remedy: account.map(|account| &account.remedy),
         notes: account.map_or(&[], |account| account.notes.as_slice()),
         exited_container_processes: account

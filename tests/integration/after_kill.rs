@@ -3,7 +3,10 @@
 //! Python's multiprocessing (spawn, as vLLM and SGLang do) and is SIGKILLed; the workers
 //! live on, adopted by this test process (a subreaper, as init would adopt them on a host).
 
+use crate::containers::Cgroup;
 use crate::helpers::*;
+use crate::kubelet::{Behaviour, Pod, StandInKubelet};
+use crate::kubernetes::{path, pod_logs, CONTAINER, POD_UID};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -398,4 +401,74 @@ fn an_owner_in_its_exit_path_is_being_freed_never_orphaned() {
             0.0
         );
     }
+}
+
+#[test]
+fn a_left_behind_worker_in_a_pod_carries_its_pod_in_the_series_and_the_words() {
+    let rig = Rig::new();
+    let Server { server, workers } =
+        Model::cuda("api-server", &rig.device(0)).spawn_server(1, "engine-core");
+    let worker = &workers[0];
+    // The worker's real cgroup is a pod's (the cgroupfs driver's layout).
+    let cgroup = Cgroup::create(&format!("kubepods/burstable/pod{POD_UID}/{CONTAINER}"));
+    cgroup.add(worker.pid);
+    charged_to(&rig, &[worker.pid]);
+    let logs = pod_logs(&rig, &[("ml", "sglang-0", POD_UID)]);
+    let kubelet = StandInKubelet::start(Behaviour::Answer(vec![
+        Pod::new("ml", "sglang-0").container("server", &[("nvidia.com/gpu", &[&Gpu::uuid(0)])])
+    ]));
+    let flags = [
+        "--kubelet.pod-resources-path",
+        &kubelet.socket_arg(),
+        "--path.pod-logs",
+        &path(&logs),
+    ];
+    let exporter = rig.start(&flags);
+    assert_eq!(left_behind_bytes(&exporter.scrape()), 0.0);
+
+    let server_pid = server.pid.to_string();
+    server.kill();
+    let mut metrics = exporter.scrape();
+    wait_until(
+        "the exporter sees the worker left behind",
+        Duration::from_secs(10),
+        || {
+            metrics = exporter.scrape();
+            left_behind_bytes(&metrics) == WORKER_BYTES as f64
+        },
+    );
+    let pid = worker.pid.to_string();
+    let series = metrics.find(
+        "vram_left_behind_since_timestamp_seconds",
+        &[("gpu", "0"), ("pid", &pid), ("parent_pid", &server_pid)],
+    );
+    assert_eq!(series.len(), 1, "{}", metrics.text);
+    let labels = &series[0].1;
+    assert_eq!(
+        (
+            labels["pod_uid"].as_str(),
+            labels["namespace"].as_str(),
+            labels["pod"].as_str()
+        ),
+        (POD_UID, "ml", "sglang-0"),
+        "{labels:?}"
+    );
+    assert_promtool_clean(&metrics.text);
+
+    let outcome = rig.run(&[&["check", "--gpu", "0"][..], &flags[..]].concat());
+    let sentence = verdict_line(&outcome.stdout, 0);
+    assert!(
+        sentence.contains(&format!("PID {pid} (engine-core, "))
+            && sentence.contains(", pod ml/sglang-0, "),
+        "{sentence}"
+    );
+    let document = rig
+        .run(&[&["check", "--json", "--gpu", "0"][..], &flags[..]].concat())
+        .json();
+    assert_eq!(
+        document["gpus"][0]["left_behind"][0]["process"]["pod"],
+        serde_json::json!({"namespace": "ml", "name": "sglang-0"}),
+        "{document:#}"
+    );
+    drop(cgroup);
 }

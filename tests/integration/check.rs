@@ -538,6 +538,7 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
                 "undetermined": [],
                 "left_behind": [],
                 "left_behind_bytes": 0,
+                "possibly_left_behind_bytes": 0,
                 "remedy": {
                     "action": "kill",
                     "targets": [
@@ -573,6 +574,7 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
                 "undetermined": [],
                 "left_behind": [],
                 "left_behind_bytes": 0,
+                "possibly_left_behind_bytes": 0,
                 "remedy": { "action": "none" },
                 "notes": [],
                 "verdict": {

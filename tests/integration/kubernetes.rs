@@ -13,8 +13,9 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-const CONTAINER: &str = "5dd96d5394ca930a854a390ea46f7515a8bc930123eb3251ba20f2708a38fc61";
-const POD_UID: &str = "a36d0c1d-0b26-4451-8d80-9c195e004afa";
+pub(crate) const CONTAINER: &str =
+    "5dd96d5394ca930a854a390ea46f7515a8bc930123eb3251ba20f2708a38fc61";
+pub(crate) const POD_UID: &str = "a36d0c1d-0b26-4451-8d80-9c195e004afa";
 const OTHER_CONTAINER: &str = "7ee34913fbefa6a0dbbdf1bbc302cc29a1bde3b83b8b9f2252a4d4360c373848";
 const OTHER_POD_UID: &str = "ea2e69b4-0bd4-48f0-b75f-cc7c79111027";
 /// A MIG device on GPU 3.
@@ -71,7 +72,7 @@ fn node() -> Vec<Pod> {
 }
 
 /// An empty pod log directory, or one with a directory per `(namespace, name, uid)`.
-fn pod_logs(rig: &Rig, pods: &[(&str, &str, &str)]) -> PathBuf {
+pub(crate) fn pod_logs(rig: &Rig, pods: &[(&str, &str, &str)]) -> PathBuf {
     let logs = rig.dir.path().join("log-pods");
     fs::create_dir_all(&logs).unwrap();
     for (namespace, name, uid) in pods {
@@ -80,7 +81,7 @@ fn pod_logs(rig: &Rig, pods: &[(&str, &str, &str)]) -> PathBuf {
     logs
 }
 
-fn path(path: &std::path::Path) -> String {
+pub(crate) fn path(path: &std::path::Path) -> String {
     path.display().to_string()
 }
 

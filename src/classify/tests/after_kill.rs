@@ -56,7 +56,13 @@ fn a_worker_whose_parent_was_seen_to_exit_is_left_behind_and_counted() {
     let account = host_with(&[seen]).account();
     assert_eq!(account.finding, Finding::LeftBehind);
     assert_eq!(account.orphaned_bytes(), 0);
-    assert_eq!(account.left_behind_bytes(), CHARGED_ONE_OWNER);
+    assert_eq!(
+        account.left_behind_bytes(),
+        LeftBehindBytes {
+            witnessed: CHARGED_ONE_OWNER,
+            possibly: 0
+        }
+    );
     let Seen::ParentExited {
         parent,
         alone_seconds,
@@ -94,8 +100,14 @@ fn a_worker_never_seen_with_its_parent_is_possibly_left_behind_only_with_evidenc
             ..
         }
     ));
-    // The series count only what was seen.
-    assert_eq!(account.left_behind_bytes(), 0);
+    // Counted apart from what was seen: the alert's series counts only that.
+    assert_eq!(
+        account.left_behind_bytes(),
+        LeftBehindBytes {
+            witnessed: 0,
+            possibly: CHARGED_ONE_OWNER
+        }
+    );
 
     // Not left behind: its parent is the live leader; its group's leader lives; a
     // double-forked daemon (group = session, no worker's command line); a process that

@@ -9,7 +9,7 @@ use super::labels::{
     CallLabel, ErrorLabel, GpuInfoLabels, GpuLabels, HolderLabels, LeftBehindLabels, PlaceLabels,
     ProcessLabels, ReasonLabel,
 };
-use crate::classify::{GoneReason, GpuAccount, GpuError, GpuVerdict, OwnerState, Seen, StateTally};
+use crate::classify::{GoneReason, GpuAccount, GpuError, GpuVerdict, OwnerState, StateTally};
 use prometheus_client::encoding::DescriptorEncoder;
 use std::fmt;
 use strum::{IntoEnumIterator, VariantArray};
@@ -232,7 +232,15 @@ pub(super) fn left_behind(encoder: &mut DescriptorEncoder, measured: &Measured<'
         "Bytes NVML charges to live owners whose parent (the server that started them) the exporter saw exit: workers a killed server left behind, holding memory for nobody. Not orphaned: killing them frees it.",
         measured
             .iter()
-            .map(|(gpu, account)| (GpuLabels::of(gpu), account.left_behind_bytes())),
+            .map(|(gpu, account)| (GpuLabels::of(gpu), account.left_behind_bytes().witnessed)),
+    )?;
+    gauge(
+        encoder,
+        "vram_possibly_left_behind_bytes",
+        "Bytes NVML charges to live owners that are possibly left behind: the exporter never saw their server, and their scope says it has exited (a multiprocessing worker whose pipes to its parent lead nowhere, adopted after its group's leader exited). Not counted in vram_left_behind_bytes, and never paged on.",
+        measured
+            .iter()
+            .map(|(gpu, account)| (GpuLabels::of(gpu), account.left_behind_bytes().possibly)),
     )?;
     gauge(
         encoder,
@@ -242,13 +250,10 @@ pub(super) fn left_behind(encoder: &mut DescriptorEncoder, measured: &Measured<'
             account
                 .left_behind
                 .iter()
-                .filter_map(|owner| match &owner.seen {
-                    Seen::ParentExited {
-                        parent,
-                        exit_seen_unix_seconds,
-                        ..
-                    } => Some((owner, parent, *exit_seen_unix_seconds)),
-                    Seen::Possibly { .. } => None,
+                .filter(|owner| owner.seen.witnessed())
+                .filter_map(|owner| {
+                    let (parent, exit_seen) = owner.seen.parent_exit()?;
+                    Some((owner, parent, exit_seen))
                 })
                 .take(MAX_HOLDER_SERIES_PER_GPU)
                 .map(move |(owner, parent, exit_seen)| {

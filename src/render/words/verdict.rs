@@ -92,13 +92,35 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
             unjudged_owners,
             unattributed,
         } => cannot_tell_sentence(label, &unjudged_owners, unattributed),
-        Sentence::LeftBehind { bytes, witnessed } => {
-            let count = account.left_behind.len() as u64;
+        Sentence::LeftBehind {
+            bytes,
+            witnessed_processes,
+            possibly_processes,
+        } => {
+            let held = |bytes: u64, processes: u64| {
+                format!(
+                    "{} held by {processes} process{}",
+                    size_words(bytes),
+                    plural(processes, "es")
+                )
+            };
+            let whose = match (witnessed_processes, possibly_processes) {
+                (0, possibly) => format!(
+                    "{} possibly left behind by a server that exited",
+                    held(bytes.possibly, possibly)
+                ),
+                (witnessed, 0) => format!(
+                    "{} left behind by a server that exited",
+                    held(bytes.witnessed, witnessed)
+                ),
+                (witnessed, possibly) => format!(
+                    "{} left behind by a server that exited, and {} possibly",
+                    held(bytes.witnessed, witnessed),
+                    held(bytes.possibly, possibly)
+                ),
+            };
             let mut sentence = format!(
-                "{label}: {} held by {count} process{} {}left behind by a server that exited: {}; nothing orphaned",
-                size_words(bytes),
-                plural(count, "es"),
-                if witnessed { "" } else { "possibly " },
+                "{label}: {whose}: {}; nothing orphaned",
                 left_behind_words(account)
             );
             remedy_clause(&mut sentence, index, account);
