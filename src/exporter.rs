@@ -311,6 +311,7 @@ fn nvml_down(error: String) -> Observation {
         kubernetes: None,
         slurm: None,
         containers: None,
+        witness: None,
         own_process: None,
     }
 }

@@ -22,7 +22,7 @@ pub(crate) mod web;
 use cli::{Cli, CliError, Config, Mode};
 use exporter::Exporter;
 use observe::procfs::ProcRoot;
-use observe::{Lifespan, LiveHost, PidNamespace, ProcfsView, Source};
+use observe::{Lifespan, LiveHost, PidNamespace, ProcfsView, Source, StateConfig};
 use render::prometheus::RenderOptions;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -116,6 +116,12 @@ fn source(config: &Config, lifespan: Lifespan) -> anyhow::Result<Source> {
                 proc_root,
                 config.scan_timeout,
                 lifespan,
+                StateConfig {
+                    directory: config.state.clone(),
+                    // What a server and the textfile timer see, they keep; `check` and
+                    // `snapshot` only read it.
+                    keep: matches!(config.mode, Mode::Serve(_) | Mode::Textfile { .. }),
+                },
             )
             .with_mig_minors(config.mig_minors.clone())
             .with_one_gpu_at_a_time(config.nvml_one_gpu_at_a_time),

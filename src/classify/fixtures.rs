@@ -255,6 +255,7 @@ impl Host {
             kubernetes: None,
             slurm: self.slurm.clone(),
             containers: self.containers.clone(),
+            witness: None,
             own_process: None,
         }
     }

@@ -39,7 +39,7 @@ pub use exporter_process::{exporter_process, ExporterProcess};
 pub use owners::{
     judge_owner, GoneReason, Owner, OwnerState, Standing, StateQualifier, WhyGone, WhyUnknown,
 };
-pub use process::{Ended, KillTarget, Process, ProcessLens, ProcessState, Started};
+pub use process::{Ended, KillTarget, Process, ProcessLens, ProcessState, Started, WitnessedFact};
 pub use report::{
     orphaned_bytes_of, AssignedPod, CheckStatus, GpuOutcome, GpuVerdict, Health, InstanceVerdict,
     MigMode, NvmlStatus, Report, ScanSummary, Sight, Written,
@@ -63,10 +63,11 @@ pub use crate::observe::containers::{ContainerName, Engine, EngineError, EngineH
 pub use crate::observe::health::CallHealth;
 pub use crate::observe::kubernetes::{KubeletSource, SourceError, SourceHealth};
 pub use crate::observe::procfs::short_container_id;
+pub use crate::observe::witness::NoState;
 pub use crate::observe::{
     CgroupAttribution, GpuError, Identity, Leader, Lineage, MemoryReading, NamespaceInit,
     NarrowAccess, NodeSet, NvmlFailure, NvmlLists, ProcfsView, RecoveryAction, References,
-    Relative, RemappedRows, RetiredPages, StuckCall, StuckRead, XidReading,
+    Relative, RemappedRows, RetiredPages, StuckCall, StuckRead, WitnessReading, XidReading,
 };
 pub use pods::{GpuPod, KubernetesView, PodName};
 pub use slurm::{JobState, LeftBySlurm, SlurmEnded, SlurmJob};
@@ -84,6 +85,10 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         slurm: observation.slurm.as_ref(),
         containers: observation.containers.as_ref(),
         kubernetes: kubernetes.as_ref(),
+        witness: observation
+            .witness
+            .as_ref()
+            .map(|reading| &*reading.witnessed),
         now_unix_millis: observation.taken_at_unix_millis(),
     };
     let scan = scan_summary(observation);
@@ -127,6 +132,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
             .as_ref()
             .map(|reading| reading.engines.clone()),
         exporter_process: observation.own_process.as_ref().map(exporter_process),
+        witness: observation.witness.clone(),
     }
 }
 

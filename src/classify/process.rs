@@ -10,6 +10,7 @@ use crate::observe::containers::ContainersReading;
 use crate::observe::kubernetes::PodName;
 use crate::observe::{
     CgroupAttribution, Lineage, NamespaceInit, ProcessFacts, ProcfsView, References, SlurmReading,
+    Witnessed,
 };
 use serde::Serialize;
 
@@ -135,6 +136,59 @@ pub struct Process {
     pub descriptors: References,
     /// NVIDIA device files it maps shared.
     pub mappings: References,
+    /// Which of its facts this look took from what a served exporter witnessed (the
+    /// witness state) rather than saw itself.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub from_witness: Vec<WitnessedFact>,
+}
+
+/// A fact of a process that only watching it could have seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WitnessedFact {
+    /// Its parent, as first seen while it lived.
+    Parent,
+    /// When its parent was seen to exit.
+    ParentExit,
+    /// Since when a kill has waited on it.
+    KillPendingSince,
+    /// Since when it has been ending.
+    EndingSince,
+}
+
+/// Which of `facts` are those `witness` holds of the same process: taken from it, since
+/// a look that saw them itself would have seen them later.
+fn from_witness(facts: &ProcessFacts, witness: Option<&Witnessed>) -> Vec<WitnessedFact> {
+    let Some(witnessed) = witness.and_then(|w| w.process(facts.pid, facts.start_time_ticks)) else {
+        return Vec::new();
+    };
+    let lineage = (facts.lineage.as_ref(), witnessed.lineage.as_ref());
+    [
+        (
+            WitnessedFact::Parent,
+            matches!(lineage, (Some(now), Some(then)) if now.parent == then.parent),
+        ),
+        (
+            WitnessedFact::ParentExit,
+            matches!(lineage, (Some(now), Some(then))
+                if now.parent_exit_seen_unix_seconds.is_some()
+                    && now.parent_exit_seen_unix_seconds == then.parent_exit_seen_unix_seconds),
+        ),
+        (
+            WitnessedFact::KillPendingSince,
+            facts.kill_pending_since_unix_seconds.is_some()
+                && facts.kill_pending_since_unix_seconds
+                    == witnessed.kill_pending_since_unix_seconds,
+        ),
+        (
+            WitnessedFact::EndingSince,
+            facts.ending_since_unix_millis.is_some()
+                && facts.ending_since_unix_millis == witnessed.ending_since_unix_millis,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(fact, taken)| taken.then_some(fact))
+    .collect()
 }
 
 fn is_true(value: &bool) -> bool {
@@ -194,6 +248,7 @@ impl Process {
             pid_namespace_init: facts.pid_namespace_init,
             descriptors: facts.descriptors.clone(),
             mappings: facts.mappings.clone(),
+            from_witness: from_witness(facts, lens.witness),
         }
     }
 
@@ -245,6 +300,8 @@ pub struct ProcessLens<'a> {
     pub containers: Option<&'a ContainersReading>,
     /// The kubelet's names of pods, when it is watched.
     pub kubernetes: Option<&'a KubernetesView>,
+    /// What a served exporter witnessed before this look, when the look went by it.
+    pub witness: Option<&'a Witnessed>,
     /// When the look was made, in milliseconds since the Unix epoch, when known.
     pub now_unix_millis: Option<u64>,
 }

@@ -9,10 +9,11 @@ use crate::observe::containers::{Engine, EngineHealth};
 use crate::observe::kubernetes::PodName;
 use crate::observe::{
     GpuError, GpuHealth, NvmlFailure, ProcfsView, RecoveryAction, RemappedRows, RetiredPages,
-    StuckCall, StuckRead, XidReading,
+    StuckCall, StuckRead, WitnessReading, XidReading,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A GPU's account, or why there is none.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -460,6 +461,8 @@ pub struct Report {
     /// The exporter's own process, from the observation's reading of it (see
     /// [`exporter_process`]): a server's only.
     pub exporter_process: Option<ExporterProcess>,
+    /// The witness state the look went by: a one-shot command's only.
+    pub witness: Option<Arc<WitnessReading>>,
 }
 
 /// What the exporter can see of the host's processes, as `check` warns of it.

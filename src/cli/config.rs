@@ -65,6 +65,8 @@ pub struct Config {
     pub procfs: PathBuf,
     /// Whether `procfs` is a tree of files standing in for one (tests only).
     pub procfs_stand_in: bool,
+    /// The directory of the witness state.
+    pub state: PathBuf,
     /// NVML library path, `None` for the system's.
     pub nvml_library: Option<PathBuf>,
     /// Snapshot to read instead of the system.
@@ -141,6 +143,9 @@ impl Cli {
             mode,
             procfs: source.procfs.unwrap_or_else(|| PathBuf::from("/proc")),
             procfs_stand_in: source.procfs_stand_in,
+            state: source
+                .state
+                .unwrap_or_else(|| PathBuf::from(crate::observe::witness::DEFAULT_DIRECTORY)),
             nvml_library: source.nvml_library,
             replay: source.replay,
             settings: Settings {

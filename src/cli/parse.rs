@@ -149,6 +149,10 @@ mod tests {
         (&["--path.procfs", "/host/proc"], ALL, |c| {
             c.procfs == Path::new("/host/proc")
         }),
+        (&["--path.state", "/run/vram"], ALL, |c| {
+            c.state == Path::new("/run/vram")
+        }),
+        (&["--test.procfs-stand-in"], ALL, |c| c.procfs_stand_in),
         (&["--nvml.library", "/opt/libnvidia-ml.so.1"], ALL, |c| {
             c.nvml_library == Some(PathBuf::from("/opt/libnvidia-ml.so.1"))
         }),

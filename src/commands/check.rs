@@ -33,6 +33,14 @@ const ENDING_LOOK_EVERY: Duration = Duration::from_millis(100);
 pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode> {
     let report = settled_look(exporter, config.timeout)?;
     let first = report.select(&config.gpus)?;
+    // Once, before any verdict: a bad flag is still one line of its own.
+    if let Some(no_state) = report
+        .witness
+        .as_ref()
+        .and_then(|read| read.no_state.as_ref())
+    {
+        eprintln!("vram-exporter: warning: {no_state}");
+    }
     // Waits while memory is orphaned, left behind, held by a killed owner or being freed,
     // also beside a GPU that does not answer.
     let Some(wait) = config.wait.filter(|_| first.awaits_freeing()) else {

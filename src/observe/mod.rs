@@ -30,6 +30,8 @@ mod proc_reader;
 pub mod procfs;
 pub(crate) mod slurm;
 mod snapshot;
+pub mod witness;
+mod witnessed;
 mod worker;
 
 pub(crate) use error_line::one_line;
@@ -47,6 +49,7 @@ pub use procfs::{
 };
 pub use slurm::{RunningStep, SlurmReading};
 pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot, StuckRead};
+pub use witnessed::{FirstSeen, WitnessReading, Witnessed};
 pub(crate) use worker::block_on;
 
 use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
@@ -96,6 +99,16 @@ impl Deadlines {
             scan_waited: at(0.9),
         }
     }
+}
+
+/// Where the witness state is, and whether this exporter keeps it (a server and
+/// `textfile` do; `check` and `snapshot` only read it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateConfig {
+    /// The directory of the state file.
+    pub directory: PathBuf,
+    /// Whether looks write what they witnessed.
+    pub keep: bool,
 }
 
 /// A reader thread that is in a call now: which, the call, and since when.
@@ -162,6 +175,8 @@ pub struct LiveHost {
     kubernetes: Option<KubernetesWatch>,
     /// The container engines, when they are watched.
     containers: Option<ContainerWatch>,
+    /// What an exporter witnessed before this one looked, and what this one witnesses.
+    witness: witnessed::Witness,
     /// The slurmstepds found by earlier looks.
     slurmstepds: Arc<Mutex<Slurmstepds>>,
     /// The driver's table of MIG capability minors.
@@ -176,25 +191,32 @@ pub struct LiveHost {
 }
 
 impl LiveHost {
-    /// A live source reading NVML from `nvml_library` and processes from `proc_root`; a
+    /// A live source reading NVML from `nvml_library` and processes from `proc_root`,
+    /// starting from the witness state in `state` (and keeping it, when it says so); a
     /// server logs a missing NVML once and retries, and counts critical Xid events.
     pub fn new(
         nvml_library: Option<PathBuf>,
         proc_root: ProcRoot,
         scan_budget: Duration,
         lifespan: Lifespan,
+        state: StateConfig,
     ) -> Self {
+        let witness =
+            witnessed::Witness::read(state.directory, &proc_root.root, state.keep, lifespan);
+        let (mut memory, mut first_seen) = (Memory::new(), HashMap::new());
+        witness.seed(&mut memory, &mut first_seen);
         LiveHost {
             nvml: NvmlSource::new(nvml_library, lifespan),
             placement: Placement::locate(&proc_root),
             boot_time_unix_seconds: proc_root.boot_time(),
             mig_minors: proc_root.root.join(nvml::MIG_MINORS),
             proc_root,
-            procfs: Worker::start("procfs-reader", Memory::new()),
+            procfs: Worker::start("procfs-reader", memory),
             procfs_stuck: Mutex::new(false),
             lifespan,
             scan_budget,
-            first_seen: Mutex::new(HashMap::new()),
+            first_seen: Mutex::new(first_seen),
+            witness,
             last_listed: Mutex::new(Arc::new(BTreeMap::new())),
             kubernetes: None,
             containers: None,
@@ -321,7 +343,7 @@ impl LiveHost {
         let taken_at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .ok();
-        Observation {
+        let observation = Observation {
             nvml,
             host_pid_namespace: pid_namespace.is_host(),
             procfs_view,
@@ -336,8 +358,12 @@ impl LiveHost {
             kubernetes,
             slurm,
             containers,
+            // A one-shot command's verdict says which of its facts came from the state.
+            witness: (self.lifespan == Lifespan::OneShot).then(|| self.witness.reading()),
             own_process: None,
-        }
+        };
+        self.witness.keep(&observation);
+        observation
     }
 
     /// Fill in each owner's first-seen identity, remembering new ones and forgetting the

@@ -7,9 +7,11 @@ use super::kubernetes::KubernetesReading;
 use super::nvml::NvmlReading;
 use super::procfs::{HolderScan, Identity, OwnProcessReading, ProcessLookup, ProcfsView};
 use super::slurm::SlurmReading;
+use super::witnessed::WitnessReading;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Everything the classifier needs from NVML and `/proc`, taken at one moment.
@@ -69,6 +71,12 @@ pub struct Observation {
     /// `None` when no engine is watched (or in snapshots of older versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containers: Option<ContainersReading>,
+
+    // The witness state.
+    /// What a served exporter witnessed before this look, as the look went by it (a
+    /// one-shot command's only: `check --json` says which facts came from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub witness: Option<Arc<WitnessReading>>,
 
     // The exporter itself.
     /// The exporter's own process (`/proc/self`), which a server reads for its

@@ -11,7 +11,7 @@ use super::words::{instance_verdict, verdict, Verdict};
 use crate::classify::{
     AssignedPod, CheckStatus, Finding, GpuAccount, GpuError, GpuVerdict, InstanceVerdict,
     LeftBehindOwner, MemoryReading, Note, NvmlFailure, Owner, OwnerState, ProcfsView, Remedy,
-    ScanSummary, Selection, StuckCall, StuckRead, Suggestion, Suspect,
+    ScanSummary, Selection, StuckCall, StuckRead, Suggestion, Suspect, WitnessReading,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -43,6 +43,11 @@ pub struct CheckDocument<'a> {
     pub procfs_view: ProcfsView,
     /// The holder scan, when one ran.
     pub holder_scan: Option<ScanSummary>,
+    /// The witness state the look went by: its file, when it was written, or why there
+    /// was none to go by (`no_state`). Each process says which of its facts came from it
+    /// (`from_witness`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub witness: Option<&'a WitnessReading>,
     /// Orphaned bytes over the GPUs shown.
     pub orphaned_bytes: u64,
     /// One entry per GPU shown.
@@ -175,6 +180,7 @@ pub fn check_document<'a>(selection: &Selection<'a>) -> CheckDocument<'a> {
         host_pid_namespace: report.host_pid_namespace,
         procfs_view: report.procfs_view,
         holder_scan: report.holder_scan,
+        witness: report.witness.as_deref(),
         orphaned_bytes: selection.orphaned_bytes(),
         gpus: gpus.iter().map(|gpu| gpu_document(gpu)).collect(),
     }

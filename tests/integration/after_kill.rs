@@ -89,22 +89,22 @@ fn a_killed_servers_two_workers_are_left_behind_named_and_counted() {
     assert_per_gpu_series_carry_no_workload_labels(&metrics);
     assert_promtool_clean(&metrics.text);
 
-    // `check`, a look of its own that never saw the server, names both workers and the
-    // server's group, possibly left behind, and suggests killing them: exit status 4.
+    // `check` beside it goes by what the exporter witnessed (its state): the same two
+    // workers, left behind by the server it saw exit, and the same kill: exit status 4.
     let outcome = rig.run(&["check"]);
     assert_eq!(outcome.status, Some(4), "{outcome:?}");
     let line = verdict_line(&outcome.stdout, 0);
     assert!(
-        line.starts_with("GPU 0: 8.0 GiB (8,192 MiB) held by 2 processes possibly left behind by a server that exited:"),
+        line.starts_with(
+            "GPU 0: 8.0 GiB (8,192 MiB) held by 2 processes left behind by a server that exited:"
+        ),
         "{line}"
     );
     for pid in &pids {
         assert!(line.contains(&format!("PID {pid} (engine-core")), "{line}");
     }
     assert!(
-        line.contains(&format!(
-            "a worker spawned by Python's multiprocessing, never meant to run without its parent, and the leader of its process group, PID {server_pid} (the process that started it), has exited"
-        )),
+        line.contains(&format!("a worker of PID {server_pid} (api-server, ")),
         "{line}"
     );
     let expected_kill = format!("kill {} {}", pids[0], pids[1]);
@@ -114,28 +114,78 @@ fn a_killed_servers_two_workers_are_left_behind_named_and_counted() {
         outcome.stdout
     );
     assert!(outcome.stdout.contains("exit status 4: memory left behind"));
+    assert_eq!(outcome.stderr, "", "the state was found and trusted");
 
     let document = rig.run(&["check", "--json"]);
     assert_eq!(document.status, Some(4));
-    let gpu: Value = document.json()["gpus"][0].clone();
+    let document = document.json();
+    let gpu: Value = document["gpus"][0].clone();
     assert_eq!(gpu["finding"], "left_behind", "{gpu:#}");
+    assert_eq!(gpu["left_behind_bytes"], 2 * WORKER_BYTES);
     assert_eq!(gpu["remedy"]["action"], "kill_left_behind");
     assert_eq!(
         pids_of(&gpu["remedy"]["targets"]),
         pids.iter().map(|&pid| u64::from(pid)).collect::<Vec<_>>()
     );
     for worker in gpu["left_behind"].as_array().unwrap() {
+        assert_eq!(worker["seen"]["certainty"], "parent_exited");
+        assert_eq!(worker["seen"]["parent"]["pid"], server_pid);
+        // The parent and its exit are what the exporter witnessed, not what check saw.
+        assert_eq!(
+            worker["process"]["from_witness"],
+            serde_json::json!(["parent", "parent_exit"]),
+            "{worker:#}"
+        );
+    }
+    assert!(
+        document["witness"]["written_unix_seconds"].is_u64(),
+        "{document:#}"
+    );
+
+    // A look that goes by no witness (another state folder, empty) never saw the
+    // server: it names both workers and the server's group, possibly left behind, and
+    // says it judged from its own look alone.
+    let elsewhere = rig.dir.path().join("no-state");
+    let outcome = rig.run_with_state(&elsewhere, &["check"]);
+    assert_eq!(outcome.status, Some(4), "{outcome:?}");
+    assert_eq!(outcome.stderr, Rig::no_state_warning(&elsewhere));
+    let line = verdict_line(&outcome.stdout, 0);
+    assert!(
+        line.starts_with("GPU 0: 8.0 GiB (8,192 MiB) held by 2 processes possibly left behind by a server that exited:"),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!(
+            "a worker spawned by Python's multiprocessing, never meant to run without its parent, and the leader of its process group, PID {server_pid} (the process that started it), has exited"
+        )),
+        "{line}"
+    );
+    assert!(
+        suggestion(&outcome.stdout, 0).is_some_and(|line| line.starts_with(&expected_kill)),
+        "{}",
+        outcome.stdout
+    );
+    let gpu: Value = rig.run_with_state(&elsewhere, &["check", "--json"]).json()["gpus"][0].clone();
+    for worker in gpu["left_behind"].as_array().unwrap() {
         assert_eq!(worker["seen"]["certainty"], "possibly");
         assert_eq!(worker["seen"]["clue"], "spawned_worker");
         assert_eq!(worker["seen"]["group_leader"], server_pid);
         assert_eq!(worker["used_bytes"], WORKER_BYTES);
+        assert!(
+            worker["process"].get("from_witness").is_none(),
+            "{worker:#}"
+        );
     }
 
-    // An exporter started after the kill never saw the server: its series count only
-    // what was seen, and the workers are plain running owners there.
-    let late = rig.start(&[]);
+    // An exporter started after the kill with no state never saw the server: its
+    // series count the workers as possibly left behind, never paged on.
+    let late = rig.start_with_state(&elsewhere, &[]);
     let metrics = late.scrape();
     assert_eq!(left_behind_bytes(&metrics), 0.0);
+    assert_eq!(
+        metrics.value("vram_possibly_left_behind_bytes", &[("gpu", "0")]),
+        (2 * WORKER_BYTES) as f64
+    );
     assert_eq!(
         metrics.value(
             "vram_owner_processes",

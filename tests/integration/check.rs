@@ -170,7 +170,11 @@ fn idle_gpu_verdict_is_idle_and_exit_status_0() {
         verdict_line(&outcome.stdout, 0),
         "GPU 0: idle; nothing orphaned."
     );
-    assert_eq!(outcome.stderr, "");
+    // No exporter serves here: check says once that it judges from its own look alone.
+    assert_eq!(
+        outcome.stderr,
+        Rig::no_state_warning(&rig.state_directory())
+    );
 }
 
 #[test]
@@ -370,7 +374,10 @@ fn lost_gpu_verdict_says_its_memory_is_unknown() {
     let outcome = rig.run(&["check"]);
     // Nothing orphaned among the GPUs it could read is not "nothing orphaned": cannot tell.
     assert_eq!(outcome.status, Some(3), "{outcome:?}");
-    assert_eq!(outcome.stderr, "");
+    assert_eq!(
+        outcome.stderr,
+        Rig::no_state_warning(&rig.state_directory())
+    );
     assert!(
         outcome.stdout.ends_with(&exit_line(3)),
         "{}",
@@ -490,7 +497,7 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
     if let Some(user) = user_name(uid) {
         culprit["user"] = json!(user);
     }
-    let expected = json!({
+    let mut expected = json!({
         "status": "orphaned",
         "nvml_up": true,
         "nvml_error": null,
@@ -584,6 +591,12 @@ fn json_document_of_a_fork_inherited_orphan_field_by_field() {
                 },
             },
         ],
+    });
+    // No exporter serves here: the look went by no witness state, and says why.
+    let state = rig.state_directory().join("witness.json");
+    expected["witness"] = json!({
+        "path": state,
+        "no_state": { "reason": "missing", "path": state },
     });
     assert_eq!(document, expected);
 }
@@ -832,7 +845,11 @@ fn wait_returns_at_once_when_nothing_is_orphaned() {
         .filter(|call| *call == "nvmlDeviceGetMemoryInfo_v2")
         .count();
     assert_eq!(looks, 1, "one look at the GPU, then the answer");
-    assert_eq!(outcome.stderr, "", "no progress lines");
+    assert_eq!(
+        outcome.stderr,
+        Rig::no_state_warning(&rig.state_directory()),
+        "no progress lines"
+    );
     assert_eq!(
         verdict_line(&outcome.stdout, 0),
         "GPU 0: idle; nothing orphaned."

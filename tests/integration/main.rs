@@ -39,3 +39,4 @@ mod slurm;
 mod snapshot;
 mod textfile;
 mod web;
+mod witness;

@@ -95,6 +95,7 @@ mod tests {
     fn each_help_lists_only_the_flags_of_its_mode() {
         let shared = [
             "path.procfs",
+            "path.state",
             "nvml.library",
             "replay",
             "holders.scan-timeout",
@@ -176,7 +177,10 @@ mod tests {
     #[test]
     fn every_help_lists_each_flag_under_the_heading_of_its_group() {
         let groups: &[(&str, &[&str])] = &[
-            ("Where to look", &["path.procfs", "nvml.library", "replay"]),
+            (
+                "Where to look",
+                &["path.procfs", "path.state", "nvml.library", "replay"],
+            ),
             (
                 "Judging memory",
                 &[

@@ -13,6 +13,12 @@ pub struct SourceArgs {
     #[arg(long = "path.procfs", value_name = "PATH")]
     pub procfs: Option<PathBuf>,
 
+    /// Directory of the witness state: what a serving exporter saw that a later look
+    /// cannot (a server's parent alive, a kill pending), which check beside it and the
+    /// exporter after a restart read [default: /run/vram-exporter].
+    #[arg(long = "path.state", value_name = "DIR")]
+    pub state: Option<PathBuf>,
+
     /// NVML library to load [default: the system's libnvidia-ml.so.1].
     #[arg(long = "nvml.library", value_name = "PATH")]
     pub nvml_library: Option<PathBuf>,

@@ -2,7 +2,7 @@
 //! reads again only what can have changed.
 
 use super::parse::{self, Stat};
-use super::reading::ProcessFacts;
+use super::reading::{ProcessFacts, WitnessedProcess};
 use super::references::FdDirectory;
 use std::collections::HashMap;
 use std::fs;
@@ -35,6 +35,9 @@ pub struct Remembered {
     /// three, and once the process is gone a read fails (ESRCH) rather than show another
     /// process that got its PID.
     pub(super) stat_file: Option<Arc<fs::File>>,
+    /// What an exporter saw of it before this one read it (the witness state), until it
+    /// is read: its reading then carries it on.
+    pub(super) witnessed: Option<Arc<WitnessedProcess>>,
 }
 
 impl Remembered {
@@ -65,6 +68,7 @@ impl Remembered {
             kernel_thread: self.kernel_thread,
             directory: self.directory,
             stat_file: self.stat_file.clone(),
+            witnessed: None,
         }
     }
 
@@ -80,6 +84,7 @@ impl Remembered {
             kernel_thread: self.kernel_thread,
             directory: self.directory,
             stat_file: None,
+            witnessed: None,
         }
     }
 
@@ -94,12 +99,18 @@ impl Remembered {
         if self.start_time_ticks != newer.start_time_ticks {
             return newer;
         }
+        // Until a full reading carries it on.
+        let witnessed = match (&newer.facts, &self.facts) {
+            (None, None) => newer.witnessed.clone().or(self.witnessed.clone()),
+            _ => None,
+        };
         Remembered {
             facts: newer.facts.or(self.facts),
             nested: newer.nested.or(self.nested),
             fd_directory: newer.fd_directory.or(self.fd_directory),
             directory: newer.directory.or(self.directory),
             stat_file: newer.stat_file.or(self.stat_file),
+            witnessed,
             ..newer
         }
     }
@@ -107,6 +118,25 @@ impl Remembered {
 
 /// Processes remembered from earlier looks, by the procfs's PID.
 pub type Memory = HashMap<u32, Remembered>;
+
+/// Remember what an exporter saw of `processes` before this one looked (the witness
+/// state), as what earlier looks found: the first reading of each, if it is the same
+/// process, carries it on.
+pub fn remember_witnessed(memory: &mut Memory, processes: &[WitnessedProcess]) {
+    for process in processes {
+        memory.entry(process.pid).or_insert_with(|| Remembered {
+            start_time_ticks: process.start_time_ticks,
+            facts: None,
+            nested: None,
+            fd_directory: None,
+            held_nvidia: false,
+            kernel_thread: false,
+            directory: None,
+            stat_file: None,
+            witnessed: Some(Arc::new(process.clone())),
+        });
+    }
+}
 
 /// Add what a look learnt to the memory, keeping a reading the look did not redo.
 pub(super) fn remember(memory: &mut Memory, learnt: Vec<(u32, Remembered)>) {

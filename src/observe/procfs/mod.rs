@@ -33,13 +33,13 @@ pub use cgroup::{
     Runtime, SlurmStep,
 };
 pub(crate) use looks::{look_at_owners, look_for_holders, Owners, OwnersScope};
-pub use memory::{Memory, Remembered};
+pub use memory::{remember_witnessed, Memory, Remembered};
 pub use own_process::{OwnProcess, OwnProcessReading};
 pub use placement::Placement;
 pub(crate) use reader::OwnersRead;
 pub use reader::{Looked, Reader};
 pub use reading::{
     HolderScan, Identity, Leader, Lineage, NamespaceInit, NarrowAccess, NodeSet, ProcessFacts,
-    ProcessLookup, ProcfsView, References, Relative,
+    ProcessLookup, ProcfsView, References, Relative, WitnessedProcess,
 };
 pub use root::{PidNamespace, ProcRoot, DEVICE_PREFIX};

@@ -166,6 +166,43 @@ impl ProcessFacts {
     }
 }
 
+/// What earlier looks saw of a process that no reading now can see again: where it came
+/// from (its parent while that lived), since when a kill has waited on it, since when it
+/// has been ending. A server keeps it for `check` and for itself after a restart (the
+/// witness state); it counts only for the same process, by PID and start time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WitnessedProcess {
+    /// Its PID in the procfs read.
+    pub pid: u32,
+    /// Its start time in clock ticks after boot.
+    pub start_time_ticks: u64,
+    /// See [`ProcessFacts::lineage`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
+    /// See [`ProcessFacts::kill_pending_since_unix_seconds`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_pending_since_unix_seconds: Option<u64>,
+    /// See [`ProcessFacts::ending_since_unix_millis`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending_since_unix_millis: Option<u64>,
+}
+
+impl ProcessFacts {
+    /// What of this reading no later one could see again, if anything.
+    pub fn witnessed(&self) -> Option<WitnessedProcess> {
+        let seen = self.lineage.is_some()
+            || self.kill_pending_since_unix_seconds.is_some()
+            || self.ending_since_unix_millis.is_some();
+        seen.then(|| WitnessedProcess {
+            pid: self.pid,
+            start_time_ticks: self.start_time_ticks,
+            lineage: self.lineage.clone(),
+            kill_pending_since_unix_seconds: self.kill_pending_since_unix_seconds,
+            ending_since_unix_millis: self.ending_since_unix_millis,
+        })
+    }
+}
+
 /// Where an owner came from: what `/proc` said of its parent, process group and session
 /// when the exporter first read it, and whether the parent has exited since. A worker
 /// whose server was killed lives on, adopted by PID 1 or a subreaper, and holds its

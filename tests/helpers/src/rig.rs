@@ -231,6 +231,49 @@ impl Rig {
         Outcome::from(self.command().args(args).output().expect("run exporter"))
     }
 
+    /// The exporter binary in this world, but with its witness state in `state` (an
+    /// empty folder: none; another server's).
+    pub fn command_with_state(&self, state: &Path) -> Command {
+        let mut command = Command::new(exporter_binary());
+        command
+            .env("FAKE_NVML_SCENARIO", &self.scenario)
+            .arg("--nvml.library")
+            .arg(&self.library)
+            .arg("--test.device-prefix")
+            .arg(self.device_prefix())
+            .arg("--path.state")
+            .arg(state);
+        command
+    }
+
+    /// Run a one-shot command with its witness state in `state`.
+    pub fn run_with_state(&self, state: &Path, args: &[&str]) -> Outcome {
+        Outcome::from(
+            self.command_with_state(state)
+                .args(args)
+                .output()
+                .expect("run exporter"),
+        )
+    }
+
+    /// Start the exporter with its witness state in `state`.
+    pub fn start_with_state(&self, state: &Path, extra: &[&str]) -> Exporter {
+        let mut command = self.command_with_state(state);
+        command
+            .args(["--web.listen-address", "127.0.0.1:0"])
+            .args(extra);
+        start(command)
+    }
+
+    /// The warning `check` gives on standard error when no exporter keeps a witness state
+    /// in `state`.
+    pub fn no_state_warning(state: &Path) -> String {
+        format!(
+            "vram-exporter: warning: no witness state at {}: no exporter serving on this host keeps one there (see --path.state), so only what this look sees is judged\n",
+            state.join("witness.json").display()
+        )
+    }
+
     /// Start a one-shot command in the background, collecting its output as it comes.
     pub fn spawn(&self, args: &[&str]) -> Running {
         Running::spawn(self.command().args(args))
@@ -325,7 +368,15 @@ impl Rig {
             .arg("--nvml.library")
             .arg(library)
             .arg("--test.device-prefix")
-            .arg(self.device_prefix());
+            .arg(self.device_prefix())
+            .arg("--path.state")
+            .arg(self.state_directory());
+    }
+
+    /// The witness state's directory in this world: a server started here keeps it, and
+    /// `check` run here reads it, as on a host they share `/run/vram-exporter`.
+    pub fn state_directory(&self) -> PathBuf {
+        self.dir.path().join("state")
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::{Looked, Reader};
 use crate::observe::procfs::parse::{self, Stat, Status, PF_EXITING};
-use crate::observe::procfs::reading::{Leader, Lineage, ProcessFacts, Relative};
+use crate::observe::procfs::reading::{Leader, Lineage, ProcessFacts, Relative, WitnessedProcess};
 use crate::observe::procfs::root::gone;
 use std::fs;
 use std::path::Path;
@@ -45,24 +45,57 @@ impl Reader<'_> {
     }
 
     /// Since when a process in uninterruptible sleep has had a SIGKILL pending, carried
-    /// from `earlier` (the last reading of the same process) or now; `None` outside state
-    /// `D` or without a pending kill. Its status is read only in state `D`.
+    /// from `earlier` or now; `None` outside state `D` or without a pending kill. Its
+    /// status is read only in state `D`.
     pub(super) fn kill_pending_since(
         &self,
         dir: &Path,
         stat: &Stat,
         status: Option<&Status>,
-        earlier: Option<&ProcessFacts>,
+        earlier: Earlier,
     ) -> Option<u64> {
         if stat.state != b'D' {
             return None;
         }
         let status = self.status_of(dir, status)?;
-        status.kill_pending().then(|| {
-            earlier
-                .and_then(|facts| facts.kill_pending_since_unix_seconds)
-                .unwrap_or_else(now_unix_seconds)
+        status
+            .kill_pending()
+            .then(|| earlier.kill_pending_since.unwrap_or_else(now_unix_seconds))
+    }
+
+    /// Where a process came from, as `earlier` knew it, with its parent's exit if this
+    /// stat line shows it for the first time. An exit said of a parent that is still the
+    /// process's parent, alive with its start time, was never seen: it is dropped.
+    pub(super) fn lineage_since(&self, earlier: Earlier, stat: &Stat) -> Option<Lineage> {
+        let lineage = earlier.lineage?;
+        if lineage.parent_exit_seen_unix_seconds.is_some()
+            && stat.ppid == lineage.parent.pid
+            && self.parent_lives(lineage)
+        {
+            return Some(Lineage {
+                parent_exit_seen_unix_seconds: None,
+                ..lineage.clone()
+            });
+        }
+        Some(match self.parent_exit_seen(lineage, stat) {
+            Some(seen) => Lineage {
+                parent_exit_seen_unix_seconds: Some(seen),
+                ..lineage.clone()
+            },
+            None => lineage.clone(),
         })
+    }
+
+    /// Whether the parent `lineage` first saw lives: its PID names a process with its
+    /// start time (one that cannot be read is taken to live: an exit is seen, not guessed).
+    fn parent_lives(&self, lineage: &Lineage) -> bool {
+        let Some(start) = lineage.parent.start_time_ticks else {
+            return false;
+        };
+        match self.root.stat(&self.root.pid_dir(lineage.parent.pid)) {
+            Ok(now) => now.start_time_ticks == start,
+            Err(error) => !gone(&error),
+        }
     }
 
     /// An owner read afresh, with where it came from.
@@ -131,27 +164,48 @@ impl Reader<'_> {
     /// (the kernel hands a child to a subreaper or PID 1 only then); its PID is read to be
     /// sure, and the moment is kept.
     pub(super) fn parent_exit_seen(&self, lineage: &Lineage, stat: &Stat) -> Option<u64> {
-        let start = lineage.parent.start_time_ticks?;
+        lineage.parent.start_time_ticks?;
         if lineage.parent_exit_seen_unix_seconds.is_some() || stat.ppid == lineage.parent.pid {
             return None;
         }
-        let parent_lives = match self.root.stat(&self.root.pid_dir(lineage.parent.pid)) {
-            Ok(now) => now.start_time_ticks == start,
-            Err(error) => !gone(&error),
-        };
-        (!parent_lives).then(now_unix_seconds)
+        (!self.parent_lives(lineage)).then(now_unix_seconds)
+    }
+}
+
+/// What earlier looks learnt of a process that no reading now can tell again: from the
+/// last reading of the same process, or from what an exporter saw before this one (the
+/// witness state); nothing for a process never seen before.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Earlier<'a> {
+    lineage: Option<&'a Lineage>,
+    kill_pending_since: Option<u64>,
+    ending_since: Option<u64>,
+}
+
+impl<'a> Earlier<'a> {
+    /// What the last reading `facts` learnt.
+    pub(super) fn of_facts(facts: &'a ProcessFacts) -> Earlier<'a> {
+        Earlier {
+            lineage: facts.lineage.as_ref(),
+            kill_pending_since: facts.kill_pending_since_unix_seconds,
+            ending_since: facts.ending_since_unix_millis,
+        }
+    }
+
+    /// What an exporter saw before this one.
+    pub(super) fn of_witnessed(witnessed: &'a WitnessedProcess) -> Earlier<'a> {
+        Earlier {
+            lineage: witnessed.lineage.as_ref(),
+            kill_pending_since: witnessed.kill_pending_since_unix_seconds,
+            ending_since: witnessed.ending_since_unix_millis,
+        }
     }
 }
 
 /// Since when a process that is `ending` (see [`ProcessFacts::ending`]) has been seen so:
-/// carried from `earlier` (the last reading of the same process), or now; `None` while
-/// it is not ending.
-pub(super) fn ending_since(ending: bool, earlier: Option<&ProcessFacts>) -> Option<u64> {
-    ending.then(|| {
-        earlier
-            .and_then(|facts| facts.ending_since_unix_millis)
-            .unwrap_or_else(now_unix_millis)
-    })
+/// carried from `earlier`, or now; `None` while it is not ending.
+pub(super) fn ending_since(ending: bool, earlier: Earlier) -> Option<u64> {
+    ending.then(|| earlier.ending_since.unwrap_or_else(now_unix_millis))
 }
 
 /// Now, in seconds since the Unix epoch.
@@ -171,7 +225,8 @@ mod tests {
     use super::super::fake_proc::FakeProc;
     use super::super::NOTHING_REMEMBERED;
     use super::*;
-    use crate::observe::procfs::memory::Memory;
+    use crate::observe::procfs::memory::{remember_witnessed, Memory};
+    use crate::observe::procfs::reading::{Leader, Relative};
 
     #[test]
     fn an_owner_remembers_its_first_parent_and_sees_it_exit() {
@@ -248,6 +303,59 @@ mod tests {
         // SIGKILL: every thread exits.
         thread(101, 'D', exiting);
         assert!(reader.process_exiting(&dir, &stat));
+    }
+
+    #[test]
+    fn what_an_earlier_exporter_witnessed_counts_only_for_the_same_process() {
+        let proc = FakeProc::new();
+        // The worker as a restarted exporter finds it: adopted, its server gone.
+        proc.process(100, 500, 'S', &[0]);
+        let witnessed = |start: u64, exit_seen: Option<u64>| WitnessedProcess {
+            pid: 100,
+            start_time_ticks: start,
+            lineage: Some(Lineage {
+                parent: Relative {
+                    pid: 50,
+                    start_time_ticks: Some(400),
+                    comm: Some("api-server".into()),
+                    pgid: Some(50),
+                },
+                parent_exit_seen_unix_seconds: exit_seen,
+                group_leader: Leader::Alive,
+                session_leader: Leader::Alive,
+                spawned_worker: false,
+            }),
+            kill_pending_since_unix_seconds: None,
+            ending_since_unix_millis: None,
+        };
+        let mut memory = Memory::new();
+        remember_witnessed(&mut memory, &[witnessed(500, Some(1_796_300_000))]);
+        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        assert_eq!(read.parent.pid, 50);
+        assert_eq!(read.parent_exit_seen_unix_seconds, Some(1_796_300_000));
+        // The parent seen alive before the restart, gone now: the exit is seen now.
+        let mut memory = Memory::new();
+        remember_witnessed(&mut memory, &[witnessed(500, None)]);
+        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        assert_eq!(read.parent.pid, 50, "the parent as first seen, not PID 1");
+        assert!(read.parent_exit_seen_unix_seconds.is_some());
+        // Another process under the PID: what was witnessed was of someone else.
+        let mut memory = Memory::new();
+        remember_witnessed(&mut memory, &[witnessed(499, Some(1_796_300_000))]);
+        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        assert_eq!(read.parent.pid, 1);
+        assert_eq!(read.parent_exit_seen_unix_seconds, None);
+        // An exit said of a parent that lives, and is still the parent, was never seen.
+        proc.process(50, 400, 'S', &[]);
+        fs::write(
+            proc.dir.path().join("100/stat"),
+            "100 (python3) S 50 50 50 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 500 0",
+        )
+        .unwrap();
+        let mut memory = Memory::new();
+        remember_witnessed(&mut memory, &[witnessed(500, Some(1_796_300_000))]);
+        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        assert_eq!(read.parent_exit_seen_unix_seconds, None);
     }
 
     #[test]

@@ -101,6 +101,7 @@ impl<'a> Reader<'a> {
             kernel_thread,
             directory,
             stat_file: None,
+            witnessed: None,
         };
         // A kernel thread holds no file, ever.
         if kernel_thread {

@@ -20,7 +20,7 @@ use super::placement::{Placement, Position};
 use super::reading::{Lineage, NodeSet, ProcessFacts, ProcfsView, References};
 use super::references::{self, Descriptors, OpenFile};
 use super::root::{gone, ProcRoot, Unread};
-use after_kill::ending_since;
+use after_kill::{ending_since, Earlier};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs;
@@ -233,14 +233,15 @@ impl<'a> Reader<'a> {
         // the reads it calls for say something new: a live owner most often says nothing.
         let exiting = self.process_exiting(dir, &stat);
         let wchan = self.wchan(dir, &stat);
-        let kill_pending_since = self.kill_pending_since(dir, &stat, None, Some(&facts));
+        let kill_pending_since =
+            self.kill_pending_since(dir, &stat, None, Earlier::of_facts(&facts));
         let ending = ProcessFacts::is_ending(
             exiting,
             char::from(stat.state),
             stat.threads,
             &facts.mappings,
         );
-        let ending_since = ending_since(ending, Some(&facts));
+        let ending_since = ending_since(ending, Earlier::of_facts(&facts));
         // `None`: the lineage read before still holds.
         let lineage = match facts.lineage.as_ref() {
             Some(lineage) => self.parent_exit_seen(lineage, &stat).map(|seen| Lineage {
@@ -300,7 +301,13 @@ impl<'a> Reader<'a> {
         // again: where it came from, and since when a kill has been pending.
         let earlier = self
             .remembered(pid, &stat)
-            .and_then(|known| known.facts.as_deref());
+            .map_or_else(Earlier::default, |known| {
+                match (&known.facts, &known.witnessed) {
+                    (Some(facts), _) => Earlier::of_facts(facts),
+                    (None, Some(witnessed)) => Earlier::of_witnessed(witnessed),
+                    (None, None) => Earlier::default(),
+                }
+            });
         let exiting = self.process_exiting(dir, &stat);
         let ending =
             ProcessFacts::is_ending(exiting, char::from(stat.state), stat.threads, &mappings);
@@ -325,7 +332,7 @@ impl<'a> Reader<'a> {
                 Some(&status),
                 earlier,
             ),
-            lineage: earlier.and_then(|facts| facts.lineage.clone()),
+            lineage: self.lineage_since(earlier, &stat),
             descriptors: descriptor_refs,
             mappings,
             cgroup: self.root.cgroup(dir),
@@ -345,6 +352,7 @@ impl<'a> Reader<'a> {
                 nested,
                 fd_directory: None,
                 stat_file: None,
+                witnessed: None,
             }),
             facts: Ok(facts),
             errors,
