@@ -441,6 +441,29 @@ fn daemonset_mounts_the_kubelet_sources_read_only_as_directories() {
 }
 
 #[test]
+fn daemonset_keeps_the_witness_state_in_a_directory_of_the_node() {
+    let daemonset = manifest("DaemonSet");
+    let pod = get(&daemonset, "spec.template.spec");
+    let container = &pod["containers"][0];
+    assert!(
+        strings(&container["args"]).contains(&"--path.state=/run/vram-exporter"),
+        "{:?}",
+        container["args"]
+    );
+    let mount = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|mount| mount["mountPath"] == "/run/vram-exporter")
+        .expect("a mount for the state");
+    // The one mount the exporter writes to, with the root file system read-only.
+    assert!(mount["readOnly"].is_null(), "{mount:?}");
+    let volume = volume_of(pod, mount).unwrap();
+    assert_eq!(text(volume, "hostPath.path"), "/run/vram-exporter");
+    assert_eq!(text(volume, "hostPath.type"), "DirectoryOrCreate");
+}
+
+#[test]
 fn podmonitor_scrapes_the_daemonset_pods_as_the_job_the_alerts_expect() {
     let monitor = read_yaml(&kubernetes_dir().join("podmonitor/podmonitor.yaml"));
     assert_eq!(text(&monitor, "apiVersion"), "monitoring.coreos.com/v1");

@@ -214,7 +214,7 @@ fn the_validator_refuses_a_field_the_api_does_not_have() {
     assert_eq!(output.status.code(), Some(1), "{}", said(&output));
     assert!(
         stdout.contains(
-            "failed DaemonSet/vram-exporter: spec.template.spec.containers.0.volumeMounts.3:"
+            "failed DaemonSet/vram-exporter: spec.template.spec.containers.0.volumeMounts.4:"
         ) && stdout.contains("'readonly' was unexpected"),
         "{stdout}"
     );
@@ -469,6 +469,7 @@ fn every_toggle_does_what_its_value_says() {
             "/host/proc",
             "/var/lib/k0s/kubelet/pod-resources",
             "/var/log/k0s-pods",
+            "/run/vram-exporter",
             "/etc/vram-exporter/web",
             "/etc/vram-exporter/tls",
             "/run/nvidia/driver"
