@@ -11,9 +11,14 @@
 #                   CustomResourceDefinitions, which controller-gen (a Go module too)
 #                   writes from the Operator's Go types (tests/tools/crds/go.mod)
 #
+#   setproctitle    the Python package SGLang's and vLLM's workers rename themselves
+#                   with, from the Python registry, into a folder of its own that the
+#                   model servers of the after-kill tests put on PYTHONPATH
+#
 #   tests/tools.sh install      install what is missing, saying what before it does
 #   tests/tools.sh path helm    print where helm is, or fail with the line that installs it
 #   tests/tools.sh path validate
+#   tests/tools.sh path setproctitle
 #
 # The cache is $VRAM_EXPORTER_TOOLS, by default ~/.cache/vram-exporter-tools, one folder
 # per tool and version: changing a version below installs the new one beside the old.
@@ -25,11 +30,13 @@ CONTROLLER_TOOLS_VERSION=v0.23.0
 # The version tests/tools/crds/go.mod requires.
 PROMETHEUS_OPERATOR_VERSION=$(sed -n 's|^require github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring \(v[^ ]*\)$|\1|p' tests/tools/crds/go.mod)
 KUBERNETES_VALIDATE_VERSION=$(sed -n 's/^kubernetes-validate==//p' tests/tools/requirements.txt)
+SETPROCTITLE_VERSION=1.3.8
 
 cache=${VRAM_EXPORTER_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/vram-exporter-tools}
 helm_dir="$cache/helm-$HELM_VERSION"
 venv="$cache/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
 crds="$cache/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION"
+setproctitle_dir="$cache/setproctitle-$SETPROCTITLE_VERSION"
 
 say() { echo "tests/tools.sh: $*" >&2; }
 
@@ -88,17 +95,37 @@ install_validate() {
     fi
 }
 
+install_setproctitle() {
+    [[ -e $setproctitle_dir/installed ]] && return
+    say "installing setproctitle $SETPROCTITLE_VERSION (pip) into $setproctitle_dir"
+    rm -rf "$setproctitle_dir"
+    # The validator's pip: the same python3 that runs the model servers, and a pip that
+    # Debian's python3 may lack.
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps \
+        --target "$setproctitle_dir" "setproctitle==$SETPROCTITLE_VERSION"
+    touch "$setproctitle_dir/installed"
+}
+
 case "${1:-}" in
 install)
     mkdir -p "$cache"
     install_helm
     install_validate
+    install_setproctitle
     ;;
 path)
     case "${2:-}" in
     helm) tool=$helm_dir/helm ;;
     validate) tool=$venv/bin/python ;;
-    *) say "path takes helm or validate"; exit 2 ;;
+    setproctitle)
+        if [[ ! -e $setproctitle_dir/installed ]]; then
+            say "setproctitle is not installed; install it with: tests/tools.sh install"
+            exit 1
+        fi
+        echo "$setproctitle_dir"
+        exit 0
+        ;;
+    *) say "path takes helm, validate or setproctitle"; exit 2 ;;
     esac
     if [[ ! -x $tool ]] || { [[ $2 == validate ]] && [[ ! -e $venv/installed || ! -d $crds ]]; }; then
         say "$2 is not installed; install it with: tests/tools.sh install"

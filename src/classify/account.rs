@@ -192,7 +192,13 @@ pub(super) fn account_for_gpu(
     account.finding = finding(&account);
     account.remedy = remedy::decide(&account, host.scan, scope.recovery, taken_at);
     account.suggestion = remedy::suggest(&account, scope.index);
-    account.notes = notes::decide(&account, host.scan, scope.recovery);
+    // A look that went by no witness state cannot have seen a server killed.
+    let unwatched = host
+        .observation
+        .witness
+        .as_ref()
+        .is_some_and(|witness| witness.no_state.is_some());
+    account.notes = notes::decide(&account, host.scan, scope.recovery, unwatched);
     account
 }
 

@@ -5,10 +5,13 @@
 //!
 //! A worker whose server was killed lives on, adopted by PID 1 or a subreaper, and holds
 //! its memory for nobody. The exporter knows it for sure when it saw the parent alive
-//! (by PID and start time) and then gone. A look that never saw the parent has only the
-//! process's scope to go by, and says "possibly" where that scope is one no service
-//! meant to run alone has: a worker spawned by Python's `multiprocessing`, or a member
-//! of a shell job, whose group's leader has exited and whose parent adopted it.
+//! (by PID and start time) and then gone; `check` and a restarted exporter know it from
+//! the witness state such an exporter keeps. A look that never saw the parent has only
+//! the process's scope to go by, and says "possibly" where that scope is one no service
+//! meant to run alone has: a worker spawned by Python's `multiprocessing` (by its
+//! command line, or by its pipes to a parent that is gone), or a member of a shell job,
+//! whose group's leader has exited and whose parent adopted it; never a task of a Slurm
+//! step that runs.
 
 use super::owners::Owner;
 use super::process::{Process, ProcessLens, ProcessState, Started};
@@ -99,6 +102,11 @@ pub enum Clue {
     /// Its command line is a Python `multiprocessing` child's: never meant to run
     /// without the process that spawned it.
     SpawnedWorker,
+    /// Its pipes to the process that started it lead nowhere: it holds one it reads and
+    /// one it writes, beyond its standard streams, whose other ends no process outside
+    /// its group holds, as a `multiprocessing` worker's do once its server is gone (also
+    /// one whose title `setproctitle` rewrote, or forked with its server's command line).
+    PipesToParentClosed,
     /// It is in a job of a shell (a process group other than its session) whose leader
     /// has exited.
     JobLeaderGone,
@@ -170,8 +178,18 @@ pub fn left_behind(owner: &Owner, lens: &ProcessLens, taken_at: Option<u64>) -> 
     if !adopted {
         return None;
     }
+    // A task of a Slurm job step that runs is the job's, whatever became of its launcher.
+    if process
+        .slurm_job
+        .as_ref()
+        .is_some_and(|job| job.state == JobState::Running)
+    {
+        return None;
+    }
     let clue = if lineage.spawned_worker {
         Clue::SpawnedWorker
+    } else if lineage.pipes_to_parent_closed {
+        Clue::PipesToParentClosed
     } else if process.pgid != process.sid {
         Clue::JobLeaderGone
     } else {
@@ -184,6 +202,45 @@ pub fn left_behind(owner: &Owner, lens: &ProcessLens, taken_at: Option<u64>) -> 
         clue,
     })
     .filter(|_| process.ppid == lineage.parent.pid)
+}
+
+/// A live owner placed as a killed server's worker is (its group's leader has exited, and
+/// a process outside the group adopted it) that shows no clue of being one: whether a
+/// server was killed under it, only an exporter that watched could tell. Never one that
+/// leads its group, whose container or Slurm job ended, or that runs in a Slurm job.
+pub fn unwatched(owner: &Owner) -> Option<Unwatched> {
+    let process = owner.process()?;
+    let lineage = process.lineage.as_ref()?;
+    let adopted = lineage.group_leader == Leader::Gone
+        && lineage.parent_exit_seen_unix_seconds.is_none()
+        && process.ppid == lineage.parent.pid
+        && lineage
+            .parent
+            .pgid
+            .is_some_and(|parent_group| parent_group != process.pgid);
+    (adopted
+        && process.pgid != process.pid
+        && !process.container_ended()
+        && process.slurm_job.is_none())
+    .then(|| Unwatched {
+        pid: owner.pid,
+        comm: process.comm.clone(),
+        group_leader: process.pgid,
+        adopted_by: lineage.parent.pid,
+    })
+}
+
+/// An owner that only a watching exporter could have told left behind or not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unwatched {
+    /// Its PID.
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// Its process group's leader, which has exited.
+    pub group_leader: u32,
+    /// The process that adopted it.
+    pub adopted_by: u32,
 }
 
 /// How a killed owner or culprit stands: its kill waits in the driver.

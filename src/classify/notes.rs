@@ -1,6 +1,7 @@
 //! The facts about a GPU worth a line of their own, decided from a finished account: the
 //! driver's requests, owners in odd states, culprits' circumstances, who is set apart.
 
+use super::after_kill;
 use super::owners::{Owner, OwnerState, Standing, WhyGone};
 use super::process::{Process, ProcessState};
 use super::remedy::scan_blindness;
@@ -16,6 +17,7 @@ pub(super) fn decide(
     account: &GpuAccount,
     scan: Option<ScanSummary>,
     recovery: Option<RecoveryAction>,
+    unwatched: bool,
 ) -> Vec<Note> {
     let mut notes = Vec::new();
     if let Some(action) = recovery.filter(|action| *action != RecoveryAction::NoneNeeded) {
@@ -70,6 +72,15 @@ pub(super) fn decide(
             }
         });
         owner_notes.extend(left_by_slurm);
+        // A look without a witness state says what only watching could have told.
+        let left_behind = account
+            .left_behind
+            .iter()
+            .any(|left| left.process.pid == owner.pid);
+        if unwatched && !left_behind {
+            owner_notes
+                .extend(after_kill::unwatched(owner).map(|owner| Note::OwnerUnwatched { owner }));
+        }
     }
     let left_out = owner_notes.len().saturating_sub(MAX_OWNER_NOTES);
     notes.extend(owner_notes.into_iter().take(MAX_OWNER_NOTES));

@@ -2,7 +2,7 @@
 //! to, the remedy and the notes. The types only: `account.rs` fills the account,
 //! `remedy.rs` and `notes.rs` decide from it.
 
-use super::after_kill::LeftBehindOwner;
+use super::after_kill::{LeftBehindOwner, Unwatched};
 use super::owners::{GoneReason, Owner, OwnerState, WhyUnknown};
 use super::process::{KillTarget, Process};
 use super::slurm::{LeftBySlurm, SlurmEnded, SlurmJob};
@@ -540,6 +540,13 @@ pub enum Note {
     MpsNotBlamed {
         /// Their PIDs, in the order [`GpuAccount::bystanders`] lists them.
         pids: Vec<u32>,
+    },
+    /// A live owner placed as a killed server's worker is, with no clue of being one, seen
+    /// by a look that went by no witness state: it could not have seen a server killed.
+    OwnerUnwatched {
+        /// The owner.
+        #[serde(flatten)]
+        owner: Unwatched,
     },
 }
 

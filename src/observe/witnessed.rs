@@ -292,6 +292,7 @@ mod tests {
             group_leader: Leader::Alive,
             session_leader: Leader::Alive,
             spawned_worker: false,
+            pipes_to_parent_closed: false,
         });
         Arc::new(facts)
     }

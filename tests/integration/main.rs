@@ -38,5 +38,6 @@ mod serving;
 mod slurm;
 mod snapshot;
 mod textfile;
+mod unwatched;
 mod web;
 mod witness;

@@ -32,6 +32,7 @@ fn worker(pid: u32, parent: u32, group_leader: Leader, spawned_worker: bool) -> 
         group_leader,
         session_leader: group_leader,
         spawned_worker,
+        pipes_to_parent_closed: false,
     });
     facts
 }
@@ -137,6 +138,22 @@ fn a_worker_never_seen_with_its_parent_is_possibly_left_behind_only_with_evidenc
             ..
         }
     ));
+    // A worker whose title setproctitle rewrote, in its server's session: only its pipes
+    // to the parent that is gone say what it is.
+    let mut renamed = worker(4242, 1, Leader::Gone, false);
+    renamed.lineage.as_mut().unwrap().pipes_to_parent_closed = true;
+    let account = host_with(std::slice::from_ref(&renamed)).account();
+    assert!(matches!(
+        account.left_behind[0].seen,
+        Seen::Possibly {
+            clue: Clue::PipesToParentClosed,
+            ..
+        }
+    ));
+    // The same in a Slurm job step that runs: the job's, not left behind.
+    let in_job = in_slurm_job(renamed, 4242, "0");
+    let account = host_with(&[in_job]).slurm_running(&[(4242, "0")]).account();
+    assert!(account.left_behind.is_empty(), "{:?}", account.left_behind);
 }
 
 #[test]

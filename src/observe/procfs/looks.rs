@@ -53,7 +53,8 @@ pub(crate) fn look_at_owners(
     deadline: Instant,
 ) -> Owners {
     let reader = Reader::with_memory(root, placement, memory)
-        .holding_stat_files(scope.listed <= MAX_HELD_STAT_FILES);
+        .holding_stat_files(scope.listed <= MAX_HELD_STAT_FILES)
+        .until(deadline);
     let mut errors = BTreeMap::new();
     let mut read_as_owners = HashSet::new();
     let mut inits = NamespaceInits::new(root, deadline);

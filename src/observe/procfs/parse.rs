@@ -201,6 +201,26 @@ pub fn spawned_worker(cmdline: &[u8]) -> bool {
     })
 }
 
+/// The inode of the pipe a descriptor's link names (`pipe:[12345]`).
+pub fn pipe_inode(link: &[u8]) -> Option<u64> {
+    let inode = link.strip_prefix(b"pipe:[")?.strip_suffix(b"]")?;
+    std::str::from_utf8(inode).ok()?.parse().ok()
+}
+
+/// How a descriptor was opened, from its `fdinfo` (`flags:` in octal): `Some(true)` for
+/// reading only, `Some(false)` for writing only, `None` for both or when unreadable.
+pub fn opened_for_reading(fdinfo: &[u8]) -> Option<bool> {
+    let flags = fdinfo.split(|&byte| byte == b'\n').find_map(|line| {
+        let value = line.strip_prefix(b"flags:")?;
+        u32::from_str_radix(std::str::from_utf8(value).ok()?.trim(), 8).ok()
+    })?;
+    match flags & 0o3 {
+        0 => Some(true),
+        1 => Some(false),
+        _ => None,
+    }
+}
+
 /// What kind of NVIDIA device file a node is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum NvidiaNode {
@@ -472,6 +492,23 @@ mod tests {
         ));
         assert!(!spawned_worker(b"grep\0--multiprocessing-forkx\0"));
         assert!(!spawned_worker(b""));
+    }
+
+    #[test]
+    fn a_pipe_and_the_way_it_was_opened() {
+        assert_eq!(pipe_inode(b"pipe:[28606]"), Some(28606));
+        assert_eq!(pipe_inode(b"socket:[28606]"), None);
+        assert_eq!(pipe_inode(b"pipe:[]"), None);
+        assert_eq!(pipe_inode(b"/dev/nvidia0"), None);
+        // As Linux 6.x shows a pipe's ends (O_RDONLY, O_WRONLY, with O_LARGEFILE beside).
+        let fdinfo = |flags: &str| format!("pos:\t0\nflags:\t{flags}\nmnt_id:\t15\nino:\t28606\n");
+        assert_eq!(opened_for_reading(fdinfo("0100000").as_bytes()), Some(true));
+        assert_eq!(
+            opened_for_reading(fdinfo("0100001").as_bytes()),
+            Some(false)
+        );
+        assert_eq!(opened_for_reading(fdinfo("02").as_bytes()), None);
+        assert_eq!(opened_for_reading(b"pos:\t0\n"), None);
     }
 
     #[test]

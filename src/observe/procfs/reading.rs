@@ -225,6 +225,13 @@ pub struct Lineage {
     /// `multiprocessing`); read only when its group's leader is gone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spawned_worker: bool,
+    /// It holds a pipe it reads and another it writes, beyond the standard streams,
+    /// whose other ends no process outside its group holds: a worker's pipes to a
+    /// parent that has exited (a `multiprocessing` worker's, whatever its command line
+    /// says). Read only when its group's leader is gone and it was adopted from outside
+    /// the group, and its command line says nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pipes_to_parent_closed: bool,
 }
 
 /// A process related to another (its parent), by identity as first read.

@@ -136,6 +136,7 @@ fn left_behind_workers_are_named_at_most_sixteen_per_gpu_and_counted_in_full() {
             group_leader: Leader::Alive,
             session_leader: Leader::Alive,
             spawned_worker: false,
+            pipes_to_parent_closed: false,
         });
         host = host.owner(pid, Some(CHARGED_ONE_OWNER / 4), present(facts));
     }
@@ -176,6 +177,7 @@ fn a_left_behind_worker_kill_cannot_reach_gets_no_kill_line() {
         group_leader: Leader::Gone,
         session_leader: Leader::Gone,
         spawned_worker: true,
+        pipes_to_parent_closed: false,
     });
     let report = Host::idle()
         .used(USED_ONE_OWNER)

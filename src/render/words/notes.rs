@@ -69,6 +69,10 @@ pub(super) fn note_words(note: &Note, account: &GpuAccount, gpu: u32) -> String 
                 WhyUnknown::NoDeviceNode => "NVML did not say which device node this GPU is".into(),
             }
         ),
+        Note::OwnerUnwatched { owner } => format!(
+            "PID {} ({}) lives on after the leader of its process group, PID {}, exited, adopted by PID {}, as a killed server's worker would; this look went by no witness state, so it could not have seen a server killed: an exporter serving on this host would have (--path.state).",
+            owner.pid, owner.comm, owner.group_leader, owner.adopted_by
+        ),
         Note::OwnerPidReused { pid, was, now } => format!(
             "PID {pid}{} is gone: the PID now names {}, which holds no context on GPU {gpu}.",
             was.as_ref().map(|comm| format!(" ({comm})")).unwrap_or_default(),

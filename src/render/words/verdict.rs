@@ -268,6 +268,7 @@ fn left_behind_words(account: &GpuAccount) -> String {
                     "possibly left behind: {}, and the leader of its process group, PID {group_leader} (the process that started it), has exited; adopted by PID {adopted_by}{}",
                     match clue {
                         Clue::SpawnedWorker => "a worker spawned by Python's multiprocessing, never meant to run without its parent",
+                        Clue::PipesToParentClosed => "a worker whose pipes to the process that started it lead to no live process, as a multiprocessing worker's do once its parent is gone",
                         Clue::JobLeaderGone => "a member of a shell's job",
                     },
                     adopted_by_comm

@@ -15,10 +15,11 @@ forks `children` named `child_name` that keep its files and holds them beside th
 printing `CHILD <pid>` for each before READY.
 
 Mode "server" is an inference server as vLLM and SGLang start theirs: it holds nothing
-itself and starts `children` workers through Python's multiprocessing (spawn, as
-torch.multiprocessing does), each a new `python3` that names itself `child_name` and
-opens and maps the files in `worker_open` and `worker_map`; it prints `WORKER <pid>` for
-each once all hold them. "daemon" double-forks (fork, setsid, fork) and the middle
+itself and starts `children` workers through Python's multiprocessing (`start_method`:
+spawn, as torch.multiprocessing does, by default; fork, as vLLM starts its engine), each
+naming itself `child_name` (and, given a `title`, retitling itself with `setproctitle`, as
+SGLang's schedulers and vLLM's engine do) and opening and mapping the files in
+`worker_open` and `worker_map`; it prints `WORKER <pid>` for each once all hold them. "daemon" double-forks (fork, setsid, fork) and the middle
 process exits, so the holder leads nothing and its parent is whoever adopts it; it
 prints `CHILD <pid>` for the holder. "launch-service" starts a holder that leads a
 session of its own and exits once it prints `CHILD <pid>`, as a service's launcher does.
@@ -69,6 +70,11 @@ mode = spec["mode"]
 WORKER = """
 import ctypes, mmap, os, time
 ctypes.CDLL(None).prctl(15, ctypes.c_char_p(spec['name'].encode()), 0, 0, 0)
+if spec['title']:
+    # As SGLang's schedulers and vLLM's engine core do: the title replaces the command
+    # line, and the command name is its first 15 bytes.
+    import setproctitle
+    setproctitle.setproctitle(spec['title'])
 kept = [os.open(path, os.O_RDWR) for path in spec['open']]
 for path in spec['map']:
     fd = os.open(path, os.O_RDWR)
@@ -80,9 +86,14 @@ while True:
 """
 if mode == "server":
     import multiprocessing
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context(spec.get("start_method", "spawn"))
     queue = context.Queue()
-    worker = {"name": spec["child_name"], "open": spec["worker_open"], "map": spec["worker_map"]}
+    worker = {
+        "name": spec["child_name"],
+        "open": spec["worker_open"],
+        "map": spec["worker_map"],
+        "title": spec.get("title"),
+    }
     workers = [
         context.Process(target=exec, args=(WORKER, {"spec": worker, "queue": queue}))
         for _ in range(spec["children"])

@@ -334,15 +334,45 @@ impl Model {
     /// model's files. Returns once every worker holds them; the workers are this test's
     /// (a subreaper's) to reap once the server is gone.
     pub fn spawn_server(&self, workers: usize, worker_name: &str) -> Server {
+        self.spawn_server_with(workers, worker_name, "spawn", None)
+    }
+
+    /// Like [`Model::spawn_server`], its workers started with `start_method` (`spawn` or
+    /// `fork`) and retitled `title` with `setproctitle` from the Python registry (installed
+    /// by `tests/tools.sh`), as SGLang's schedulers and vLLM's engine core retitle theirs:
+    /// the title replaces their command line, and its first 15 bytes are their command
+    /// name.
+    pub fn spawn_titled_server(&self, workers: usize, start_method: &str, title: &str) -> Server {
+        self.spawn_server_with(
+            workers,
+            &title[..title.len().min(15)],
+            start_method,
+            Some(title),
+        )
+    }
+
+    fn spawn_server_with(
+        &self,
+        workers: usize,
+        worker_name: &str,
+        start_method: &str,
+        title: Option<&str>,
+    ) -> Server {
         become_subreaper();
         let mut spec = self.spec("server");
+        spec["start_method"] = json!(start_method);
+        spec["title"] = json!(title);
         spec["open"] = json!([]);
         spec["map"] = json!([]);
         spec["worker_open"] = json!(self.open);
         spec["worker_map"] = json!(self.map);
         spec["children"] = json!(workers);
         spec["child_name"] = json!(worker_name);
-        let mut server = Self::command(&spec).spawn().expect("spawn python3");
+        let mut command = Self::command(&spec);
+        if title.is_some() {
+            command.env("PYTHONPATH", setproctitle_path());
+        }
+        let mut server = command.spawn().expect("spawn python3");
         let pids: Vec<u32> = (0..workers)
             .map(|_| {
                 let line = first_line(&mut server);
@@ -475,6 +505,20 @@ impl Model {
             child: Some(child),
         }
     }
+}
+
+/// Where `tests/tools.sh` installed `setproctitle`, for PYTHONPATH.
+fn setproctitle_path() -> PathBuf {
+    let output = Command::new(crate::repository().join("tests/tools.sh"))
+        .args(["path", "setproctitle"])
+        .output()
+        .expect("run tests/tools.sh");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
 }
 
 /// The next line a model prints on its standard output.

@@ -143,8 +143,16 @@ impl Reader<'_> {
             }
         };
         let group_leader = leader(stat.pgrp);
+        // Read only of a process whose group's leader is gone and whose parent adopted it
+        // from outside that group: what a killed server's worker looks like, unwatched.
+        let adopted = group_leader == Leader::Gone
+            && parent_stat
+                .as_ref()
+                .is_some_and(|parent| parent.pgrp != stat.pgrp);
         let spawned_worker = group_leader == Leader::Gone
             && fs::read(dir.join("cmdline")).is_ok_and(|line| parse::spawned_worker(&line));
+        let pipes_to_parent_closed =
+            adopted && !spawned_worker && self.pipes_to_parent_closed(pid, stat.pgrp, dir);
         Lineage {
             parent: Relative {
                 pid: stat.ppid,
@@ -156,6 +164,7 @@ impl Reader<'_> {
             group_leader,
             session_leader: leader(stat.session),
             spawned_worker,
+            pipes_to_parent_closed,
         }
     }
 
@@ -324,6 +333,7 @@ mod tests {
                 group_leader: Leader::Alive,
                 session_leader: Leader::Alive,
                 spawned_worker: false,
+                pipes_to_parent_closed: false,
             }),
             kill_pending_since_unix_seconds: None,
             ending_since_unix_millis: None,

@@ -13,6 +13,7 @@ mod after_kill;
 #[cfg(test)]
 mod fake_proc;
 mod holder_scan;
+mod pipes;
 
 use super::memory::{open_stat_file, read_held_stat, Memory, Remembered};
 use super::parse::{self, Stat, Status};
@@ -28,6 +29,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::OnceLock;
+use std::time::Instant;
 
 /// One look at a process: what was found, how many entries could not be read, and what
 /// to remember of it.
@@ -70,6 +72,8 @@ pub struct Reader<'a> {
     owners_read: OwnersRead,
     /// Whether owners' stat files are held open between looks.
     hold_stat_files: bool,
+    /// When a walk over every process for one owner (its pipes' other ends) must stop.
+    until: Option<Instant>,
 }
 
 /// The NVML-listed owners read in this collection, by PID of the procfs: their start time
@@ -100,7 +104,15 @@ impl<'a> Reader<'a> {
             translation: OnceLock::new(),
             owners_read: OwnersRead::new(),
             hold_stat_files: false,
+            until: None,
         }
+    }
+
+    /// This reader, stopping any walk over every process that one owner's reading calls
+    /// for at `until` (what it did not finish says nothing).
+    pub(super) fn until(mut self, until: Instant) -> Reader<'a> {
+        self.until = Some(until);
+        self
     }
 
     /// This reader, holding the stat files of the owners it reads open for the next look
