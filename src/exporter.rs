@@ -10,6 +10,7 @@ use crate::observe::{
     one_line, Deadlines, NvmlFailure, NvmlReading, Observation, ObserveError, PidNamespace,
     ProcfsView, Source, Waiting,
 };
+use crate::render::json::check_document;
 use crate::render::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -35,6 +36,8 @@ pub enum Format {
     PrometheusText,
     /// OpenMetrics text 1.0.0.
     OpenMetrics,
+    /// The verdict as JSON, the document `check --json` prints, for every GPU.
+    Verdict,
 }
 
 impl Format {
@@ -43,6 +46,7 @@ impl Format {
         match self {
             Format::PrometheusText => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Verdict => "application/json",
         }
     }
 }
@@ -217,6 +221,9 @@ impl Exporter {
     /// free after the body has gone out rather than before. Renders what was collected
     /// and reads nothing: the registry's one collector holds the finished report.
     pub fn encode(&self, collection: Collection, format: Format) -> (String, Collection) {
+        if format == Format::Verdict {
+            return (verdict_json(&collection.report), collection);
+        }
         let report = Arc::new(collection.report);
         let mut registry = Registry::default();
         registry.register_collector(Box::new(FinishedReport {
@@ -316,6 +323,17 @@ fn nvml_down(error: String) -> Observation {
     }
 }
 
+/// The verdict on every GPU of `report` as `check --json` prints it.
+fn verdict_json(report: &Report) -> String {
+    let every_gpu = report
+        .select(&[])
+        .expect("a selection of no GPU in particular takes them all");
+    let mut json = serde_json::to_string_pretty(&check_document(&every_gpu))
+        .expect("encoding a verdict into a String");
+    json.push('\n');
+    json
+}
+
 /// Encode `registry` in `format`.
 pub fn encode(registry: &Registry, format: Format) -> String {
     encode_sized(registry, format, 16 * 1024)
@@ -325,7 +343,7 @@ pub fn encode(registry: &Registry, format: Format) -> String {
 fn encode_sized(registry: &Registry, format: Format, capacity: usize) -> String {
     let mut body = String::with_capacity(capacity);
     let result = match format {
-        Format::PrometheusText => {
+        Format::PrometheusText | Format::Verdict => {
             prometheus_client::encoding::prometheus_text::encode(&mut body, registry)
         }
         Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut body, registry),

@@ -22,6 +22,9 @@ use std::time::Duration;
 /// that deadline (or halfway to it, when it is closer) lets it record why the scrape
 /// failed.
 const SCRAPE_DEADLINE_MARGIN: Duration = Duration::from_millis(500);
+/// Where the served exporter's verdict is, as `check --json` prints it: the face of the
+/// verdict that a script beside the exporter, or in the cluster, reads.
+pub(super) const VERDICT_PATH: &str = "/verdict";
 /// The shortest wait for a collection, whatever a scraper asks for.
 const SHORTEST_WAIT: Duration = Duration::from_millis(1);
 
@@ -110,8 +113,12 @@ impl Endpoints {
             ));
         }
         let path = request.uri().path();
-        let mut response = if path == self.telemetry_path {
-            let format = negotiate(&request);
+        let mut response = if path == self.telemetry_path || path == VERDICT_PATH {
+            let format = if path == VERDICT_PATH {
+                Format::Verdict
+            } else {
+                negotiate(&request)
+            };
             let timeout = collection_timeout(&request, self.collection_timeout);
             match self.collections.metrics(format, timeout).await {
                 Collected::Body(body) => {
@@ -238,6 +245,7 @@ fn landing_page(telemetry_path: &str) -> String {
          <h1>vram-exporter {version}</h1>\n\
          <p>Which GPU memory a live process owns, and which is orphaned.</p>\n\
          <ul>\n<li><a href=\"{telemetry_path}\">Metrics</a></li>\n\
+         <li><a href=\"/verdict\">Verdict</a>, as <code>vram-exporter check --json</code> prints it</li>\n\
          <li><a href=\"/-/healthy\">Health</a></li>\n<li><a href=\"/-/ready\">Readiness</a></li>\n</ul>\n\
          <p>On the host, <code>vram-exporter check</code> names the process still holding orphaned memory.</p>\n\
          </body>\n</html>\n",

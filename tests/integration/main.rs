@@ -21,6 +21,7 @@ mod docs;
 mod e2e;
 mod engines;
 mod exporter;
+mod faces;
 mod fake_nvml_docs;
 mod fleet;
 mod gpu_health;
