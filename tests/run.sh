@@ -133,7 +133,9 @@ dry_run_gpu_suite() {
     python3 -c 'import ast, sys
 for path in sys.argv[1:]:
     ast.parse(open(path).read(), path)' tests/gpu/*.py
-    python3 tests/gpu/dry_run.py --binary target/debug/vram-exporter \
+    # Scenario 5g's workers retitle themselves with setproctitle (tests/tools.sh).
+    PYTHONPATH="$(tests/tools.sh path setproctitle)" \
+        python3 tests/gpu/dry_run.py --binary target/debug/vram-exporter \
         --library target/debug/deps/libfake_nvml.so \
         --latency-client target/debug/examples/scrape_latency --out "$out" 2>&1 |
         tee "$logs/dry-run"

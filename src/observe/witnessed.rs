@@ -134,9 +134,10 @@ pub(super) struct Witness {
     keeps: bool,
     /// The state as read.
     read: Arc<WitnessReading>,
-    /// What was last written (or read, before anything was): written again only when a
-    /// look changes it.
-    kept: Mutex<Arc<Witnessed>>,
+    /// What was last written, written again only when a look changes it; `None` before
+    /// the first write, which a keeping exporter makes at its first look whatever it
+    /// saw: the file says that an exporter keeps a state here, if an empty one.
+    kept: Mutex<Option<Arc<Witnessed>>>,
     /// Why the last write failed, logged once until a write succeeds again.
     unwritable: Mutex<Option<String>>,
 }
@@ -194,7 +195,7 @@ impl Witness {
                 no_state,
                 witnessed: Arc::clone(&witnessed),
             }),
-            kept: Mutex::new(witnessed),
+            kept: Mutex::new(None),
             directory,
             boot_id,
             keeps,
@@ -224,13 +225,14 @@ impl Witness {
             return;
         }
         let mut kept = lock(&self.kept);
-        let now = Witnessed::of(observation, &kept);
-        if now == **kept {
+        let before = kept.as_ref().unwrap_or(&self.read.witnessed);
+        let now = Witnessed::of(observation, before);
+        if kept.as_deref() == Some(&now) {
             return;
         }
         match self.directory.save(&self.boot_id, &now) {
             Ok(()) => {
-                *kept = Arc::new(now);
+                *kept = Some(Arc::new(now));
                 if lock(&self.unwritable).take().is_some() {
                     tracing::info!(path = %self.directory.file().display(), "the witness state is written again");
                 }

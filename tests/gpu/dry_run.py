@@ -171,6 +171,9 @@ class DryGpu(suite.Gpu):
         return env
 
     def query(self):
+        # What the harness is told, the exporter's files say too: written now, not at the
+        # driver model's next turn, or a scrape right after this could read the turn before.
+        self.write_views()
         with self.lock:
             processes, used = self.listing(self.host_ns)
         return dict(used=used, charges={str(p["pid"]): p["used_bytes"] for p in processes},

@@ -44,11 +44,18 @@ MAX_FILE_BYTES = 1800 * 1024
 # (PyTorch here, a stand-in in dry_run.py). argv: MODE BYTES CHILDREN CHILD_KIND.
 # fork: fork CHILDREN children that never touch CUDA, print "CHILD pid...", exit.
 # hold-then-fork: print "READY pid", fork as above once a line arrives on stdin.
+# hold-and-fork: fork CHILDREN children that keep its files, print "CHILD pid...", then
+#   "READY pid", and hold its memory beside them.
 # zombie-main: print "READY pid", then the main thread exits while another lives.
 # CHILD_KIND zombie-leader: each child's main thread exits while another thread lives.
+# With VRAM_WORKER_TITLE in its environment, it retitles itself with setproctitle before
+# READY, as SGLang's schedulers (sglang::scheduler_TP0) and vLLM's engine do.
 OWNER_LIFE = r"""
 import threading
 children, child_kind = int(sys.argv[3]), sys.argv[4]
+if os.environ.get('VRAM_WORKER_TITLE'):
+    import setproctitle
+    setproctitle.setproctitle(os.environ['VRAM_WORKER_TITLE'])
 def child_life():
     if child_kind == 'zombie-leader':
         threading.Thread(target=time.sleep, args=(600,)).start()
@@ -66,6 +73,15 @@ def fork_and_exit():
     os._exit(0)
 if mode == 'fork':
     fork_and_exit()
+if mode == 'hold-and-fork':
+    kids = []
+    for _ in range(children):
+        kid = os.fork()
+        if kid == 0:
+            child_life()
+            os._exit(0)
+        kids.append(kid)
+    print('CHILD', *kids, flush=True)
 print('READY', os.getpid(), flush=True)
 if mode == 'hold-then-fork':
     sys.stdin.readline()
@@ -666,6 +682,7 @@ class Suite:
         self.processes = {}
         self.outputs = []
         self.scenario = None
+        self.state = tempfile.mkdtemp(prefix="vram-witness-")  # the witness state's folder
         self.spawned = None  # the current scenario's processes
         self.exporter = None  # the exporter on the host, shared by the scenarios
 
@@ -702,7 +719,10 @@ class Suite:
 
     # The binary.
     def argv(self, *args):
-        return [self.binary, *args, *self.gpu.exporter_args()]
+        # Every exporter and check of the run share one witness state, as on a host they
+        # share /run/vram-exporter, unless a call names another.
+        state = [] if "--path.state" in args else ["--path.state", self.state]
+        return [self.binary, *args, *state, *self.gpu.exporter_args()]
 
     def check(self, *args, prefix=(), view=None, record=None):
         result = subprocess.run(list(prefix) + self.argv("check", *args), capture_output=True,
@@ -738,17 +758,23 @@ class Suite:
         if mode == "fork":
             owner.children = owner.line("CHILD")
         else:
+            if mode == "hold-and-fork":
+                owner.children = owner.line("CHILD")
             owner.pid = owner.line("READY")[0]
         return owner
 
-    def server(self, nbytes, workers):
+    def server(self, nbytes, workers, title=None):
         """Start a server in its own session with `workers` spawn workers holding `nbytes`
-        each (see SERVER); returns it and the workers' PIDs once every one holds them."""
+        each (see SERVER), retitled `title` with setproctitle when given; returns it and the
+        workers' PIDs once every one holds them."""
         stderr = tempfile.TemporaryFile(mode="w+")
+        env = self.gpu.env()
+        if title:
+            env["VRAM_WORKER_TITLE"] = title
         proc = self.spawned.add(subprocess.Popen(
             [sys.executable, "-c", SERVER, self.gpu.owner_program, str(nbytes), str(workers)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, text=True,
-            start_new_session=True, env=self.gpu.env()), group=True)
+            start_new_session=True, env=env), group=True)
         owner = Owner(proc, stderr)
         pids = sorted(owner.line("READY")[0] for _ in range(workers))
         return proc, pids
@@ -1006,11 +1032,17 @@ def left_behind(suite):
     suite.describe("worker after the kill", workers[0])
     check = suite.check(record="server killed")
     suite.expect("check exit status", 4, check.returncode)
-    suite.expect("check names both workers, possibly left behind", True,
-                 re.search(r"GPU 0: .* held by 2 processes possibly left behind by a server that exited:", check.stdout)
+    # check beside the exporter goes by what it saw (the witness state): the same verdict.
+    suite.expect("check names both workers, left behind as the exporter saw", True,
+                 re.search(r"GPU 0: .* held by 2 processes left behind by a server that exited:", check.stdout)
                  is not None and all(f"PID {w} (" in check.stdout for w in workers))
-    suite.expect("check names the server's group", True,
-                 f"PID {server.pid} (the process that started it), has exited" in check.stdout)
+    suite.expect("check names the server that exited", True,
+                 f"a worker of PID {server.pid} (" in check.stdout)
+    alone = suite.check("--path.state", tempfile.mkdtemp(prefix="vram-no-witness-"),
+                        record="server killed, check with no witness state")
+    suite.expect("check with no state: possibly left behind, the server's group named", True,
+                 "held by 2 processes possibly left behind by a server that exited:" in alone.stdout
+                 and f"PID {server.pid} (the process that started it), has exited" in alone.stdout)
     line = kill_line(check.stdout)
     suite.expect("suggested kill line", workers, line)
     killed_at = time.monotonic()
@@ -1021,6 +1053,90 @@ def left_behind(suite):
     suite.facts["left_behind_freed_seconds_after_kill"] = round(time.monotonic() - killed_at, 3)
     s = exporter.scrape()
     suite.expect("left-behind bytes after the kill", 0, value(s, "vram_left_behind_bytes", gpu=0))
+
+
+@scenario("5f", "unreaped", "owner killed, left unreaped, its child holds")
+def unreaped(suite):
+    """The fork orphan with a parent that does not reap: the owner forked a child that
+    keeps its files and is SIGKILLed, and its parent (this harness) leaves it a zombie.
+    NVML goes on charging it; past the bound a free can take (2 s) it is gone, and the
+    child is named."""
+    exporter = suite.exporter
+    owner = suite.owner("hold-and-fork", 2 * GiB)
+    [child] = owner.children
+    suite.spawned.add_pid(child)
+    s = exporter.scrape()
+    suite.expect("running owners before the kill", 1, owners(s, "running"))
+    killed_at = time.monotonic()
+    os.kill(owner.pid, signal.SIGKILL)  # never waited for: a zombie
+    wait_for("the owner to be a zombie", lambda: proc_state(owner.pid) == "Z")
+    charge = suite.charges().get(owner.pid)
+    suite.expect("NVML still charges the zombie", True, bool(charge))
+    first = exporter.scrape(record="owner killed, unreaped")
+    suite.expect("not orphaned before the bound", 0,
+                 orphaned(first) if time.monotonic() - killed_at < 2.0 else 0)
+    found = []
+    wait_for("the exporter to call the memory orphaned", lambda: found.append(
+        exporter.scrape()) or orphaned(found[-1]) == charge, limit=20)
+    waited = time.monotonic() - killed_at
+    s = exporter.scrape(record="owner unreaped past the bound")
+    suite.expect("orphaned owner_gone = the zombie's charge", charge,
+                 value(s, "vram_orphaned_bytes", gpu=0, reason="owner_gone"))
+    suite.expect("orphaned after the bound (2 s), not before", True, 2.0 <= waited < 10.0)
+    suite.facts["unreaped_orphaned_after_s"] = round(waited, 3)
+    suite.expect("the child named", [child], holder_pids(s))
+    check = suite.check(record="owner killed, unreaped")
+    suite.expect("check exit status", 1, check.returncode)
+    suite.expect("check's kill line: the child", [child], kill_line(check.stdout))
+    suite.expect("check says the owner exited", True,
+                 f"held for exited PID {owner.pid}; still held by PID {child} (" in check.stdout)
+    os.kill(child, signal.SIGKILL)
+    suite.wait_freed()
+    owner.proc.wait()
+    s = exporter.scrape()
+    suite.expect("orphaned once the child is killed", 0, orphaned(s))
+
+
+@scenario("5g", "titled-workers", "server killed, its retitled workers left behind")
+def titled_workers(suite):
+    """A server's torch.multiprocessing workers retitle themselves with setproctitle, as
+    SGLang's schedulers do, and the server is SIGKILLed: left behind, and the served
+    exporter and check beside it agree; a check with no witness state finds them by their
+    pipes to the dead server."""
+    exporter = suite.exporter
+    title = "sglang::scheduler_TP0"
+    server, workers = suite.server(2 * GiB, workers=2, title=title)
+    for worker in workers:
+        suite.spawned.add_pid(worker)
+    wait_for("both workers to be listed", lambda: set(workers) <= set(suite.charges()))
+    suite.expect("the workers' command name is the title", [title[:15]] * 2,
+                 [comm_of(worker) for worker in workers])
+    exporter.scrape()
+    os.kill(server.pid, signal.SIGKILL)
+    server.wait()
+    held = sum(suite.charges()[worker] for worker in workers)
+    found = []
+    wait_for("the exporter to count the workers left behind", lambda: found.append(
+        exporter.scrape(record="retitled workers' server killed"))
+        or value(found[-1], "vram_left_behind_bytes", gpu=0) == held)
+    s = found[-1]
+    served = sorted(int(l["pid"]) for l in series(s, "vram_left_behind_since_timestamp_seconds", gpu=0))
+    suite.expect("served: the workers left behind", workers, served)
+    rc, doc = suite.check_json(record="retitled workers' server killed")
+    gpu = gpu0(doc)
+    suite.expect("check beside it: exit status", 4, rc)
+    suite.expect("check beside it: left behind, witnessed", ("left_behind", held),
+                 (gpu["finding"], gpu["left_behind_bytes"]))
+    suite.expect("check beside it: the same workers in the kill line", workers, kill_targets(gpu))
+    suite.expect("check beside it: facts from the witness", [["parent", "parent_exit"]] * 2,
+                 [w["process"].get("from_witness") for w in gpu["left_behind"]])
+    rc, doc = suite.check_json("--path.state", tempfile.mkdtemp(prefix="vram-no-witness-"),
+                               record="retitled workers, check with no witness state")
+    gpu = gpu0(doc)
+    suite.expect("no state: possibly left behind, by their pipes",
+                 ["pipes_to_parent_closed"] * 2, [w["seen"].get("clue") for w in gpu["left_behind"]])
+    subprocess.run(["kill"] + [str(pid) for pid in workers], check=True)
+    suite.wait_freed()
 
 
 @scenario("5c", "service-alone", "service whose launcher exits")
