@@ -61,7 +61,7 @@ def child_life():
         threading.Thread(target=time.sleep, args=(600,)).start()
         ctypes.CDLL(None).pthread_exit(None)
     time.sleep(600)
-def fork_and_exit():
+def fork_children():
     kids = []
     for _ in range(children):
         kid = os.fork()
@@ -70,18 +70,13 @@ def fork_and_exit():
             os._exit(0)
         kids.append(kid)
     print('CHILD', *kids, flush=True)
+def fork_and_exit():
+    fork_children()
     os._exit(0)
 if mode == 'fork':
     fork_and_exit()
 if mode == 'hold-and-fork':
-    kids = []
-    for _ in range(children):
-        kid = os.fork()
-        if kid == 0:
-            child_life()
-            os._exit(0)
-        kids.append(kid)
-    print('CHILD', *kids, flush=True)
+    fork_children()
 print('READY', os.getpid(), flush=True)
 if mode == 'hold-then-fork':
     sys.stdin.readline()

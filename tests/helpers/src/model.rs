@@ -207,20 +207,7 @@ impl Model {
         let pids: Vec<u32> = (0..children).map(|_| child_pid(&mut owner)).collect();
         let pid = owner.id();
         ready(&first_line(&mut owner), pid, 'S', "the owner is asleep");
-        let children = pids
-            .into_iter()
-            .map(|pid| {
-                wait_until(
-                    "the child is named and asleep",
-                    Duration::from_secs(10),
-                    || {
-                        proc_comm(pid).as_deref() == Some(child_name)
-                            && proc_state(pid) == Some('S')
-                    },
-                );
-                Holder { pid, child: None }
-            })
-            .collect();
+        let children = named_children(pids, child_name, &['S']);
         (
             Holder {
                 pid,
@@ -569,6 +556,11 @@ fn orphaned_children(
 ) -> Vec<Holder> {
     let pids: Vec<u32> = (0..children).map(|_| child_pid(owner)).collect();
     owner.wait().expect("reap the owner");
+    named_children(pids, child_name, states)
+}
+
+/// The children `pids`, each once it runs as `child_name` in one of `states`.
+fn named_children(pids: Vec<u32>, child_name: &str, states: &[char]) -> Vec<Holder> {
     pids.into_iter()
         .map(|pid| {
             wait_until(
