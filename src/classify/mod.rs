@@ -106,6 +106,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
     let kubernetes = observation
         .kubernetes
         .as_ref()
+        .filter(|kubernetes| kubernetes.shown())
         .map(|kubernetes| pods::kubernetes_view(kubernetes, &observation.nvml));
     if let Some(view) = &kubernetes {
         name_pods(&mut gpus, view);

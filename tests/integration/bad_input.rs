@@ -366,7 +366,7 @@ fn processes_that_exit_during_the_scan_are_neither_errors_nor_missed_holders() {
         );
         // A process that exits while we read it is gone, never unreadable or unknown.
         assert_eq!(
-            metrics.value("vram_procfs_errors", &[]),
+            metrics.value("vram_scrape_procfs_unreadable_entries", &[]),
             0.0,
             "{}",
             context()

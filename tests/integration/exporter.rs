@@ -590,7 +590,7 @@ fn unreadable_proc_entries_are_counted_not_called_gone() {
         crate::helpers::start(rig.unprivileged_command(&["--web.listen-address", "127.0.0.1:0"]));
     let metrics = exporter.scrape();
     assert!(
-        metrics.value("vram_procfs_errors", &[]) >= 1.0,
+        metrics.value("vram_scrape_procfs_unreadable_entries", &[]) >= 1.0,
         "{}",
         metrics.text
     );
