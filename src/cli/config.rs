@@ -48,6 +48,8 @@ pub struct CheckConfig {
     pub json: bool,
     /// GPU indices to look at; empty for all.
     pub gpus: Vec<u32>,
+    /// Whether the look is a snapshot's (`--replay`), not this host's.
+    pub replayed: bool,
     /// How long to wait for orphaned memory to go.
     pub wait: Option<Duration>,
     /// Poll interval while waiting.
@@ -96,9 +98,14 @@ impl Cli {
         let (mode, shared) = match self.command {
             None => (Mode::Serve(self.web.into_config()?), self.shared),
             Some(Command::Check(args)) => {
+                let replayed = args.shared.source.replay.is_some();
+                if replayed && args.wait.is_some() {
+                    return Err(InvalidFlag::WaitOnReplay);
+                }
                 let check = CheckConfig {
                     json: args.json,
                     gpus: args.gpus,
+                    replayed,
                     wait: args.wait,
                     wait_interval: longer_than_zero(args.wait_interval, "wait.interval")?,
                     timeout: args.timeout.resolve()?,

@@ -447,6 +447,30 @@ fn a_bad_flag_is_one_line_that_names_it_and_exit_status_2() {
 }
 
 #[test]
+fn a_replayed_snapshot_is_not_waited_on_and_its_gpus_are_counted_as_its_own() {
+    let story = crate::helpers::repository().join("examples/story-gpu2-orphaned.json");
+    let story = story.to_str().unwrap();
+    // A snapshot cannot change: waiting on it could only run out, so it is refused at
+    // once, before or after the subcommand, rather than polled for 30 s.
+    for args in [
+        &["check", "--wait", "30s", "--replay", story][..],
+        &["--replay", story, "check", "--wait", "30s"],
+    ] {
+        let started = std::time::Instant::now();
+        assert_eq!(
+            one_line_and_status_2(args),
+            "vram-exporter: --wait does nothing with --replay: a snapshot does not change, so nothing can be freed while waiting; drop --wait"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+    // The story's snapshot has eight GPUs, whatever this host has.
+    assert_eq!(
+        one_line_and_status_2(&["check", "--gpu", "99", "--replay", story]),
+        "vram-exporter: there is no GPU 99; the snapshot has 8 (indices 0 to 7)"
+    );
+}
+
+#[test]
 fn help_and_version_go_to_standard_output_with_exit_status_0() {
     for args in [
         &["--help"][..],

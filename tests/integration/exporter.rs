@@ -565,7 +565,7 @@ fn bad_flags_are_one_clear_line_and_a_failure() {
         ),
         (
             vec!["--holders.scan-timeout", "2"],
-            "invalid value '2' for '--holders.scan-timeout <DURATION>': '2' needs a unit: ms, s, m, h, d, w or y; see vram-exporter --help",
+            "invalid value '2' for '--holders.scan-timeout <DURATION>': '2' needs a unit: ns, us, ms, s, m, h, d, w or y; see vram-exporter --help",
         ),
         (vec!["--web.telemetry-path", "metrics"], "must start with /"),
         (vec!["--log.level", "loud"], "invalid value"),
