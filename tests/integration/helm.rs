@@ -22,8 +22,12 @@ const CHART: &str = "charts/vram-exporter";
 /// The chart's base URL of the runbook, a placeholder until a site sets its own.
 const PLACEHOLDER_RUNBOOK: &str = "https://replace-with-your-runbook-url.invalid/docs/runbook.md";
 
+/// The one value the chart of the repository requires, the image; the plain manifests
+/// and these tests name the local build's (a release's chart names its published one).
+pub(crate) const LOCAL_IMAGE: [&str; 2] = ["-f", "tests/fixtures/chart/local-image.yaml"];
+
 /// The command line `tests/tools.sh path NAME` prints: a program and its fixed arguments.
-fn tool(name: &str) -> Command {
+pub(crate) fn tool(name: &str) -> Command {
     let output = Command::new(repository().join("tests/tools.sh"))
         .args(["path", name])
         .output()
@@ -39,14 +43,22 @@ fn tool(name: &str) -> Command {
     command
 }
 
-fn helm(args: &[&str]) -> Output {
+pub(crate) fn helm(args: &[&str]) -> Output {
     tool("helm").args(args).output().expect("run helm")
 }
 
-/// `helm template vram-exporter CHART` with `args`; the YAML it prints.
+/// `helm template vram-exporter CHART` with the image it requires and `args`; the YAML
+/// it prints.
 fn render(chart: &Path, args: &[&str]) -> String {
     let chart = chart.to_str().unwrap();
-    let output = helm(&[&["template", "vram-exporter", chart][..], args].concat());
+    let output = helm(
+        &[
+            &["template", "vram-exporter", chart][..],
+            &LOCAL_IMAGE,
+            args,
+        ]
+        .concat(),
+    );
     assert!(output.status.success(), "helm template: {}", said(&output));
     String::from_utf8(output.stdout).unwrap()
 }
@@ -268,7 +280,14 @@ fn a_wrong_value_is_refused_at_install_with_what_is_wrong() {
             "webConfig.enabled needs webConfig.config",
         ),
     ] {
-        let output = helm(&["template", "vram-exporter", CHART, "--set", set]);
+        let output = helm(
+            &[
+                &["template", "vram-exporter", CHART][..],
+                &LOCAL_IMAGE,
+                &["--set", set],
+            ]
+            .concat(),
+        );
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
             !output.status.success() && stderr.contains(said_what),

@@ -32,6 +32,7 @@ mod mps;
 mod privilege;
 mod readme;
 mod release;
+mod release_workflow;
 mod serving;
 mod slurm;
 mod snapshot;
