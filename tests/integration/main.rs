@@ -36,5 +36,6 @@ mod release_workflow;
 mod serving;
 mod slurm;
 mod snapshot;
+mod suite;
 mod textfile;
 mod web;

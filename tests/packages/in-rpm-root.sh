@@ -121,8 +121,9 @@ ok "the install enables no unit"
 status=0
 in_root vram-exporter check --replay "$inside/story-gpu2-orphaned.json" >"$work/rpm-check-root" 2>&1 || status=$?
 "$release" check --replay "$repository/examples/story-gpu2-orphaned.json" >"$work/rpm-check-host" 2>&1 || true
-((status == 1)) && diff -q "$work/rpm-check-host" "$work/rpm-check-root" >/dev/null ||
+if ((status != 1)) || ! diff -q "$work/rpm-check-host" "$work/rpm-check-root" >/dev/null; then
     fail "check --replay in the root exited $status or said something else"
+fi
 ok "the installed binary prints the release build's --version and check --replay"
 
 said=$(in_root systemd-analyze verify /usr/lib/systemd/system/vram-exporter.service \

@@ -46,8 +46,9 @@ release=target/release/vram-exporter
 maintainer="vram-exporter package test <package-test@vram-exporter.invalid>"
 refused=0
 deploy/packages/build.sh --maintainer "vram-exporter maintainers" --out "$work/0" 2>"$work/build-0.err" || refused=$?
-((refused == 2)) && grep -q "the packages need a maintainer as NAME <EMAIL>" "$work/build-0.err" ||
+if ((refused != 2)) || ! grep -q "the packages need a maintainer as NAME <EMAIL>" "$work/build-0.err"; then
     fail "build.sh took a maintainer without an email (exit $refused): $(cat "$work/build-0.err")"
+fi
 deploy/packages/build.sh --maintainer "$maintainer" --out "$work/1" >"$work/build-1.log"
 [[ -x $release ]] || fail "build.sh left no $release"
 built_at=$(stat -c %Y.%s "$release")
