@@ -16,6 +16,7 @@ mod containers;
 mod dashboard;
 mod deploy;
 mod docs;
+mod docs_facts;
 mod e2e;
 mod engines;
 mod exporter;
