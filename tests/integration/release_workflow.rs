@@ -3,7 +3,7 @@
 //! rest of the suite tests, and publishes the chart with the image it pushed as its
 //! default; the chart of the repository names no image, and says what to set.
 
-use crate::helm::{helm, tool, LOCAL_IMAGE};
+use crate::helm::{helm, render, tool, values_file, CHART, LOCAL_IMAGE};
 use crate::helpers::{repository, require_tool, said};
 use serde_norway::Value;
 use std::fs;
@@ -173,4 +173,26 @@ fn the_released_chart_names_the_published_image_and_needs_no_value() {
     let output = package("ghcr.io/Example/vram-exporter:1.0");
     assert_eq!(output.status.code(), Some(2), "{}", said(&output));
     assert!(String::from_utf8_lossy(&output.stderr).contains("in lower case, without a tag"));
+}
+
+#[test]
+fn the_packaged_chart_carries_everything_it_renders_from() {
+    // A chart published to a repository is its .tgz alone: the rules and the dashboard
+    // must be inside it, and render the same.
+    let scratch = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let output = helm(&[
+        "package",
+        CHART,
+        "--destination",
+        scratch.path().to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "helm package: {}", said(&output));
+    let archive = scratch
+        .path()
+        .join(format!("vram-exporter-{}.tgz", env!("CARGO_PKG_VERSION")));
+    let values = values_file("all-on-values.yaml");
+    assert_eq!(
+        render(&archive, &["-f", &values]),
+        render(&repository().join(CHART), &["-f", &values])
+    );
 }
