@@ -5,7 +5,9 @@
 #   charts/vram-exporter/files/vram-exporter.rules.yml   copy of alerts/vram-exporter.rules.yml
 #   charts/vram-exporter/files/vram-exporter.json        copy of dashboards/vram-exporter.json
 #       (Helm reads no file outside the chart, and a packaged chart must carry them)
-#   deploy/kubernetes/*.yaml              the chart rendered with its default values
+#   deploy/kubernetes/*.yaml              the chart rendered with its default values and
+#                                         the one it requires, the image: the name
+#                                         deploy/image/build.sh gives the image it builds
 #   deploy/kubernetes/podmonitor/*.yaml   the chart with the PodMonitor instead of the
 #                                         Service and the ServiceMonitor
 #
@@ -25,6 +27,10 @@ case "${1:-}" in
 *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
 esac
 helm=$(tests/tools.sh path helm)
+# The chart names no registry (it says so until one is set); the plain manifests name
+# the local build's, as deploy/image/build.sh names it (a test checks that they agree),
+# which kubernetes.md says to replace with `kubectl set image`.
+local_image=localhost/vram-exporter
 
 chart=charts/vram-exporter
 if [[ $out != . ]]; then
@@ -43,7 +49,7 @@ render() {
     shift 2
     mkdir -p "$folder"
     rm -f "$folder"/*.yaml
-    "$helm" template vram-exporter "$out/$chart" "$@" | awk -v folder="$folder" -v usage="$usage" '
+    "$helm" template vram-exporter "$out/$chart" --set "image.repository=$local_image" "$@" | awk -v folder="$folder" -v usage="$usage" '
         /^---$/ { next }
         /^# Source: / {
             if (file) close(file)

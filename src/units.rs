@@ -12,10 +12,10 @@ pub enum SizeError {
     NotASize(String),
     /// A number without its unit (only a bare `0` needs none): `16` is as likely meant
     /// as 16 MiB as 16 bytes.
-    #[error("'{0}' needs a unit: B, KiB, MiB, GiB, TiB, kB, MB, GB or TB")]
+    #[error("'{0}' needs a unit: {units}", units = named(&SIZE_UNITS, "or"))]
     NoUnit(String),
     /// A unit that is not one of ours.
-    #[error("unknown size unit '{unit}' in '{text}' (use B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)")]
+    #[error("unknown size unit '{unit}' in '{text}' (use {units})", units = named(&SIZE_UNITS, "or"))]
     UnknownUnit {
         /// The unit as written.
         unit: String,
@@ -34,10 +34,10 @@ pub enum DurationError {
     #[error("'{0}' is not a duration such as 500ms, 30s or 1m30s")]
     NotADuration(String),
     /// A number without its unit (only a bare `0` needs none).
-    #[error("'{0}' needs a unit: ms, s, m, h, d, w or y")]
+    #[error("'{0}' needs a unit: {units}", units = named(&DURATION_UNITS, "or"))]
     NoUnit(String),
     /// A unit that is not one of ours.
-    #[error("unknown duration unit '{unit}' in '{text}' (use ns, us, ms, s, m, h, d, w or y)")]
+    #[error("unknown duration unit '{unit}' in '{text}' (use {units})", units = named(&DURATION_UNITS, "or"))]
     UnknownUnit {
         /// The unit as written.
         unit: String,
@@ -51,6 +51,55 @@ pub enum DurationError {
 
 /// Seconds in Prometheus's day: 24 hours, leap seconds and clock changes aside.
 const DAY: f64 = 86_400.0;
+
+/// A unit: the names it is written with (the first is the one messages name) and what
+/// one of it is worth. The parsers read these tables, and their messages name them, so
+/// a message never lists a unit the parser refuses or leaves out one it takes.
+type Unit<T> = (&'static [&'static str], T);
+
+/// Byte sizes, binary then decimal.
+const SIZE_UNITS: [Unit<u64>; 9] = [
+    (&["B"], 1),
+    (&["KiB"], 1 << 10),
+    (&["MiB"], 1 << 20),
+    (&["GiB"], 1 << 30),
+    (&["TiB"], 1 << 40),
+    (&["kB", "KB"], 1_000),
+    (&["MB"], 1_000_000),
+    (&["GB"], 1_000_000_000),
+    (&["TB"], 1_000_000_000_000),
+];
+
+/// Durations in seconds: Go's units, then Prometheus's longer ones as it counts them.
+const DURATION_UNITS: [Unit<f64>; 9] = [
+    (&["ns"], 1e-9),
+    (&["us", "µs", "μs"], 1e-6),
+    (&["ms"], 1e-3),
+    (&["s"], 1.0),
+    (&["m"], 60.0),
+    (&["h"], 3600.0),
+    (&["d"], DAY),
+    (&["w"], 7.0 * DAY),
+    (&["y"], 365.0 * DAY),
+];
+
+/// The units of `table` as a message names them: `ns, us, ms, ... or y`.
+fn named<T>(table: &[Unit<T>], last: &str) -> String {
+    let names: Vec<&str> = table.iter().map(|(names, _)| names[0]).collect();
+    match names.split_last() {
+        Some((final_name, [])) => final_name.to_string(),
+        Some((final_name, rest)) => format!("{} {last} {final_name}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// What one `unit` is worth, as `table` says.
+fn worth<T: Copy>(table: &[Unit<T>], unit: &str) -> Option<T> {
+    table
+        .iter()
+        .find(|(names, _)| names.contains(&unit))
+        .map(|(_, value)| *value)
+}
 
 /// Split `16MiB` into its leading number and the unit that follows.
 fn split_number(text: &str) -> Option<(f64, &str)> {
@@ -70,23 +119,12 @@ pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
         return Ok(0);
     }
     let (value, unit) = split_number(text).ok_or_else(|| SizeError::NotASize(text.into()))?;
-    let scale: u64 = match unit.trim() {
+    let scale = match unit.trim() {
         "" => return Err(SizeError::NoUnit(text.into())),
-        "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        "kB" | "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        other => {
-            return Err(SizeError::UnknownUnit {
-                unit: other.into(),
-                text: text.into(),
-            })
-        }
+        unit => worth(&SIZE_UNITS, unit).ok_or_else(|| SizeError::UnknownUnit {
+            unit: unit.into(),
+            text: text.into(),
+        })?,
     };
     let bytes = value * scale as f64;
     if !bytes.is_finite() || bytes > u64::MAX as f64 {
@@ -117,22 +155,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(after.len());
         let scale = match &after[..unit_length] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "d" => DAY,
-            "w" => 7.0 * DAY,
-            "y" => 365.0 * DAY,
             "" => return Err(DurationError::NoUnit(text.into())),
-            other => {
-                return Err(DurationError::UnknownUnit {
-                    unit: other.into(),
-                    text: text.into(),
-                })
-            }
+            unit => worth(&DURATION_UNITS, unit).ok_or_else(|| DurationError::UnknownUnit {
+                unit: unit.into(),
+                text: text.into(),
+            })?,
         };
         seconds += value * scale;
         rest = &after[unit_length..];
@@ -253,7 +280,7 @@ mod tests {
         assert!(parse_duration("3 weeks").is_err());
         assert_eq!(
             message(parse_duration("30")),
-            "'30' needs a unit: ms, s, m, h, d, w or y"
+            "'30' needs a unit: ns, us, ms, s, m, h, d, w or y"
         );
         assert_eq!(
             message(parse_duration("1mo")),
@@ -270,5 +297,39 @@ mod tests {
         assert_eq!(format_bytes(512), "512 B");
         assert_eq!(format_bytes(76_107 * 1024 * 1024), "74.3 GiB");
         assert_eq!(format_bytes(9_229_565_952), "8.6 GiB");
+    }
+
+    /// The units a message names, parsed out of it: `ns, us, ms, s, m, h, d, w or y`.
+    fn units_named(message: &str) -> Vec<String> {
+        let list = message.rsplit(": ").next().unwrap();
+        list.split([',', ' '])
+            .filter(|word| !word.is_empty() && *word != "or")
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_unit_a_message_names_parses_and_every_unit_that_parses_is_named() {
+        // Durations: each named unit parses; each unit the parser takes is named, but
+        // for the other spellings of one (µs for us).
+        let named = units_named(&message(parse_duration("30")));
+        for unit in &named {
+            assert!(parse_duration(&format!("3{unit}")).is_ok(), "{unit}");
+        }
+        let canonical: Vec<&str> = DURATION_UNITS.iter().map(|(names, _)| names[0]).collect();
+        assert_eq!(named, canonical);
+        for (names, _) in DURATION_UNITS {
+            for name in names {
+                assert!(parse_duration(&format!("3{name}")).is_ok(), "{name}");
+            }
+        }
+        // Sizes, likewise.
+        let named = units_named(&message(parse_bytes("16")));
+        for unit in &named {
+            assert!(parse_bytes(&format!("3{unit}")).is_ok(), "{unit}");
+        }
+        let canonical: Vec<&str> = SIZE_UNITS.iter().map(|(names, _)| names[0]).collect();
+        assert_eq!(named, canonical);
+        assert_eq!(parse_bytes("2KB"), parse_bytes("2kB"));
     }
 }

@@ -4,13 +4,32 @@
 # makes a Debian root and installs into it). It ends with one line that counts everything.
 #
 # The integration tests run Debian programs that cargo cannot install (the list below,
-# each with why). Missing ones are named first, then installed with apt-get when this
-# runs as root; otherwise it stops with the line that installs them. The chart's tests
-# need a pinned helm, built with Go from its module, and an offline Kubernetes
-# validator: tests/tools.sh installs them into a cache when missing and reuses them
-# after. No test is ever skipped.
+# each with why). The chart's and the release workflow's tests need a pinned helm and
+# actionlint, built with Go from their modules, and an offline Kubernetes validator
+# (tests/tools.sh), and the package test cargo-deb and cargo-generate-rpm
+# (deploy/packages/build.sh): all into a cache that later runs reuse. Before anything
+# else it says what of these is missing and what it will install, then installs it
+# (Debian's packages with apt-get, as root; otherwise it stops with the line that
+# installs them). No test is ever skipped.
+#
+#   tests/run.sh                 say what is missing, install it, run everything
+#   tests/run.sh --no-install    install nothing: with anything missing, name it and stop
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+install=yes
+case "${1:-}" in
+"") ;;
+--no-install) install=no ;;
+-h | --help)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 0
+    ;;
+*)
+    echo "tests/run.sh: unknown argument $1 (tests/run.sh --help)" >&2
+    exit 2
+    ;;
+esac
 
 # Most integration tests wait (on processes, on Prometheus, on deadlines they test)
 # rather than compute, so they run more at once than there are cores: on 2 cores the
@@ -60,11 +79,13 @@ required=(
     "dpkg-shlibdeps dpkg-dev cargo-deb reads the binary's library dependencies with it"
     "rpm rpm the package test reads the .rpm with rpm -qp"
     "readelf binutils the package test lists the binary's dynamic dependencies"
+    "shellcheck shellcheck actionlint checks the release workflow's shell steps with it"
 )
 
-install_missing_packages() {
-    step="installing packages"
-    local packages=() entry program package why
+# The Debian packages missing, each said with why, into `packages`.
+packages=()
+find_missing_packages() {
+    local entry program package why
     for entry in "${required[@]}"; do
         read -r program package why <<<"$entry"
         if [[ $program == /* ]]; then
@@ -80,9 +101,51 @@ install_missing_packages() {
         say "missing python3's venv (Debian package python3-venv): tests/tools.sh makes the Kubernetes validator's virtual environment"
         packages+=(python3-venv)
     fi
+    if ((${#packages[@]})); then
+        # shellcheck disable=SC2207
+        packages=($(printf '%s\n' "${packages[@]}" | sort -u))
+    fi
+}
+
+# Everything this run would install, said before anything is: the Debian packages, and
+# the pinned tools built into the cache. With --no-install and something missing, it
+# stops here.
+tools=()
+say_what_will_be_installed() {
+    step="finding what is missing"
+    find_missing_packages
+    local line
+    if command -v go >/dev/null || [[ -z $(tests/tools.sh missing) ]]; then
+        while IFS= read -r line; do tools+=("$line"); done < <(tests/tools.sh missing)
+    else
+        tools+=("Go 1.26 or newer, which builds helm and actionlint: https://go.dev/doc/install (not installed by this script)")
+    fi
+    while IFS= read -r line; do tools+=("$line"); done < <(deploy/packages/build.sh --missing-tools)
+    if ((${#packages[@]} == 0 && ${#tools[@]} == 0)); then
+        say "everything the tests need is installed"
+        return 0
+    fi
+    if [[ $install == no ]]; then
+        say "--no-install: installing nothing, and these are missing:"
+    else
+        say "will install (tests/run.sh --no-install installs nothing):"
+    fi
+    ((${#packages[@]} == 0)) || say "  Debian packages, with apt-get: ${packages[*]}"
+    for line in "${tools[@]}"; do
+        say "  $line"
+    done
+    if [[ $install == no ]]; then
+        say "install them (tests/run.sh without --no-install does), then run it again"
+        # Stopped as asked, not failed: no FAILED line.
+        trap - EXIT
+        rm -rf "$logs"
+        exit 1
+    fi
+}
+
+install_missing_packages() {
+    step="installing packages"
     ((${#packages[@]})) || return 0
-    # shellcheck disable=SC2207
-    packages=($(printf '%s\n' "${packages[@]}" | sort -u))
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
         say "installing ${packages[*]} with apt-get (running as root)"
         export DEBIAN_FRONTEND=noninteractive
@@ -195,6 +258,7 @@ install_test_tools() {
     tests/tools.sh install
 }
 
+say_what_will_be_installed
 install_missing_packages
 install_test_tools
 check_formatting

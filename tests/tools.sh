@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The pinned programs that the chart's tests need and that neither Debian nor cargo
-# provides, installed once into a cache that later runs reuse (a second run costs
-# nothing):
+# The pinned programs that the chart's and the release workflow's tests need and that
+# neither Debian nor cargo provides, installed once into a cache that later runs reuse (a
+# second run costs nothing):
 #
 #   helm            built with this machine's Go from its module (helm.sh/helm/v4)
 #                   through the Go module proxy
@@ -10,14 +10,19 @@
 #                   environment of its own, and the Prometheus Operator's
 #                   CustomResourceDefinitions, which controller-gen (a Go module too)
 #                   writes from the Operator's Go types (tests/tools/crds/go.mod)
+#   actionlint      the GitHub Actions linter, built with Go from its module
+#                   (github.com/rhysd/actionlint), for .github/workflows/
 #
 #   setproctitle    the Python package SGLang's and vLLM's workers rename themselves
 #                   with, from the Python registry, into a folder of its own that the
 #                   model servers of the after-kill tests put on PYTHONPATH
 #
-#   tests/tools.sh install      install what is missing, saying what before it does
-#   tests/tools.sh path helm    print where helm is, or fail with the line that installs it
+#   tests/tools.sh install          install what is missing, saying what before it does
+#   tests/tools.sh install helm     only helm (the release workflow packages the chart)
+#   tests/tools.sh missing          say what `install` would install, and install nothing
+#   tests/tools.sh path helm        print where helm is, or fail with the line that installs it
 #   tests/tools.sh path validate
+#   tests/tools.sh path actionlint
 #   tests/tools.sh path setproctitle
 #
 # The cache is $VRAM_EXPORTER_TOOLS, by default ~/.cache/vram-exporter-tools, one folder
@@ -27,6 +32,7 @@ cd "$(dirname "$0")/.."
 
 HELM_VERSION=v4.3.2
 CONTROLLER_TOOLS_VERSION=v0.23.0
+ACTIONLINT_VERSION=v1.7.12
 # The version tests/tools/crds/go.mod requires.
 PROMETHEUS_OPERATOR_VERSION=$(sed -n 's|^require github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring \(v[^ ]*\)$|\1|p' tests/tools/crds/go.mod)
 KUBERNETES_VALIDATE_VERSION=$(sed -n 's/^kubernetes-validate==//p' tests/tools/requirements.txt)
@@ -36,6 +42,7 @@ cache=${VRAM_EXPORTER_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/vram-exporter-tools
 helm_dir="$cache/helm-$HELM_VERSION"
 venv="$cache/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
 crds="$cache/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION"
+actionlint_dir="$cache/actionlint-$ACTIONLINT_VERSION"
 setproctitle_dir="$cache/setproctitle-$SETPROCTITLE_VERSION"
 
 say() { echo "tests/tools.sh: $*" >&2; }
@@ -106,17 +113,53 @@ install_setproctitle() {
     touch "$setproctitle_dir/installed"
 }
 
+install_actionlint() {
+    [[ -x $actionlint_dir/actionlint ]] && return
+    need_go actionlint
+    say "installing actionlint $ACTIONLINT_VERSION: go install github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION into $actionlint_dir (a minute, once)"
+    CGO_ENABLED=0 GOBIN="$actionlint_dir.partial" go install \
+        "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"
+    rm -rf "$actionlint_dir"
+    mv "$actionlint_dir.partial" "$actionlint_dir"
+}
+
+# One line per tool that `install` would install: what, and where.
+missing() {
+    [[ -x $helm_dir/helm ]] ||
+        echo "helm $HELM_VERSION: built with Go (go install helm.sh/helm/v4/cmd/helm) into $helm_dir"
+    [[ -e $venv/installed ]] ||
+        echo "kubernetes-validate $KUBERNETES_VALIDATE_VERSION: pip into a virtual environment in $venv"
+    [[ -d $crds ]] ||
+        echo "the Prometheus Operator $PROMETHEUS_OPERATOR_VERSION CRDs: written by controller-gen $CONTROLLER_TOOLS_VERSION (built with Go) into $crds"
+    [[ -x $actionlint_dir/actionlint ]] ||
+        echo "actionlint $ACTIONLINT_VERSION: built with Go (go install github.com/rhysd/actionlint/cmd/actionlint) into $actionlint_dir"
+    [[ -e $setproctitle_dir/installed ]] ||
+        echo "setproctitle $SETPROCTITLE_VERSION: pip (the validator's) into $setproctitle_dir"
+    return 0
+}
+
 case "${1:-}" in
 install)
     mkdir -p "$cache"
-    install_helm
-    install_validate
-    install_setproctitle
+    case "${2:-}" in
+    "")
+        install_helm
+        install_validate
+        install_actionlint
+        install_setproctitle
+        ;;
+    helm) install_helm ;;
+    *) say "install takes nothing (everything) or helm"; exit 2 ;;
+    esac
+    ;;
+missing)
+    missing
     ;;
 path)
     case "${2:-}" in
     helm) tool=$helm_dir/helm ;;
     validate) tool=$venv/bin/python ;;
+    actionlint) tool=$actionlint_dir/actionlint ;;
     setproctitle)
         if [[ ! -e $setproctitle_dir/installed ]]; then
             say "setproctitle is not installed; install it with: tests/tools.sh install"
@@ -125,7 +168,7 @@ path)
         echo "$setproctitle_dir"
         exit 0
         ;;
-    *) say "path takes helm, validate or setproctitle"; exit 2 ;;
+    *) say "path takes helm, validate, actionlint or setproctitle"; exit 2 ;;
     esac
     if [[ ! -x $tool ]] || { [[ $2 == validate ]] && [[ ! -e $venv/installed || ! -d $crds ]]; }; then
         say "$2 is not installed; install it with: tests/tools.sh install"

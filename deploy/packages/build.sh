@@ -6,6 +6,12 @@
 #   deploy/packages/build.sh --out DIR               # somewhere else
 #   deploy/packages/build.sh --package-revision N    # the packages' own revision (1)
 #   deploy/packages/build.sh --binary PATH           # an exporter built elsewhere
+#   deploy/packages/build.sh --maintainer "NAME <EMAIL>"   # who the packages name
+#   deploy/packages/build.sh --missing-tools         # say what a build would install
+#
+# The maintainer is whoever builds the packages, as Debian's tools take it: --maintainer,
+# else DEBFULLNAME and DEBEMAIL, else git's user.name and user.email; a build that finds
+# no email stops and says so (a Debian Maintainer field must carry one).
 #
 # The packages are made from [package.metadata.deb] and [package.metadata.generate-rpm]
 # in Cargo.toml by cargo-deb and cargo-generate-rpm, pinned below and installed once
@@ -16,8 +22,12 @@
 # runs with nothing added to the environment, so that it rebuilds nothing a plain one
 # would not), packed as built: no strip, so the packages' binary is byte for byte
 # target/release/vram-exporter. The packages' version is the crate's, and their revision
-# carries the source revision that `vram-exporter --version` prints:
-# 0.1.0-1+d70a36fb2e96 for the .deb, 0.1.0-1.d70a36fb2e96 for the .rpm.
+# carries the commit's time (UTC), its count of commits and the source revision that
+# `vram-exporter --version` prints, so that a later commit's package sorts after an
+# earlier one's, as dpkg and rpm compare versions: 0.1.0-1+git20261205143012.341.d70a36fb2e96
+# for the .deb, 0.1.0-1.git20261205143012.341.d70a36fb2e96 for the .rpm. A revision git
+# does not know (a binary built elsewhere, "unknown") cannot be dated, and a shallow
+# clone cannot count: the build stops and says so.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -28,6 +38,8 @@ cache=${VRAM_EXPORTER_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/vram-exporter-tools
 out=target/packages
 package_revision=1
 binary=""
+maintainer=""
+missing_tools=no
 
 say() { echo "build.sh: $*" >&2; }
 
@@ -41,12 +53,38 @@ while (($#)); do
     --out) out=${2:?--out needs a folder}; shift 2 ;;
     --package-revision) package_revision=${2:?--package-revision needs a number}; shift 2 ;;
     --binary) binary=${2:?--binary needs a path}; shift 2 ;;
+    --maintainer) maintainer=${2:?--maintainer needs NAME <EMAIL>}; shift 2 ;;
+    --missing-tools) missing_tools=yes; shift ;;
     -h | --help) usage ;;
     *) say "unknown argument $1"; usage ;;
     esac
 done
 [[ $package_revision =~ ^[0-9]+$ ]] || {
     say "--package-revision takes a whole number, not '$package_revision'"
+    exit 2
+}
+
+# The two pinned tools, and where they go: what --missing-tools names when absent.
+tool_root() { echo "$cache/$1-$2"; }
+if [[ $missing_tools == yes ]]; then
+    for pinned in "cargo-deb $CARGO_DEB_VERSION" "cargo-generate-rpm $CARGO_GENERATE_RPM_VERSION"; do
+        read -r name version <<<"$pinned"
+        [[ -x $(tool_root "$name" "$version")/bin/$name ]] ||
+            echo "$name $version: cargo install --locked --debug into $(tool_root "$name" "$version") (deploy/packages/build.sh)"
+    done
+    exit 0
+fi
+
+if [[ -z $maintainer ]]; then
+    if [[ -n ${DEBEMAIL:-} ]]; then
+        maintainer="${DEBFULLNAME:-$DEBEMAIL} <$DEBEMAIL>"
+    elif email=$(git config user.email 2>/dev/null) && [[ -n $email ]]; then
+        maintainer="$(git config user.name 2>/dev/null || echo "$email") <$email>"
+    fi
+fi
+name_and_email='^[^<>]+ <[^@<> ]+@[^@<> ]+>$'
+[[ $maintainer =~ $name_and_email ]] || {
+    say "the packages need a maintainer as NAME <EMAIL> (got '${maintainer}'): pass --maintainer, or set DEBFULLNAME and DEBEMAIL, or git's user.name and user.email"
     exit 2
 }
 
@@ -68,7 +106,8 @@ command -v dpkg-shlibdeps >/dev/null || {
 # binary is no work a tool needs optimising for.
 tool() {
     local name=$1 version=$2
-    local root="$cache/$name-$version"
+    local root
+    root=$(tool_root "$name" "$version")
     if [[ ! -x $root/bin/$name ]]; then
         say "installing $name $version: cargo install --locked into $root (a few minutes, once)"
         rm -rf "$root.partial"
@@ -107,7 +146,21 @@ crate_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
     say "$binary is version $version, the crate $crate_version: rebuild it"
     exit 1
 }
-package_suffix=${revision//-/.}
+# The commit's time and its count of ancestors before its hash: hashes alone sort at
+# random between commits, and commits made in one second (a rebase, a script) share a
+# time, but never a count along one history.
+commit=${revision%-dirty}
+committed=$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S "$commit" -- 2>/dev/null) || committed=""
+commits=$(git rev-list --count "$commit" -- 2>/dev/null) || commits=""
+[[ $committed =~ ^[0-9]{14}$ && $commits =~ ^[0-9]+$ ]] || {
+    say "cannot date revision '$revision' (git log in this checkout): build from the git checkout the binary was built from"
+    exit 1
+}
+[[ $(git rev-parse --is-shallow-repository) == false ]] || {
+    say "this is a shallow clone, whose commits cannot be counted: fetch its history first (git fetch --unshallow)"
+    exit 1
+}
+package_suffix="git$committed.$commits.${revision//-/.}"
 
 # What the packages carry besides the manifests' own files: the units with the packaged
 # binary's path, and the help of every command as the documentation a man page would be.
@@ -118,6 +171,13 @@ for unit in vram-exporter.service vram-exporter-textfile.service vram-exporter-t
     sed 's|^ExecStart=/usr/local/bin/vram-exporter|ExecStart=/usr/bin/vram-exporter|' \
         "deploy/systemd/$unit" >"$staged/$unit"
 done
+# The .rpm's flags file names the textfile directory of RHEL's node_exporter.
+sed 's|^VRAM_EXPORTER_TEXTFILE_DIR=.*|VRAM_EXPORTER_TEXTFILE_DIR=/var/lib/node_exporter/textfile_collector|' \
+    deploy/packages/vram-exporter.default >"$staged/vram-exporter.sysconfig"
+grep -qx 'VRAM_EXPORTER_TEXTFILE_DIR=/var/lib/node_exporter/textfile_collector' "$staged/vram-exporter.sysconfig" || {
+    say "deploy/packages/vram-exporter.default sets no VRAM_EXPORTER_TEXTFILE_DIR"
+    exit 1
+}
 {
     echo "$version_line"
     for command in "" check snapshot textfile; do
@@ -133,7 +193,7 @@ deb="$out/vram-exporter_$version-$package_revision+${package_suffix}_$(dpkg --pr
 rpm="$out/vram-exporter-$version-$package_revision.$package_suffix.$(uname -m).rpm"
 say "cargo deb ($CARGO_DEB_VERSION)"
 "$cargo_deb" --no-build --no-strip --locked --deb-revision "$package_revision+$package_suffix" \
-    --output "$deb" >&2
+    --maintainer "$maintainer" --output "$deb" >&2
 say "cargo generate-rpm ($CARGO_GENERATE_RPM_VERSION)"
 "$cargo_generate_rpm" --set-metadata "release = \"$package_revision.$package_suffix\"" \
     --output "$rpm" >&2

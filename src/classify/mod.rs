@@ -77,6 +77,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
     let kubernetes = observation
         .kubernetes
         .as_ref()
+        .filter(|kubernetes| kubernetes.shown())
         .map(|kubernetes| pods::kubernetes_view(kubernetes, &observation.nvml));
     let lens = ProcessLens {
         boot_time_unix_seconds: observation.boot_time_unix_seconds,

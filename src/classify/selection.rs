@@ -4,13 +4,25 @@
 
 use super::report::{orphaned_bytes_of, CheckStatus, GpuVerdict, Report};
 
-/// A GPU index this host does not have.
+/// A GPU index this host (or the snapshot replayed) does not have.
 #[derive(Debug, thiserror::Error)]
-#[error("there is no GPU {index}; this host has {count} (indices 0 to {last})")]
+#[error("there is no GPU {index}; {place} has {count} (indices 0 to {last})")]
 pub struct NoSuchGpu {
     index: u32,
     count: usize,
     last: usize,
+    /// Whose GPUs were counted: "this host", or "the snapshot".
+    place: &'static str,
+}
+
+impl NoSuchGpu {
+    /// The same, said of the snapshot replayed rather than of the host it runs on.
+    pub fn in_snapshot(self) -> Self {
+        NoSuchGpu {
+            place: "the snapshot",
+            ..self
+        }
+    }
 }
 
 /// How a wait names the memory it waits for.
@@ -49,6 +61,7 @@ impl Report {
                 index,
                 count: self.gpus.len(),
                 last: self.gpus.len().saturating_sub(1),
+                place: "this host",
             });
         }
         Ok(self.selection(

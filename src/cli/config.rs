@@ -7,7 +7,7 @@ use super::flags::{SharedArgs, TimeoutArgs, WebArgs};
 use super::values::{longer_than_zero, parse_listen_address, parse_telemetry_path};
 use crate::classify::Settings;
 use crate::logging::{LogFormat, LogLevel};
-use crate::observe::containers::ContainersConfig;
+use crate::observe::containers::{ContainersConfig, Engine};
 use crate::observe::kubernetes::KubernetesConfig;
 use crate::web::ServeConfig;
 use std::path::PathBuf;
@@ -48,6 +48,8 @@ pub struct CheckConfig {
     pub json: bool,
     /// GPU indices to look at; empty for all.
     pub gpus: Vec<u32>,
+    /// Whether the look is a snapshot's (`--replay`), not this host's.
+    pub replayed: bool,
     /// How long to wait for orphaned memory to go.
     pub wait: Option<Duration>,
     /// Poll interval while waiting.
@@ -100,9 +102,14 @@ impl Cli {
         let (mode, shared) = match self.command {
             None => (Mode::Serve(self.web.into_config()?), self.shared),
             Some(Command::Check(args)) => {
+                let replayed = args.shared.source.replay.is_some();
+                if replayed && args.wait.is_some() {
+                    return Err(InvalidFlag::WaitOnReplay);
+                }
                 let check = CheckConfig {
                     json: args.json,
                     gpus: args.gpus,
+                    replayed,
                     wait: args.wait,
                     wait_interval: longer_than_zero(args.wait_interval, "wait.interval")?,
                     timeout: args.timeout.resolve()?,
@@ -170,11 +177,19 @@ impl Cli {
                 pod_resources_socket: self.kubelet.pod_resources_path,
                 pod_logs: self.kubelet.pod_logs,
                 refresh_interval,
+                expected: self.kubelet.given,
             },
             containers: ContainersConfig {
                 docker_socket: self.containers.docker_socket,
                 podman_socket: self.containers.podman_socket,
                 timeout: containers_timeout,
+                expected: [
+                    (Engine::Docker, self.containers.docker_given),
+                    (Engine::Podman, self.containers.podman_given),
+                ]
+                .into_iter()
+                .filter_map(|(engine, given)| given.then_some(engine))
+                .collect(),
                 ..ContainersConfig::default()
             },
         })
@@ -359,8 +374,15 @@ mod tests {
                 pod_resources_socket: "/host/pod-resources/kubelet.sock".into(),
                 pod_logs: "/host/log/pods".into(),
                 refresh_interval: Duration::from_secs(30),
+                expected: true,
             }
         );
+        // Given after the subcommand, or only the pod log directories: expected too.
+        let config = parse(&["check", "--path.pod-logs", "/host/log/pods"]).unwrap();
+        assert!(config.kubernetes.expected);
+        // The interval alone names no kubelet.
+        let config = parse(&["check", "--kubelet.refresh-interval", "30s"]).unwrap();
+        assert!(!config.kubernetes.expected);
         let error = parse(&["--kubelet.refresh-interval", "0s"]).unwrap_err();
         assert!(error.contains("longer than 0"), "{error}");
     }

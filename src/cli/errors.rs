@@ -64,6 +64,10 @@ pub enum InvalidFlag {
     /// `--web.telemetry-path` is one of the health endpoints.
     #[error("--web.telemetry-path '{0}' is reserved")]
     ReservedPath(String),
+    /// `check --wait` with `--replay`: a snapshot never changes, so the wait could only
+    /// run out.
+    #[error("--wait does nothing with --replay: a snapshot does not change, so nothing can be freed while waiting; drop --wait")]
+    WaitOnReplay,
 }
 
 /// A clap error in one line, built from its kind and context: the mistake, then any tip
@@ -174,7 +178,7 @@ mod tests {
         );
         assert_eq!(
             parse(&["check", "--wait", "30"]).unwrap_err(),
-            "invalid value '30' for '--wait <DURATION>': '30' needs a unit: ms, s, m, h, d, w or y; see vram-exporter check --help"
+            "invalid value '30' for '--wait <DURATION>': '30' needs a unit: ns, us, ms, s, m, h, d, w or y; see vram-exporter check --help"
         );
         assert_eq!(
             parse(&["check", "--jsn"]).unwrap_err(),

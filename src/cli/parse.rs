@@ -60,8 +60,24 @@ impl Cli {
                 })
             }
         };
-        Cli::from_arg_matches(&matches).map_err(parse_error)
+        let mut cli = Cli::from_arg_matches(&matches).map_err(parse_error)?;
+        let given = |id: &str| given_on_command_line(&matches, id);
+        cli.kubelet.given = given("pod_resources_path") || given("pod_logs");
+        cli.containers.docker_given = given("docker_socket");
+        cli.containers.podman_given = given("podman_socket");
+        Ok(cli)
     }
+}
+
+/// Whether the flag `id` was given on the command line, before or after the subcommand,
+/// rather than left at its default: a source named there is expected to be there.
+fn given_on_command_line(matches: &clap::ArgMatches, id: &str) -> bool {
+    let here = matches
+        .try_get_raw(id)
+        .is_ok_and(|_| matches.value_source(id) == Some(ValueSource::CommandLine));
+    here || matches
+        .subcommand()
+        .is_some_and(|(_, subcommand)| given_on_command_line(subcommand, id))
 }
 
 /// Refuse a flag given before the subcommand `name` that does nothing for it, rather than

@@ -3,7 +3,7 @@
 //! saying on stderr what it waits for while NVML or `/proc` is slow, so a person can tell
 //! a hung GPU from a hung tool.
 
-use crate::classify::{CheckStatus, Report, Selection, ENDING_AT_MOST_MILLIS};
+use crate::classify::{CheckStatus, NoSuchGpu, Report, Selection, ENDING_AT_MOST_MILLIS};
 use crate::cli::CheckConfig;
 use crate::exit_codes;
 use crate::exporter::{Exporter, HolderScanPolicy};
@@ -32,7 +32,7 @@ const ENDING_LOOK_EVERY: Duration = Duration::from_millis(100);
 /// Run `check`; the exit status is the verdict's (see [`exit_codes`]), or an error (2).
 pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode> {
     let report = settled_look(exporter, config.timeout)?;
-    let first = report.select(&config.gpus)?;
+    let first = chosen(&report, config)?;
     // Once, before any verdict: a bad flag is still one line of its own.
     if let Some(no_state) = report
         .witness
@@ -56,7 +56,7 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
     let mut progress = Progress::new();
     loop {
         let polled = look(exporter, HolderScanPolicy::WhenOrphaned, config.timeout)?;
-        let polled = polled.select(&config.gpus)?;
+        let polled = chosen(&polled, config)?;
         let still_held = polled.to_free_bytes();
         // Memory on a GPU that does not answer (or with NVML down) is not freed: it is
         // not seen.
@@ -70,7 +70,7 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
         if freed || waiting.waited >= wait {
             progress.done(&waiting.end_line(freed));
             let last = look(exporter, HolderScanPolicy::Always, config.timeout)?;
-            return finish(&last.select(&config.gpus)?, config, Shown::Tables);
+            return finish(&chosen(&last, config)?, config, Shown::Tables);
         }
         progress.show(&waiting.figure(), &waiting.line());
         std::thread::sleep(config.wait_interval.min(wait - waiting.waited));
@@ -90,6 +90,18 @@ fn settled_look(exporter: &Exporter, timeout: Duration) -> anyhow::Result<Report
         report = look(exporter, HolderScanPolicy::Always, timeout)?;
     }
     Ok(report)
+}
+
+/// The GPUs asked about, of `report`; a GPU that is not there is named as missing from
+/// the snapshot when one is replayed, from this host otherwise.
+fn chosen<'a>(report: &'a Report, config: &CheckConfig) -> Result<Selection<'a>, NoSuchGpu> {
+    report.select(&config.gpus).map_err(|missing| {
+        if config.replayed {
+            missing.in_snapshot()
+        } else {
+            missing
+        }
+    })
 }
 
 /// One look, done within `timeout`; while a reader is slow, what it waits for goes to

@@ -366,7 +366,7 @@ fn processes_that_exit_during_the_scan_are_neither_errors_nor_missed_holders() {
         );
         // A process that exits while we read it is gone, never unreadable or unknown.
         assert_eq!(
-            metrics.value("vram_procfs_errors", &[]),
+            metrics.value("vram_scrape_procfs_unreadable_entries", &[]),
             0.0,
             "{}",
             context()
@@ -443,6 +443,30 @@ fn a_bad_flag_is_one_line_that_names_it_and_exit_status_2() {
     assert_eq!(
         line,
         "vram-exporter: --web.max-connections must be at least 1"
+    );
+}
+
+#[test]
+fn a_replayed_snapshot_is_not_waited_on_and_its_gpus_are_counted_as_its_own() {
+    let story = crate::helpers::repository().join("examples/story-gpu2-orphaned.json");
+    let story = story.to_str().unwrap();
+    // A snapshot cannot change: waiting on it could only run out, so it is refused at
+    // once, before or after the subcommand, rather than polled for 30 s.
+    for args in [
+        &["check", "--wait", "30s", "--replay", story][..],
+        &["--replay", story, "check", "--wait", "30s"],
+    ] {
+        let started = std::time::Instant::now();
+        assert_eq!(
+            one_line_and_status_2(args),
+            "vram-exporter: --wait does nothing with --replay: a snapshot does not change, so nothing can be freed while waiting; drop --wait"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+    // The story's snapshot has eight GPUs, whatever this host has.
+    assert_eq!(
+        one_line_and_status_2(&["check", "--gpu", "99", "--replay", story]),
+        "vram-exporter: there is no GPU 99; the snapshot has 8 (indices 0 to 7)"
     );
 }
 

@@ -48,7 +48,7 @@ pub(crate) const CONTRACT_METRICS: &[&str] = &[
     "vram_nvml_stuck_seconds",
     "vram_scrape_duration_seconds",
     "vram_build_info",
-    "vram_procfs_errors",
+    "vram_scrape_procfs_unreadable_entries",
     "vram_procfs_stuck_seconds",
     "vram_process_used_bytes",
     // Kubernetes: the kubelet's view.
@@ -927,7 +927,7 @@ fn filling_in_the_ds_prometheus_input_leaves_no_placeholder_and_starts_the_varia
 /// such a panel must then return nothing (an entry cannot go stale), and every other
 /// panel's targets must return data.
 const EMPTY_IN_THE_LIVE_SCENARIO: &[(&str, &str)] = &[(
-    "/proc read errors (top 10 targets)",
+    "/proc entries unreadable per scrape (top 10 targets)",
     "the exporter runs as root and reads every /proc entry it looks at; e2e.rs's host B, \
      which may not read root's, gives this panel data",
 )];

@@ -146,15 +146,38 @@ fn systemd_service_keeps_only_the_measured_capabilities_and_scores_ok() {
     assert_eq!(directive(&unit, "ProtectSystem"), ["strict"]);
     assert_eq!(directive(&unit, "DevicePolicy"), ["closed"]);
     // NVML opens these read-write (measured on an H200); the capability nodes read-only.
+    // Each driver branch's names for them: the test below resolves them.
     assert_eq!(
         directive(&unit, "DeviceAllow"),
         [
+            "char-nvidia-frontend rw",
             "char-nvidia rw",
             "char-nvidiactl rw",
             "char-nvidia-uvm rw",
             "char-nvidia-caps r"
         ]
     );
+    // Every name comes with the place it was found.
+    for name in ["nvidia-frontend", "nvidiactl", "nvidia-uvm", "nvidia-caps"] {
+        let said = unit
+            .lines()
+            .filter(|line| line.starts_with("# - ") && line.contains(name))
+            .count();
+        assert!(said >= 1, "no comment says where {name} comes from");
+    }
+    for source in [
+        "issue #324",
+        "issue #331069",
+        "nv-frontend.c",
+        "nv.c",
+        "uvm.c",
+        "nv-caps.c",
+    ] {
+        assert!(
+            unit.contains(source),
+            "the unit's comments do not cite {source}"
+        );
+    }
     assert!(directive(&unit, "ReadWritePaths").is_empty());
     // The textfile unit has the same hardening, and may write only its directory.
     let textfile =
@@ -170,6 +193,7 @@ fn systemd_service_keeps_only_the_measured_capabilities_and_scores_ok() {
                         "After",
                         "Wants",
                         "Type",
+                        "Environment",
                         "ExecStart",
                         "Restart",
                         "RestartSec",
@@ -185,9 +209,26 @@ fn systemd_service_keeps_only_the_measured_capabilities_and_scores_ok() {
             .collect()
     };
     assert_eq!(hardening(&unit), hardening(&textfile));
+    // Its directory comes from the flags file, Debian's by default; systemd expands no
+    // variable in ReadWritePaths=, so both packages' directories are writable.
+    assert_eq!(
+        directive(&textfile, "Environment"),
+        ["VRAM_EXPORTER_TEXTFILE_DIR=/var/lib/prometheus/node-exporter"]
+    );
+    assert!(directive(&textfile, "ExecStart")[0]
+        .contains(" -o ${VRAM_EXPORTER_TEXTFILE_DIR}/vram-exporter.prom "));
     assert_eq!(
         directive(&textfile, "ReadWritePaths"),
-        ["/var/lib/prometheus/node-exporter"]
+        ["-/var/lib/prometheus/node-exporter -/var/lib/node_exporter/textfile_collector"]
+    );
+    let flags =
+        fs::read_to_string(repository().join("deploy/packages/vram-exporter.default")).unwrap();
+    assert!(flags
+        .lines()
+        .any(|line| line == "VRAM_EXPORTER_TEXTFILE_DIR=/var/lib/prometheus/node-exporter"));
+    assert!(
+        flags.contains("/var/lib/node_exporter/textfile_collector"),
+        "RHEL's is documented"
     );
 
     let output = Command::new(&analyze)
@@ -210,6 +251,107 @@ fn systemd_service_keeps_only_the_measured_capabilities_and_scores_ok() {
     assert!(
         output.status.success() && score <= MAX_EXPOSURE,
         "exposure {score} above {MAX_EXPOSURE}:\n{stdout}"
+    );
+}
+
+/// A shell glob as systemd matches a device group name (`fnmatch`): `*`, `?`, literals.
+fn glob_matches(pattern: &[u8], name: &[u8]) -> bool {
+    match (pattern.split_first(), name.split_first()) {
+        (None, None) => true,
+        (Some((b'*', rest)), _) => {
+            glob_matches(rest, name) || (!name.is_empty() && glob_matches(pattern, &name[1..]))
+        }
+        (Some((b'?', rest)), Some((_, tail))) => glob_matches(rest, tail),
+        (Some((p, rest)), Some((n, tail))) if p == n => glob_matches(rest, tail),
+        _ => false,
+    }
+}
+
+/// The character device groups of a `/proc/devices` listing: (major, name).
+fn char_groups(listing: &str) -> Vec<(u32, String)> {
+    listing
+        .split("Block devices:")
+        .next()
+        .unwrap()
+        .lines()
+        .filter_map(|line| {
+            let (major, name) = line.trim().split_once(' ')?;
+            Some((major.parse().ok()?, name.to_string()))
+        })
+        .collect()
+}
+
+/// The access `DeviceAllow=` lines grant to char major `major` under `listing`, as
+/// systemd resolves `char-NAME` when the unit starts: every group whose name matches,
+/// all its minors.
+fn allowed(device_allow: &[String], listing: &[(u32, String)], major: u32) -> String {
+    let mut access = String::new();
+    for line in device_allow {
+        let (group, granted) = line.split_once(' ').unwrap();
+        let pattern = group.strip_prefix("char-").unwrap();
+        if listing.iter().any(|(found, name)| {
+            *found == major && glob_matches(pattern.as_bytes(), name.as_bytes())
+        }) {
+            access.push_str(granted);
+        }
+    }
+    access
+}
+
+#[test]
+fn the_units_allow_every_device_nvml_opens_on_every_supported_driver_branch() {
+    let fixtures = repository().join("tests/fixtures/proc-devices");
+    let branches = ["r470", "r535", "r550", "r570"];
+    for unit in ["vram-exporter.service", "vram-exporter-textfile.service"] {
+        let text = fs::read_to_string(systemd_dir().join(unit)).unwrap();
+        let device_allow = directive(&text, "DeviceAllow");
+        for branch in branches {
+            let listing =
+                char_groups(&fs::read_to_string(fixtures.join(format!("{branch}.txt"))).unwrap());
+            let major = |name: &str| -> u32 {
+                listing
+                    .iter()
+                    .find(|(_, found)| found == name)
+                    .unwrap_or_else(|| panic!("{branch}: no {name} in /proc/devices"))
+                    .0
+            };
+            // What NVML opens (measured on an H200): the control device and each GPU
+            // (major 195 whatever its name), UVM read-write, the capabilities read-only.
+            for (node, node_major, needs) in [
+                ("/dev/nvidiactl", 195, "rw"),
+                ("/dev/nvidia0", 195, "rw"),
+                ("/dev/nvidia-uvm", major("nvidia-uvm"), "rw"),
+                ("/dev/nvidia-caps/nvidia-cap1", major("nvidia-caps"), "r"),
+            ] {
+                let granted = allowed(&device_allow, &listing, node_major);
+                assert!(
+                    needs.chars().all(|access| granted.contains(access)),
+                    "{unit} on {branch}: {node} (major {node_major}) needs {needs}, gets '{granted}'"
+                );
+            }
+            // Every name this branch gives major 195 is one the unit names itself.
+            for (_, name) in listing.iter().filter(|(found, _)| *found == 195) {
+                assert!(
+                    device_allow.contains(&format!("char-{name} rw")),
+                    "{unit} on {branch}: 195 {name} is not named"
+                );
+            }
+        }
+        // Without the R535 name the unit would not work there: the test can fail.
+        let without: Vec<String> = device_allow
+            .iter()
+            .filter(|line| !line.starts_with("char-nvidia-frontend "))
+            .cloned()
+            .collect();
+        let r535 = char_groups(&fs::read_to_string(fixtures.join("r535.txt")).unwrap());
+        assert_eq!(allowed(&without, &r535, 195), "");
+    }
+    assert!(glob_matches(b"nvidia*", b"nvidia-uvm") && !glob_matches(b"nvidia", b"nvidia-uvm"));
+    // The docs name the minimum driver, and the branches the unit covers.
+    let deployment = fs::read_to_string(repository().join("docs/deployment.md")).unwrap();
+    assert!(
+        deployment.contains("**NVIDIA driver R510 or later; in R535, 535.98 or later.**"),
+        "docs/deployment.md states no minimum driver"
     );
 }
 

@@ -272,13 +272,19 @@ fn a_podman_containers_holder_and_owner_are_named_with_name_and_image() {
             &[("engine", "podman")]
         ) > 0.0
     );
-    // No Docker here: the default socket is absent, which changes nothing else.
-    assert_eq!(
-        metrics.value(
-            "vram_container_engine_error",
-            &[("engine", "docker"), ("error", "absent")]
-        ),
-        1.0
+    // No Docker here: its default socket is absent and was not given, so Docker has no
+    // series at all (no `_up 0` for an engine this host does not run).
+    assert!(
+        metrics
+            .find("vram_container_engine_up", &[("engine", "docker")])
+            .is_empty(),
+        "{}",
+        metrics.text
+    );
+    assert!(
+        !metrics.text.contains("engine=\"docker\""),
+        "{}",
+        metrics.text
     );
     assert_per_gpu_series_carry_no_workload_labels(&metrics);
     assert_promtool_clean(&metrics.text);

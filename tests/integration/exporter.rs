@@ -569,7 +569,7 @@ fn bad_flags_are_one_clear_line_and_a_failure() {
         ),
         (
             vec!["--holders.scan-timeout", "2"],
-            "invalid value '2' for '--holders.scan-timeout <DURATION>': '2' needs a unit: ms, s, m, h, d, w or y; see vram-exporter --help",
+            "invalid value '2' for '--holders.scan-timeout <DURATION>': '2' needs a unit: ns, us, ms, s, m, h, d, w or y; see vram-exporter --help",
         ),
         (vec!["--web.telemetry-path", "metrics"], "must start with /"),
         (vec!["--log.level", "loud"], "invalid value"),
@@ -594,7 +594,7 @@ fn unreadable_proc_entries_are_counted_not_called_gone() {
         crate::helpers::start(rig.unprivileged_command(&["--web.listen-address", "127.0.0.1:0"]));
     let metrics = exporter.scrape();
     assert!(
-        metrics.value("vram_procfs_errors", &[]) >= 1.0,
+        metrics.value("vram_scrape_procfs_unreadable_entries", &[]) >= 1.0,
         "{}",
         metrics.text
     );

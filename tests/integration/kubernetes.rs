@@ -408,7 +408,54 @@ fn a_culprit_in_a_pod_is_named_with_its_namespace_and_pod() {
 }
 
 #[test]
-fn without_a_kubelet_the_exporter_works_as_before_and_says_so() {
+fn on_a_host_without_kubernetes_there_is_no_kubelet_series_and_one_line_says_why() {
+    // The defaults, not given on the command line: the host of this test has no kubelet
+    // there (a Kubernetes node would make this test meaningless, hence the check).
+    for default in [
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "/var/log/pods",
+    ] {
+        assert!(
+            !std::path::Path::new(default).exists(),
+            "this test needs a host without a kubelet, and {default} exists"
+        );
+    }
+    let rig = Rig::new();
+    rig.charge_gpu0(nonexistent_pid(), Some(CHARGED));
+    let exporter = rig.start(&[FAST, &["--log.level", "debug"]].concat());
+    let metrics = exporter.scrape();
+    let kubelet: Vec<&str> = metrics
+        .text
+        .lines()
+        .filter(|line| line.contains("vram_kubelet_") || line.contains("vram_gpu_pod_info"))
+        .collect();
+    assert!(kubelet.is_empty(), "{kubelet:?}");
+    assert_eq!(
+        metrics.value(
+            "vram_orphaned_bytes",
+            &[("gpu", "0"), ("reason", "owner_gone")]
+        ),
+        CHARGED as f64
+    );
+    assert_promtool_clean(&metrics.text);
+    // One line at the default level, not one per refresh.
+    wait_until("five refreshes have run", WAIT, || {
+        exporter.log().matches("kubelet sources read").count() >= 5
+    });
+    let log = exporter.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("kubelet") && !line.contains("level=debug"))
+        .collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(
+        said[0].contains("level=info") && said[0].contains("its series appear once one is found"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_kubelet_named_on_the_command_line_but_absent_reads_as_down_and_says_so() {
     let rig = Rig::new();
     rig.charge_gpu0(nonexistent_pid(), Some(CHARGED));
     let nowhere = rig.dir.path().join("no-kubelet");
@@ -449,8 +496,8 @@ fn without_a_kubelet_the_exporter_works_as_before_and_says_so() {
     );
     assert_promtool_clean(&metrics.text);
 
-    // Said once, not at every refresh, and only at debug level: a host without
-    // Kubernetes hears nothing about a kubelet at the default level.
+    // Said once per source, not at every refresh: the paths were given, so their
+    // absence is news (at info), where a host that names no kubelet hears one line.
     wait_until("five refreshes have run", WAIT, || {
         exporter.log().matches("kubelet sources read").count() >= 5
     });
@@ -461,9 +508,10 @@ fn without_a_kubelet_the_exporter_works_as_before_and_says_so() {
         .collect();
     assert_eq!(absent.len(), 2, "{log}");
     assert!(
-        absent.iter().all(|line| line.contains("level=debug")),
+        absent.iter().all(|line| line.contains("level=info")),
         "{log}"
     );
+    assert!(!log.contains("its series appear once"), "{log}");
     assert!(!log.contains("level=warn"), "{log}");
 
     let check = rig.run(&[&["check"][..], &flags[..]].concat());

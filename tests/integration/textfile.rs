@@ -201,7 +201,8 @@ fn textfile_into_a_missing_folder_fails_with_one_line() {
 #[test]
 fn the_help_example_is_the_file_the_systemd_unit_writes() {
     // One path for the textfile directory, Debian's node_exporter default: the one the
-    // unit writes and the one `textfile --help` gives as its example.
+    // unit writes (its directory the flags file's, by default the unit's own) and the one
+    // `textfile --help` gives as its example.
     let unit = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("deploy/systemd/vram-exporter-textfile.service"),
@@ -217,6 +218,11 @@ fn the_help_example_is_the_file_the_systemd_unit_writes() {
                 .nth(1)
         })
         .expect("the unit's ExecStart writes with -o FILE");
+    let directory = unit
+        .lines()
+        .find_map(|line| line.strip_prefix("Environment=VRAM_EXPORTER_TEXTFILE_DIR="))
+        .expect("the unit gives the textfile directory a default");
+    let written = written.replace("${VRAM_EXPORTER_TEXTFILE_DIR}", directory);
     let help = Rig::new().run(&["textfile", "--help"]);
     assert_eq!(help.status, Some(0), "{help:?}");
     assert!(

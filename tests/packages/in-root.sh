@@ -92,13 +92,30 @@ expected=0
 diff "$work/check-host" "$work/check-root" || fail "check --replay says something else in the root"
 ok "check --replay of the shipped story exits 1 and says what the release build says ($(grep -c '' "$work/check-root") lines)"
 
-# --man=no: the units' Documentation= names systemd's man pages, which verify opens with
-# man, and a root without man-db has neither.
-said=$(in_root systemd-analyze verify --man=no /usr/lib/systemd/system/vram-exporter.service \
+
+# No --man=no: the units' Documentation= names the packaged README, which is there,
+# where systemd's man pages (which verify would open with man) are not.
+said=$(in_root systemd-analyze verify /usr/lib/systemd/system/vram-exporter.service \
     /usr/lib/systemd/system/vram-exporter-textfile.service /usr/lib/systemd/system/vram-exporter-textfile.timer 2>&1) ||
     fail "systemd-analyze verify: $said"
 [[ -z $said ]] || fail "systemd-analyze verify warns: $said"
-ok "systemd-analyze verify passes on the installed units"
+ok "systemd-analyze verify passes on the installed units, man pages or not"
+
+# What the textfile unit runs, with the flags file's variables, as the user: the file
+# appears in the directory the flags file names (Debian's), made for the user as an
+# operator would, and taken away again before the last inventory.
+textfile_dir=/var/lib/prometheus/node-exporter
+grep -qx "VRAM_EXPORTER_TEXTFILE_DIR=$textfile_dir" "$root/etc/default/vram-exporter" ||
+    fail "the .deb's flags file does not name Debian's textfile directory"
+mkdir -p "$root$textfile_dir"
+in_root chown vram-exporter:vram-exporter "$textfile_dir"
+in_root setpriv --reuid=vram-exporter --regid=vram-exporter --clear-groups /bin/sh -c \
+    ". /etc/default/vram-exporter && exec vram-exporter textfile --replay $inside/story-gpu2-orphaned.json \
+    -o \"\$VRAM_EXPORTER_TEXTFILE_DIR/vram-exporter.prom\" \$VRAM_EXPORTER_TEXTFILE_ARGS" >"$work/textfile.log" 2>&1 ||
+    fail "the textfile command with the flags file: $(cat "$work/textfile.log")"
+grep -q '^vram_orphaned_bytes{' "$root$textfile_dir/vram-exporter.prom" ||
+    fail "no metrics in $textfile_dir/vram-exporter.prom"
+ok "the flags file names $textfile_dir, where the textfile command writes as the user"
 
 # An operator's edit, then the rebuilt package with a higher version over it.
 flags=$root/etc/default/vram-exporter
@@ -145,13 +162,15 @@ left=$(user_processes)
 [[ -z $left ]] || fail "processes of vram-exporter left after the removal: $left"
 wait "$serving" || true
 [[ ! -e $root/usr/bin/vram-exporter ]] || fail "dpkg --remove left the binary"
+[[ ! -e $root$textfile_dir/vram-exporter.prom ]] || fail "dpkg --remove left the textfile output, which node_exporter would go on serving"
 cmp -s "$flags" "$work/flags-edited" || fail "dpkg --remove did not keep the edited flags file"
-ok "dpkg --remove stopped the exporter running as vram-exporter, removed the files and kept the flags file"
+ok "dpkg --remove stopped the exporter running as vram-exporter, removed the files and the textfile output, and kept the flags file"
 
 in_root dpkg --purge vram-exporter >"$work/dpkg-purge.log" 2>&1 || {
     cat "$work/dpkg-purge.log" >&2
     fail "dpkg --purge"
 }
+rmdir "$root$textfile_dir" "$root/var/lib/prometheus"
 inventory >"$work/after"
 diff "$work/before" "$work/after" || fail "the purge left the root otherwise than it was (above)"
 ok "dpkg --purge left the root as it was before the install: files, users and groups"

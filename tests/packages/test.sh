@@ -10,11 +10,13 @@
 # - a clean Debian root, made here with mmdebstrap from this host's release and package
 #   sources, into which tests/packages/in-root.sh installs the .deb, runs it, upgrades
 #   it over an edited flags file, removes it while the exporter runs as its user, and
-#   purges it (that script says what it checks).
-#
-# No clean RPM root is made: that takes a Fedora, RHEL or Rocky repository, and this
-# suite reaches only Debian's packages; the .rpm's install scripts are the .deb's, which
-# run here (each takes both package managers' arguments).
+#   purges it (that script says what it checks); then, in the same root, left as it was,
+#   tests/packages/in-rpm-root.sh installs, upgrades and erases the .rpm with
+#   `rpm --root` (a clean RPM distribution's root takes Fedora's, RHEL's or Rocky's
+#   repositories, which this suite cannot reach; that script says what this does not
+#   prove);
+# - the release image, built with deploy/image/build.sh, is the size docs/kubernetes.md
+#   says.
 #
 # It ends with "N package checks passed", or the check that failed.
 set -euo pipefail
@@ -32,7 +34,7 @@ fail() {
 }
 
 [[ $(id -u) -eq 0 ]] || fail "it makes a Debian root and installs into it with chroot: run it as root"
-for program in mmdebstrap rpm dpkg-deb readelf ldd sha256sum; do
+for program in mmdebstrap rpm rpm2archive dpkg-deb readelf ldd sha256sum buildah podman; do
     command -v "$program" >/dev/null || fail "$program is missing (tests/run.sh installs it)"
 done
 
@@ -40,10 +42,17 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 release=target/release/vram-exporter
-deploy/packages/build.sh --out "$work/1" >"$work/build-1.log"
+# Whoever builds packages names themselves; the test, a name of its own.
+maintainer="vram-exporter package test <package-test@vram-exporter.invalid>"
+refused=0
+deploy/packages/build.sh --maintainer "vram-exporter maintainers" --out "$work/0" 2>"$work/build-0.err" || refused=$?
+if ((refused != 2)) || ! grep -q "the packages need a maintainer as NAME <EMAIL>" "$work/build-0.err"; then
+    fail "build.sh took a maintainer without an email (exit $refused): $(cat "$work/build-0.err")"
+fi
+deploy/packages/build.sh --maintainer "$maintainer" --out "$work/1" >"$work/build-1.log"
 [[ -x $release ]] || fail "build.sh left no $release"
 built_at=$(stat -c %Y.%s "$release")
-deploy/packages/build.sh --out "$work/2" --package-revision 2 >"$work/build-2.log" 2>"$work/build-2.err"
+deploy/packages/build.sh --maintainer "$maintainer" --out "$work/2" --package-revision 2 >"$work/build-2.log" 2>"$work/build-2.err"
 # Nothing compiled: the package build keeps the release profile fresh.
 if grep -q "Compiling" "$work/build-2.err"; then
     fail "the second package build compiled something: $(grep Compiling "$work/build-2.err")"
@@ -61,7 +70,9 @@ crate_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
 revision=$(sed -n 's/^vram-exporter [^ ]* (revision \(.*\))$/\1/p' <<<"$version_line")
 [[ $version_line == "vram-exporter $crate_version (revision $revision)" && -n $revision ]] ||
     fail "unexpected --version: $version_line"
-suffix=${revision//-/.}
+# The commit's time, then the revision: a later commit's package sorts after.
+committed=$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S "${revision%-dirty}" --)
+suffix="git$committed.$(git rev-list --count "${revision%-dirty}" --).${revision//-/.}"
 
 one() {
     local found
@@ -84,7 +95,19 @@ tarball=$(one "$work/1/vram-exporter-$crate_version.linux-*.tar.gz")
     fail "the rebuilt .deb's version is $(dpkg-deb -f "$deb2" Version)"
 dpkg --compare-versions "$(dpkg-deb -f "$deb2" Version)" gt "$(dpkg-deb -f "$deb1" Version)" ||
     fail "the rebuilt .deb's version is not higher"
-ok "the .deb's version is the crate's with the revision --version prints ($(dpkg-deb -f "$deb1" Version))"
+# A package of the commit before, as build.sh names it, sorts before this one in both
+# package managers, whatever the two hashes.
+if parent=$(git rev-parse --short=12 HEAD~1 2>/dev/null); then
+    before=$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S "$parent" --).$(git rev-list --count "$parent" --)
+    dpkg --compare-versions "$crate_version-1+git$before.$parent" lt "$(dpkg-deb -f "$deb1" Version)" ||
+        fail "dpkg sorts the parent commit's package after this one's"
+    [[ $(rpm --eval "%{lua: print(rpm.vercmp('$crate_version-1.git$before.$parent', '$crate_version-1.$suffix'))}") == -1 ]] ||
+        fail "rpm sorts the parent commit's package after this one's"
+fi
+ok "the .deb's version is the crate's with the commit's time and the revision --version prints ($(dpkg-deb -f "$deb1" Version))"
+[[ $(dpkg-deb -f "$deb1" Maintainer) == "$maintainer" ]] ||
+    fail "the .deb's Maintainer is $(dpkg-deb -f "$deb1" Maintainer)"
+ok "the .deb's Maintainer is the builder's name and email ($maintainer)"
 
 dpkg-deb --fsys-tarfile "$deb1" | tar -xOf - ./usr/bin/vram-exporter >"$work/deb-binary"
 cmp -s "$work/deb-binary" "$release" || fail "the .deb's binary is not $release"
@@ -144,7 +167,12 @@ rpm_query() { rpm -qp --nosignature "$@" "$rpm1" 2>/dev/null; }
 ok "the .rpm's version is the crate's with the revision --version prints ($(rpm_query --qf '%{VERSION}-%{RELEASE}'))"
 diff <(packaged_files "$(printf '%s\n' /etc/sysconfig/vram-exporter /usr/share/licenses/vram-exporter/LICENSE)") \
     <(rpm_query --list | sort) || fail "the .rpm's files differ from the expected (above)"
-ok "the .rpm holds the same files as the .deb, its flags file in /etc/sysconfig"
+mkdir -p "$work/rpm-tree"
+rpm2archive - <"$rpm1" | tar -xzf - -C "$work/rpm-tree"
+diff <(sed 's|^VRAM_EXPORTER_TEXTFILE_DIR=.*|VRAM_EXPORTER_TEXTFILE_DIR=/var/lib/node_exporter/textfile_collector|' \
+    deploy/packages/vram-exporter.default) "$work/rpm-tree/etc/sysconfig/vram-exporter" ||
+    fail "the .rpm's flags file is not the .deb's with RHEL's textfile directory"
+ok "the .rpm holds the same files as the .deb, its flags file in /etc/sysconfig naming RHEL's textfile directory"
 [[ $(rpm_query --configfiles) == /etc/sysconfig/vram-exporter ]] ||
     fail "the .rpm's config files: $(rpm_query --configfiles)"
 [[ $(rpm_query --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' | grep ' /etc/') == "cn /etc/sysconfig/vram-exporter" ]] ||
@@ -195,8 +223,6 @@ grep -qF "glibc $glibc or newer" docs/deployment.md ||
     fail "docs/deployment.md does not say the binary needs glibc $glibc or newer (readelf -V)"
 ok "docs/deployment.md names the glibc the binary needs ($glibc, from readelf -V)"
 
-echo "no clean RPM root: making one takes a Fedora, RHEL or Rocky repository, and this suite reaches only Debian's packages; the .rpm's scripts are the .deb's, which run below" >&2
-
 # --- a clean Debian root ---------------------------------------------------------------
 # This host's release and its package sources (as files mmdebstrap pastes in), so that
 # the binary meets the glibc it was built against.
@@ -209,11 +235,29 @@ done
 ((${#sources[@]})) || fail "this host has no apt sources for mmdebstrap to use"
 cp "$deb1" "$work/v1.deb"
 cp "$deb2" "$work/v2.deb"
+cp "$rpm1" "$work/v1.rpm"
+cp "$(one "$work/2/vram-exporter-*.rpm")" "$work/v2.rpm"
 echo "making a clean $codename root with mmdebstrap and installing into it" >&2
 mmdebstrap --quiet --variant=apt --include=systemd,passwd \
     --customize-hook="$repository/tests/packages/in-root.sh \"\$1\" $work $repository" \
+    --customize-hook="$repository/tests/packages/in-rpm-root.sh \"\$1\" $work $repository" \
     "$codename" /dev/null "${sources[@]}"
 [[ -s $work/in-root.passed ]] || fail "tests/packages/in-root.sh did not finish"
-passed=$((passed + $(cat "$work/in-root.passed")))
+[[ -s $work/in-rpm-root.passed ]] || fail "tests/packages/in-rpm-root.sh did not finish"
+passed=$((passed + $(cat "$work/in-root.passed") + $(cat "$work/in-rpm-root.passed")))
+
+# --- the release image ------------------------------------------------------------------
+# Its size, as podman lists it, against the figure docs/kubernetes.md gives (within 2 %:
+# every change to the code moves it a little; a figure from another release moves it more).
+image="localhost/vram-exporter-package-test:$$"
+deploy/image/build.sh --binary "$release" --image "$image" >"$work/image.log" 2>&1 ||
+    fail "deploy/image/build.sh: $(cat "$work/image.log")"
+bytes=$(podman image inspect --format '{{.Size}}' "$image")
+podman rmi --force "$image" >/dev/null 2>&1 || true
+documented=$(sed -n 's/.*The image is \([0-9.]*\) MB.*/\1/p' docs/kubernetes.md | head -n 1)
+[[ -n $documented ]] || fail "docs/kubernetes.md gives no size as 'The image is N MB'"
+awk -v bytes="$bytes" -v mb="$documented" 'BEGIN { d = bytes / 1e6 - mb; if (d < 0) d = -d; exit !(d <= mb * 0.02) }' ||
+    fail "the image is $(awk -v b="$bytes" 'BEGIN { printf "%.2f", b / 1e6 }') MB ($bytes bytes), docs/kubernetes.md says $documented MB"
+ok "the release image is $(awk -v b="$bytes" 'BEGIN { printf "%.2f", b / 1e6 }') MB, as docs/kubernetes.md says ($documented MB)"
 
 echo "$passed package checks passed"

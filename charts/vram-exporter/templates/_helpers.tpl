@@ -28,7 +28,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
 {{- end }}
 
+{{/* The image; the chart of the repository names none, and says what to set. */}}
 {{- define "vram-exporter.image" -}}
+{{- if not .Values.image.repository }}
+{{- fail "image.repository is not set: set it to the registry your nodes pull vram-exporter from, e.g. --set image.repository=ghcr.io/OWNER/vram-exporter (a release's chart names its published image; to build and push your own, see docs/kubernetes.md)" }}
+{{- end }}
 {{- $tag := .Values.image.tag | default .Chart.AppVersion }}
 {{- if .Values.image.digest }}
 {{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest }}

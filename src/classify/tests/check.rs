@@ -121,4 +121,8 @@ fn a_selection_resolves_the_gpus_and_their_status_once() {
             report.gpus.len() - 1
         )
     );
+    assert!(missing
+        .in_snapshot()
+        .to_string()
+        .starts_with("there is no GPU 7; the snapshot has "));
 }

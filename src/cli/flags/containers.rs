@@ -37,4 +37,14 @@ pub struct ContainersArgs {
     /// during a scrape; check waits for its lookups at most five times this long.
     #[arg(id = "containers.timeout", long = "containers.timeout", value_name = "DURATION", default_value = "1s", value_parser = parse_duration, global = true)]
     pub timeout: Duration,
+
+    /// Whether `--containers.docker-socket` was given on the command line (set from how
+    /// the command line was read): an engine named there is expected, and its series are
+    /// served even while its socket is absent.
+    #[arg(skip)]
+    pub docker_given: bool,
+
+    /// Whether `--containers.podman-socket` was given on the command line.
+    #[arg(skip)]
+    pub podman_given: bool,
 }

@@ -36,4 +36,10 @@ pub struct KubeletArgs {
         global = true
     )]
     pub pod_logs: PathBuf,
+
+    /// Whether either path was given on the command line (not a flag: set from how the
+    /// command line was read). A kubelet named there is expected, and its series are
+    /// served even while it is absent; one found at the default paths shows once found.
+    #[arg(skip)]
+    pub given: bool,
 }

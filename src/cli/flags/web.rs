@@ -43,8 +43,11 @@ pub struct WebArgs {
     #[arg(long = "web.max-connections", value_name = "N", default_value_t = 64)]
     pub max_connections: usize,
 
-    /// Longest a scrape waits for a collection (a hung NVML call) before it gets 503;
-    /// the collection goes on, and later scrapes wait for it rather than start another.
+    /// Longest a scrape waits for its collection. A hung NVML or /proc call does not fail
+    /// the scrape: what has not answered by its share of this wait is served as not
+    /// answering (vram_gpu_error{error="timeout"}), with the rest, as a 200. Only a
+    /// collection that overruns it all the same (a starved host) gets 503; later scrapes
+    /// wait for the one in flight rather than start another.
     #[arg(long = "web.collection-timeout", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub collection_timeout: Duration,
 }

@@ -1,5 +1,7 @@
 //! Where the container engines' sockets are, and how long one call may take.
 
+use super::reading::Engine;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -19,6 +21,10 @@ pub struct ContainersConfig {
     pub timeout: Duration,
     /// Time between two checks that an engine answers (`GET /_ping`).
     pub refresh_interval: Duration,
+    /// The engines expected here: their sockets were given on the command line. Their
+    /// series are served even while the socket is absent; another engine's appear once
+    /// its socket is found.
+    pub expected: BTreeSet<Engine>,
 }
 
 impl Default for ContainersConfig {
@@ -28,6 +34,7 @@ impl Default for ContainersConfig {
             podman_socket: DEFAULT_PODMAN_SOCKET.into(),
             timeout: Duration::from_secs(1),
             refresh_interval: Duration::from_secs(10),
+            expected: BTreeSet::new(),
         }
     }
 }

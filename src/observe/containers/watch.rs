@@ -10,7 +10,7 @@ use crate::observe::error_line::one_line;
 use crate::observe::health::unix_seconds_now;
 use crate::observe::lifespan::Lifespan;
 use crate::sync::lock;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,6 +36,10 @@ enum Entry {
 #[derive(Debug)]
 struct Shared {
     engines: BTreeMap<Engine, EngineHealth>,
+    /// The engines whose series are served: those expected (their socket given on the
+    /// command line) and those whose socket was found since start. A host without Docker
+    /// gets no `vram_container_engine_*` series for it, rather than an `_up 0`.
+    shown: BTreeSet<Engine>,
     cache: HashMap<String, Entry>,
 }
 
@@ -79,12 +83,20 @@ impl ContainerWatch {
                     (*engine, health)
                 })
                 .collect(),
+            // An engine whose socket is there is shown from the start, before its first
+            // check answers (a server does not wait for it).
+            shown: sockets
+                .iter()
+                .filter(|(engine, socket)| config.expected.contains(engine) || socket.exists())
+                .map(|(engine, _)| *engine)
+                .collect(),
             cache: HashMap::new(),
         }));
         let (requests, received) = mpsc::channel();
         let (first_done, first) = mpsc::channel();
         let engines = sockets.len() as u32;
         let thread = Thread {
+            expected: config.expected,
             sockets,
             timeout: config.timeout,
             refresh_interval: config.refresh_interval,
@@ -171,7 +183,12 @@ impl ContainerWatch {
             }
         }
         let shared = lock(&self.shared);
-        reading.engines = shared.engines.clone();
+        reading.engines = shared
+            .engines
+            .iter()
+            .filter(|(engine, _)| shared.shown.contains(engine))
+            .map(|(engine, health)| (*engine, health.clone()))
+            .collect();
         for (id, _) in wanted {
             if let Some(Entry::Named(name)) = shared.cache.get(&id) {
                 reading.names.insert(id, name.clone());
@@ -182,6 +199,8 @@ impl ContainerWatch {
 
 /// The thread's side.
 struct Thread {
+    /// The engines whose sockets were given on the command line.
+    expected: BTreeSet<Engine>,
     sockets: Vec<(Engine, PathBuf)>,
     timeout: Duration,
     refresh_interval: Duration,
@@ -204,12 +223,17 @@ impl Thread {
         self.ping(&runtime, true);
         let _ = first_done.send(());
         let mut next_ping = Instant::now() + self.refresh_interval;
+        let mut said_missing = false;
         loop {
             let now = Instant::now();
             if now >= next_ping {
                 // A one-shot command checked once; its lookups say the rest.
                 if self.lifespan == Lifespan::Serving {
                     self.ping(&runtime, false);
+                    if !said_missing {
+                        self.say_missing();
+                        said_missing = true;
+                    }
                 }
                 next_ping = Instant::now() + self.refresh_interval;
                 continue;
@@ -227,6 +251,25 @@ impl Thread {
         for (engine, socket) in &self.sockets {
             let result = runtime.block_on(engine::ping(socket, self.timeout));
             self.record(*engine, result.as_ref().err(), first);
+        }
+    }
+
+    /// After a server's second check, the engines neither there nor expected get one line
+    /// together, and no series: at the second check rather than the first, so that a
+    /// start-up error (a port in use) stays the only line of a server that does not start.
+    fn say_missing(&self) {
+        let shown = lock(&self.shared).shown.clone();
+        let missing: Vec<String> = self
+            .sockets
+            .iter()
+            .filter(|(engine, _)| !shown.contains(engine))
+            .map(|(engine, socket)| format!("{} ({})", engine.as_str(), socket.display()))
+            .collect();
+        if !missing.is_empty() {
+            tracing::info!(
+                engines = missing.join(", "),
+                "no socket for these container engines; their containers are named by id only, and an engine's series appear once its socket is found"
+            );
         }
     }
 
@@ -278,15 +321,23 @@ impl Thread {
             }
         }
         let (now, message) = (health.error, health.message.clone());
+        if now != Some(EngineError::Absent) {
+            shared.shown.insert(engine);
+        }
         drop(shared);
         if self.lifespan == Lifespan::OneShot || (!first && before == now) {
             return;
         }
+        let expected = self.expected.contains(&engine);
         let engine = engine.as_str();
         match now {
             None if first => tracing::debug!(engine, "container engine answers"),
             None => tracing::info!(engine, "container engine answers"),
-            Some(EngineError::Absent) => tracing::debug!(
+            Some(EngineError::Absent) if first && !expected => tracing::debug!(
+                engine,
+                "container engine absent (no socket at its path); its containers are named by id only"
+            ),
+            Some(EngineError::Absent) => tracing::info!(
                 engine,
                 "container engine absent (no socket at its path); its containers are named by id only"
             ),
@@ -398,6 +449,7 @@ mod tests {
             podman_socket: podman,
             timeout: Duration::from_millis(500),
             refresh_interval: Duration::from_secs(60),
+            expected: BTreeSet::new(),
         }
     }
 
@@ -417,9 +469,10 @@ mod tests {
         assert!(reading.engines[&Engine::Docker]
             .last_success_unix_seconds
             .is_some());
-        assert_eq!(
-            reading.engines[&Engine::Podman].error,
-            Some(EngineError::Absent)
+        // Podman's socket is not there, and was not given: no health, so no series.
+        assert!(
+            !reading.engines.contains_key(&Engine::Podman),
+            "{reading:?}"
         );
         let again = watch.reading(wanted(), later());
         assert_eq!(again.names, reading.names);
@@ -428,6 +481,46 @@ mod tests {
             1,
             "the second reading asked the engine again"
         );
+    }
+
+    #[test]
+    fn an_engine_is_shown_once_its_socket_is_found_or_when_it_was_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(
+            dir.path().join("docker.sock"),
+            dir.path().join("podman.sock"),
+        );
+        config.expected = BTreeSet::from([Engine::Podman]);
+        config.refresh_interval = Duration::from_millis(50);
+        let watch = ContainerWatch::start(config, Lifespan::Serving);
+        // Podman was given: absent, and said so. Docker was not: no word of it.
+        let mut reading = watch.reading(Vec::new(), later());
+        let started = Instant::now();
+        while reading
+            .engines
+            .get(&Engine::Podman)
+            .and_then(|health| health.error)
+            != Some(EngineError::Absent)
+        {
+            assert!(started.elapsed() < Duration::from_secs(5), "{reading:?}");
+            std::thread::sleep(Duration::from_millis(20));
+            reading = watch.reading(Vec::new(), later());
+        }
+        assert!(
+            !reading.engines.contains_key(&Engine::Docker),
+            "{reading:?}"
+        );
+        // Docker starts: found at the next check, and shown from then on.
+        let (_docker, _) = stand_in_docker(dir.path());
+        while !reading
+            .engines
+            .get(&Engine::Docker)
+            .is_some_and(|health| health.up())
+        {
+            assert!(started.elapsed() < Duration::from_secs(5), "{reading:?}");
+            std::thread::sleep(Duration::from_millis(20));
+            reading = watch.reading(Vec::new(), later());
+        }
     }
 
     #[test]

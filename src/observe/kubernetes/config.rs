@@ -17,6 +17,10 @@ pub struct KubernetesConfig {
     pub pod_logs: PathBuf,
     /// Time between two refreshes.
     pub refresh_interval: Duration,
+    /// Whether a kubelet is expected here: its paths were given on the command line.
+    /// Its sources' series are then served even while it is absent; otherwise they
+    /// appear once one of them is found.
+    pub expected: bool,
 }
 
 impl Default for KubernetesConfig {
@@ -25,6 +29,7 @@ impl Default for KubernetesConfig {
             pod_resources_socket: DEFAULT_POD_RESOURCES_SOCKET.into(),
             pod_logs: DEFAULT_POD_LOGS.into(),
             refresh_interval: Duration::from_secs(10),
+            expected: false,
         }
     }
 }

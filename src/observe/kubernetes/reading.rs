@@ -127,9 +127,24 @@ pub struct KubernetesReading {
     /// Names of the pods that owners and holders run in, by pod uid.
     #[serde(default)]
     pub pod_names: BTreeMap<String, PodName>,
+    /// Whether a kubelet is expected on this host: its paths were given on the command
+    /// line, or one of its sources was found since the exporter started (it may have
+    /// gone since). Absent from snapshots where neither holds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expected: bool,
 }
 
 impl KubernetesReading {
+    /// Whether the kubelet's sources are worth a series: a kubelet is expected here, or
+    /// a source is anything but absent, or answered once. A host without Kubernetes gets
+    /// no `vram_kubelet_*` series at all, rather than an `_up 0` that reads as down.
+    pub fn shown(&self) -> bool {
+        let found = |source: &SourceHealth| {
+            source.error != Some(SourceError::Absent) || source.last_success_unix_seconds.is_some()
+        };
+        self.expected || found(&self.pod_resources) || found(&self.pod_logs)
+    }
+
     /// The MIG device UUIDs among the assigned devices: what NVML must place on a GPU.
     pub(crate) fn mig_device_ids(&self) -> Vec<&str> {
         self.devices
@@ -171,6 +186,7 @@ pub(crate) mod examples {
             mig_parents: BTreeMap::from([("MIG-a".to_string(), "GPU-3".to_string())]),
             pod_logs: SourceHealth::default(),
             pod_names: BTreeMap::new(),
+            expected: false,
         }
     }
 }
@@ -204,5 +220,34 @@ mod tests {
             serde_json::from_value::<KubernetesReading>(text).unwrap(),
             reading
         );
+    }
+
+    #[test]
+    fn a_kubelet_is_shown_once_expected_or_found_and_never_for_a_host_without_one() {
+        let absent = SourceHealth {
+            error: Some(SourceError::Absent),
+            message: Some("no socket".into()),
+            last_success_unix_seconds: None,
+        };
+        let mut reading = reading(Vec::new());
+        reading.pod_resources = absent.clone();
+        reading.pod_logs = absent.clone();
+        assert!(!reading.shown(), "a host without Kubernetes");
+        let text = serde_json::to_value(&reading).unwrap();
+        assert!(text.get("expected").is_none(), "{text}");
+
+        reading.expected = true;
+        assert!(
+            reading.shown(),
+            "paths given on the command line, or found before"
+        );
+
+        reading.expected = false;
+        reading.pod_logs.error = Some(SourceError::Unreadable);
+        assert!(reading.shown(), "there, but failing");
+
+        reading.pod_logs = absent;
+        reading.pod_resources.last_success_unix_seconds = Some(1.0);
+        assert!(reading.shown(), "gone since it answered");
     }
 }

@@ -28,6 +28,10 @@ struct Latest {
     devices: Vec<DeviceAssignment>,
     pod_logs: SourceHealth,
     names: PodNameCache,
+    /// A kubelet is expected: its paths were given, or a source was found since start.
+    expected: bool,
+    /// Whether the line saying that this host has no kubelet was logged.
+    said_absent: bool,
 }
 
 /// The two kubelet sources, refreshed on a thread of their own.
@@ -57,6 +61,8 @@ impl KubernetesWatch {
             devices: Vec::new(),
             pod_logs: not_yet_read(),
             names: PodNameCache::default(),
+            expected: config.expected,
+            said_absent: false,
         }));
         let timeout = CALL_TIMEOUT.min(config.refresh_interval);
         let (first_done, first) = mpsc::channel();
@@ -85,6 +91,7 @@ impl KubernetesWatch {
             mig_parents: BTreeMap::new(),
             pod_logs: latest.pod_logs.clone(),
             pod_names: latest.names.names_of(uids),
+            expected: latest.expected,
         }
     }
 
@@ -172,7 +179,7 @@ fn refresh(
         &config.pod_resources_socket,
         &previous,
         &latest.pod_resources,
-        read,
+        (read, config.expected),
     );
     let previous = latest.pod_logs.clone();
     match listing {
@@ -194,8 +201,22 @@ fn refresh(
         &config.pod_logs,
         &previous,
         &latest.pod_logs,
-        read,
+        (read, config.expected),
     );
+    let found = |health: &SourceHealth| health.error != Some(SourceError::Absent);
+    let expected = latest.expected || found(&latest.pod_resources) || found(&latest.pod_logs);
+    if read == Read::Again && !expected && !latest.said_absent {
+        // The one line a host without Kubernetes hears about it, and no series: at the
+        // second read rather than the first, so that a start-up error (a port in use)
+        // stays the only line of a server that does not start.
+        latest.said_absent = true;
+        tracing::info!(
+            pod_resources = %config.pod_resources_socket.display(),
+            pod_logs = %config.pod_logs.display(),
+            "no kubelet on this host; pods are not named, and its series appear once one is found"
+        );
+    }
+    latest.expected = expected;
     tracing::debug!(
         pod_resources = latest.pod_resources.error.map_or("up", SourceError::as_str),
         pod_logs = latest.pod_logs.error.map_or("up", SourceError::as_str),
@@ -206,16 +227,15 @@ fn refresh(
 }
 
 /// Logs a source only when its state changes: when it fails in a new way, and when it
-/// recovers. At start only a failure is worth a line (at debug level otherwise: the
-/// gauges say it, and a host without Kubernetes should not hear about a kubelet; a
-/// start-up error such as a busy port stays the only line). One-shot commands say
-/// nothing: their output shows it.
+/// recovers. At start only a failure is worth a line, and an absent source only when its
+/// path was given (`expected`): a host without Kubernetes hears one line about it, from
+/// [`refresh`], and no more. One-shot commands say nothing: their output shows it.
 fn log_change(
     source: KubeletSource,
     path: &Path,
     previous: &SourceHealth,
     now: &SourceHealth,
-    read: Read,
+    (read, expected): (Read, bool),
 ) {
     match read {
         Read::Only => return,
@@ -228,7 +248,7 @@ fn log_change(
     match now.error {
         None if first => tracing::debug!(source, path = %path, "kubelet source answers"),
         None => tracing::info!(source, path = %path, "kubelet source answers"),
-        Some(SourceError::Absent) if first => tracing::debug!(
+        Some(SourceError::Absent) if first && !expected => tracing::debug!(
             source,
             path = %path,
             "kubelet source absent (no kubelet on this host, or the path is not mounted); pods are not named"

@@ -149,8 +149,8 @@ pub(super) fn exporter_health(
     )?;
     gauge(
         encoder,
-        "vram_procfs_errors",
-        "Entries under /proc that existed but could not be read during this scrape.",
+        "vram_scrape_procfs_unreadable_entries",
+        "Entries under /proc that existed but could not be read in this scrape: a gauge, counted afresh each scrape, not a running total.",
         single(report.procfs_errors),
     )?;
     gauge(
