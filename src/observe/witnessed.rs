@@ -88,6 +88,48 @@ impl Witnessed {
         }
     }
 
+    /// Whether `observation` witnessed exactly this, with every GPU answering: what a
+    /// steady scrape asks, compared in place, without building what it would write.
+    fn is_what(&self, observation: &Observation) -> bool {
+        if !answered_in_full(&observation.nvml) {
+            return false;
+        }
+        let mut processes = 0;
+        let mut first_seen = 0;
+        for (&pid, owner) in &observation.owners {
+            if let ProcessLookup::Present(facts) = &owner.now {
+                let same = match (
+                    facts.witnessed_parts(),
+                    self.process(facts.pid, facts.start_time_ticks),
+                ) {
+                    (None, None) => true,
+                    (Some((lineage, kill, ending)), Some(kept)) => {
+                        kept.lineage.as_ref() == lineage
+                            && kept.kill_pending_since_unix_seconds == kill
+                            && kept.ending_since_unix_millis == ending
+                    }
+                    _ => false,
+                };
+                if !same {
+                    return false;
+                }
+                processes += usize::from(facts.witnessed_parts().is_some());
+            }
+            if let Some(identity) = &owner.first_seen {
+                let kept = self
+                    .owners_first_seen
+                    .binary_search_by_key(&pid, |first| first.pid)
+                    .ok()
+                    .map(|at| &self.owners_first_seen[at].identity);
+                if kept != Some(identity) {
+                    return false;
+                }
+                first_seen += 1;
+            }
+        }
+        processes == self.processes.len() && first_seen == self.owners_first_seen.len()
+    }
+
     /// What was witnessed of process `pid` of the procfs, if it is the same process.
     pub fn process(&self, pid: u32, start_time_ticks: u64) -> Option<&WitnessedProcess> {
         self.processes
@@ -225,6 +267,9 @@ impl Witness {
             return;
         }
         let mut kept = lock(&self.kept);
+        if kept.as_ref().is_some_and(|kept| kept.is_what(observation)) {
+            return;
+        }
         let before = kept.as_ref().unwrap_or(&self.read.witnessed);
         let now = Witnessed::of(observation, before);
         if kept.as_deref() == Some(&now) {
@@ -348,5 +393,41 @@ mod tests {
         // NVML did not answer: nothing it listed before is forgotten.
         let kept = Witnessed::of(&observation(Default::default(), false), &witnessed);
         assert_eq!(kept, witnessed);
+    }
+
+    #[test]
+    fn a_steady_look_is_found_unchanged_in_place_and_a_change_is_not() {
+        let look = observation(
+            owners(&[(100, ProcessLookup::Present(facts(100, 50)))]),
+            true,
+        );
+        let witnessed = Witnessed::of(&look, &Witnessed::default());
+        assert!(witnessed.is_what(&look));
+        // The parent seen to exit.
+        let mut exited = (*facts(100, 50)).clone();
+        exited
+            .lineage
+            .as_mut()
+            .unwrap()
+            .parent_exit_seen_unix_seconds = Some(1_796_300_000);
+        let changed = observation(
+            owners(&[(100, ProcessLookup::Present(Arc::new(exited)))]),
+            true,
+        );
+        assert!(!witnessed.is_what(&changed));
+        // An owner more, or one fewer.
+        let more = observation(
+            owners(&[
+                (100, ProcessLookup::Present(facts(100, 50))),
+                (200, ProcessLookup::Present(facts(200, 50))),
+            ]),
+            true,
+        );
+        assert!(!witnessed.is_what(&more));
+        assert!(!witnessed.is_what(&observation(Default::default(), true)));
+        // A look some GPU did not answer is never taken as unchanged.
+        let mut partial = look.clone();
+        partial.nvml = observation(Default::default(), false).nvml;
+        assert!(!witnessed.is_what(&partial));
     }
 }

@@ -188,12 +188,22 @@ pub struct WitnessedProcess {
 }
 
 impl ProcessFacts {
-    /// What of this reading no later one could see again, if anything.
-    pub fn witnessed(&self) -> Option<WitnessedProcess> {
+    /// What of this reading no later one could see again, if anything, by reference:
+    /// where it came from, since when a kill has waited, since when it has been ending.
+    pub fn witnessed_parts(&self) -> Option<(Option<&Lineage>, Option<u64>, Option<u64>)> {
         let seen = self.lineage.is_some()
             || self.kill_pending_since_unix_seconds.is_some()
             || self.ending_since_unix_millis.is_some();
-        seen.then(|| WitnessedProcess {
+        seen.then_some((
+            self.lineage.as_ref(),
+            self.kill_pending_since_unix_seconds,
+            self.ending_since_unix_millis,
+        ))
+    }
+
+    /// What of this reading no later one could see again, if anything.
+    pub fn witnessed(&self) -> Option<WitnessedProcess> {
+        self.witnessed_parts().map(|_| WitnessedProcess {
             pid: self.pid,
             start_time_ticks: self.start_time_ticks,
             lineage: self.lineage.clone(),
