@@ -23,7 +23,13 @@ Exit status:
   1  orphaned memory found (with --wait: still there when the time is up)
   2  error: a bad flag, an unreadable snapshot, NVML missing
   3  cannot tell: some memory cannot be judged (a GPU lost or not answering NVML within --timeout, owners that cannot be read, a blind exporter with unattributed memory)
-  4  memory left behind: held for a server that has exited, or by a killed process stuck in the driver";
+  4  memory left behind: held for a server that has exited, or by a killed process stuck in the driver
+  5  in use: with --foreign, live processes in no running Slurm job hold memory
+
+With --exit-codes plugin, as node-problem-detector and Nagios-style callers read it:
+  0  OK: no memory left over
+  1  problem: memory orphaned, left behind, stuck in the driver, or (--foreign) in use outside the running jobs
+  3  unknown: cannot tell, the look did not complete, NVML missing, or a bad flag";
 
 /// Exit statuses of `snapshot` and `textfile`: each code with its meaning as
 /// [`crate::exit_codes::written_meaning`] says it (a test holds the two together).
@@ -92,12 +98,21 @@ mod tests {
     #[test]
     fn help_lists_the_exit_statuses() {
         use crate::exit_codes::{
-            meaning, written_meaning, CANNOT_TELL, ERROR, LEFT_BEHIND, ORPHANED, SUCCESS,
+            meaning, plugin, plugin_meaning, written_meaning, CANNOT_TELL, ERROR, IN_USE,
+            LEFT_BEHIND, ORPHANED, SUCCESS,
         };
         let check = help(&["check"]);
-        for code in [SUCCESS, ORPHANED, ERROR, CANNOT_TELL, LEFT_BEHIND] {
+        for code in [SUCCESS, ORPHANED, ERROR, CANNOT_TELL, LEFT_BEHIND, IN_USE] {
             let status = format!("  {code}  {}", meaning(code));
             assert!(check.contains(&status), "{status:?} missing from:\n{check}");
+        }
+        let (_, plugins) = check.split_once("With --exit-codes plugin").unwrap();
+        for code in [plugin::OK, plugin::PROBLEM, plugin::UNKNOWN] {
+            let status = format!("  {code}  {}", plugin_meaning(code));
+            assert!(
+                plugins.contains(&status),
+                "{status:?} missing from:\n{check}"
+            );
         }
         for mode in ["snapshot", "textfile"] {
             let text = help(&[mode]);

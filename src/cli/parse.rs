@@ -256,7 +256,18 @@ mod tests {
                 }
             }
             // The table holds every flag this subcommand shares with another mode.
-            let own: &[&str] = &["help", "output", "json", "gpu", "wait", "wait.interval"];
+            let own: &[&str] = &[
+                "help",
+                "output",
+                "json",
+                "summary",
+                "gpu",
+                "gpu.numbering",
+                "foreign",
+                "exit-codes",
+                "wait",
+                "wait.interval",
+            ];
             let mut shared: Vec<String> = listed_flags(&[subcommand])
                 .into_iter()
                 .filter(|flag| !own.contains(&flag.as_str()))

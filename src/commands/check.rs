@@ -5,11 +5,12 @@
 
 use crate::classify::{CheckStatus, Report, Selection};
 use crate::cli::CheckConfig;
-use crate::exit_codes;
+use crate::exit_codes::{self, Convention};
 use crate::exporter::{Exporter, HolderScanPolicy};
 use crate::observe::{ReaderThread, Waiting};
 use crate::render::json::check_document;
 use crate::render::text::progress::{look_line, slow_calls_key, Awaited, SlowCall, WaitProgress};
+use crate::render::text::summary::summary_line;
 use crate::render::text::{check_text, verdicts_after_wait};
 use anyhow::{anyhow, bail};
 use std::io::{IsTerminal, Write};
@@ -26,30 +27,42 @@ const SLOW_CALL: Duration = Duration::from_secs(2);
 /// How often a look that waits looks at what it waits for.
 const LOOK_PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
-/// Run `check`; the exit status is the verdict's (see [`exit_codes`]), or an error (2).
+/// Run `check`; the exit status is the verdict's (see [`exit_codes`]), or an error (2, or
+/// the plugin convention's unknown). With `--wait` it ends within the wait and two looks
+/// of `--timeout` (the first and the last): a poll never runs past the wait's end.
 pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode> {
+    let mut out = Output::of(config);
     let report = look(exporter, HolderScanPolicy::Always, config.timeout)?;
-    let first = report.select(&config.gpus)?;
+    let first = report.select_named(&config.gpus)?;
     // Waits while memory is orphaned, left behind, held by a killed owner or being freed,
     // also beside a GPU that does not answer.
     let Some(wait) = config.wait.filter(|_| first.awaits_freeing()) else {
-        return finish(&first, config, Shown::Nothing);
+        return finish(&first, config, Shown::Nothing, &mut out);
     };
     if !config.json {
-        print!("{}", check_text(&first));
-        println!();
+        let _ = write!(out.report, "{}", check_text(&first));
+        let _ = writeln!(out.report);
     }
     // What the wait waits for is named as the first look found it.
     let held = first.held_as();
     let started = Instant::now();
     let mut progress = Progress::new();
+    let mut still_held = first.to_free_bytes();
     loop {
-        let polled = look(exporter, HolderScanPolicy::WhenOrphaned, config.timeout)?;
-        let polled = polled.select(&config.gpus)?;
-        let still_held = polled.to_free_bytes();
-        // Memory on a GPU that does not answer (or with NVML down) is not freed: it is
-        // not seen.
-        let freed = still_held == 0 && !polled.unseen();
+        let left = wait.saturating_sub(started.elapsed());
+        let mut freed = false;
+        if !left.is_zero() {
+            let polled = look(
+                exporter,
+                HolderScanPolicy::WhenOrphaned,
+                config.timeout.min(left),
+            )?;
+            let polled = polled.select_named(&config.gpus)?;
+            still_held = polled.to_free_bytes();
+            // Memory on a GPU that does not answer (or with NVML down) is not freed: it
+            // is not seen.
+            freed = still_held == 0 && !polled.unseen();
+        }
         let waiting = WaitProgress {
             still_held,
             held,
@@ -59,7 +72,12 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
         if freed || waiting.waited >= wait {
             progress.done(&waiting.end_line(freed));
             let last = look(exporter, HolderScanPolicy::Always, config.timeout)?;
-            return finish(&last.select(&config.gpus)?, config, Shown::Tables);
+            return finish(
+                &last.select_named(&config.gpus)?,
+                config,
+                Shown::Tables,
+                &mut out,
+            );
         }
         progress.show(&waiting.figure(), &waiting.line());
         std::thread::sleep(config.wait_interval.min(wait - waiting.waited));
@@ -131,9 +149,34 @@ enum Shown {
     Tables,
 }
 
+/// Where `check` writes: the verdict and tables on standard output, or with `--summary`
+/// the one line there and the rest on standard error.
+struct Output {
+    /// The tables, verdicts and exit status line.
+    report: Box<dyn Write>,
+}
+
+impl Output {
+    fn of(config: &CheckConfig) -> Output {
+        Output {
+            report: if config.summary {
+                Box::new(std::io::stderr())
+            } else {
+                Box::new(std::io::stdout())
+            },
+        }
+    }
+}
+
 /// Print the verdict and end with its exit status.
-fn finish(selection: &Selection, config: &CheckConfig, shown: Shown) -> anyhow::Result<ExitCode> {
-    let code = exit_codes::of(selection.status);
+fn finish(
+    selection: &Selection,
+    config: &CheckConfig,
+    shown: Shown,
+    out: &mut Output,
+) -> anyhow::Result<ExitCode> {
+    let in_use = config.foreign && selection.in_use();
+    let code = exit_codes::of_check(selection.status, in_use, config.exit_codes);
     if config.json {
         // A script gets its document also when NVML is down, with the reason in it.
         let mut json = serde_json::to_string_pretty(&check_document(selection))?;
@@ -141,19 +184,33 @@ fn finish(selection: &Selection, config: &CheckConfig, shown: Shown) -> anyhow::
         std::io::stdout().write_all(json.as_bytes())?;
         return Ok(ExitCode::from(code));
     }
+    if config.summary {
+        // The line first, so that a reader that stops at it has it whole.
+        println!("{}", summary_line(selection, config.foreign));
+    }
     if selection.status == CheckStatus::NvmlDown {
-        bail!(
+        let error = format!(
             "NVML is not available: {}",
             selection.report.nvml.error().unwrap_or_default()
         );
+        if config.summary {
+            let _ = writeln!(out.report, "vram-exporter: {error}");
+            return Ok(ExitCode::from(code));
+        }
+        bail!(error);
     }
     // NVML that does not answer has no tables to have shown: its words are the verdict.
     if shown == Shown::Tables && selection.report.nvml.is_up() {
-        print!("{}", verdicts_after_wait(selection));
+        let _ = write!(out.report, "{}", verdicts_after_wait(selection));
     } else {
-        print!("{}", check_text(selection));
+        let _ = write!(out.report, "{}", check_text(selection));
     }
-    println!("\nexit status {code}: {}", exit_codes::meaning(code));
+    let meaning = match config.exit_codes {
+        Convention::Detailed => exit_codes::meaning(code),
+        Convention::Plugin => exit_codes::plugin_meaning(code),
+    };
+    let _ = writeln!(out.report, "\nexit status {code}: {meaning}");
+    let _ = out.report.flush();
     Ok(ExitCode::from(code))
 }
 

@@ -22,7 +22,7 @@ pub use kubelet::KubeletArgs;
 pub use logging::LogArgs;
 pub use metrics::CollectorArgs;
 pub use source::SourceArgs;
-pub use subcommands::{CheckArgs, SnapshotArgs, TextfileArgs, TimeoutArgs};
+pub use subcommands::{CheckArgs, ExitCodes, Numbering, SnapshotArgs, TextfileArgs, TimeoutArgs};
 pub use web::WebArgs;
 // The tests of the resolved config hold its default against it.
 #[cfg(test)]
@@ -139,7 +139,17 @@ mod tests {
         assert_eq!(
             listed_flags(&["check"]),
             with(
-                &["json", "gpu", "wait", "wait.interval", "timeout"],
+                &[
+                    "json",
+                    "summary",
+                    "gpu",
+                    "gpu.numbering",
+                    "foreign",
+                    "exit-codes",
+                    "wait",
+                    "wait.interval",
+                    "timeout"
+                ],
                 &[judgement, kubelet]
             )
         );
