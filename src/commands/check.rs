@@ -10,7 +10,7 @@ use crate::exporter::{Exporter, HolderScanPolicy};
 use crate::observe::{ReaderThread, Waiting};
 use crate::render::json::check_document;
 use crate::render::text::progress::{look_line, slow_calls_key, Awaited, SlowCall, WaitProgress};
-use crate::render::text::summary::summary_line;
+use crate::render::text::summary::{foreign_lines, summary_line};
 use crate::render::text::{check_text, verdicts_after_wait};
 use anyhow::{anyhow, bail};
 use std::io::{IsTerminal, Write};
@@ -204,6 +204,11 @@ fn finish(
         let _ = write!(out.report, "{}", verdicts_after_wait(selection));
     } else {
         let _ = write!(out.report, "{}", check_text(selection));
+    }
+    if config.foreign {
+        for line in foreign_lines(selection) {
+            let _ = writeln!(out.report, "{line}");
+        }
     }
     let meaning = match config.exit_codes {
         Convention::Detailed => exit_codes::meaning(code),

@@ -205,6 +205,32 @@ fn remedy_words(remedy: &Remedy, gpu: u32) -> String {
     format!("; {words}")
 }
 
+/// With `--foreign`, a line per live owner in no running Slurm job, for the report
+/// beside the summary: `GPU 0: PID 600 (python3) holds 8.6 GiB and is in no running
+/// Slurm job`.
+pub fn foreign_lines(selection: &Selection) -> Vec<String> {
+    selection
+        .foreign_owners()
+        .iter()
+        .map(|foreign| {
+            let process = foreign.owner.process();
+            let comm = process.map_or("?", |process| process.comm.as_str());
+            let held = foreign
+                .owner
+                .used_bytes
+                .map_or_else(|| "memory".to_string(), format_bytes);
+            let outside = match process.and_then(|process| process.slurm_job.as_ref()) {
+                Some(job) => format!("is of Slurm job {}, which has ended", job.job_id),
+                None => "is in no Slurm job".to_string(),
+            };
+            format!(
+                "GPU {}: PID {} ({comm}) holds {held} and {outside}: to a job on this GPU it is a process outside the job.",
+                foreign.gpu.index, foreign.owner.pid
+            )
+        })
+        .collect()
+}
+
 /// Why memory cannot be judged, shortly.
 fn cannot_tell_words(account: &GpuAccount) -> String {
     if let Remedy::CannotTell { reason } = account.remedy {
@@ -325,6 +351,10 @@ mod tests {
         assert_eq!(
             line(&owned.report(), true),
             "GPU 0 in use: 8.6 GiB, by PID 600 in no running job"
+        );
+        assert_eq!(
+            super::foreign_lines(&owned.report().select(&[]).unwrap()),
+            ["GPU 0: PID 600 (python3) holds 8.6 GiB and is in no Slurm job: to a job on this GPU it is a process outside the job."]
         );
         let hung = fork_orphan().gpu(1).not_answering(1, 12.0).report();
         assert_eq!(
