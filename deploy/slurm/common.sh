@@ -26,6 +26,7 @@ fi
 : "${VRAM_EXPORTER:=/usr/bin/vram-exporter}"
 : "${VRAM_EXPORTER_CHECK_ARGS:=}"
 : "${VRAM_EXPORTER_GPU_NUMBERING:=minor}"
+: "${VRAM_EXPORTER_FOREIGN:=yes}"
 : "${VRAM_EXPORTER_LOG:=syslog}"
 : "${VRAM_EXPORTER_EPILOG_WAIT:=30s}"
 : "${VRAM_EXPORTER_EPILOG_TIMEOUT:=10s}"
@@ -57,8 +58,8 @@ say() {
     done
 }
 
-# One look: `look ARGS...` runs `vram-exporter check --summary --exit-codes plugin` with
-# the settings' flags and ARGS. Sets SUMMARY (the verdict's line), STATUS (0 clear, 1
+# One look: `look ARGS...` runs `vram-exporter check --summary --exit-codes plugin` (and
+# --foreign, unless the settings say no) with the settings' flags and ARGS. Sets SUMMARY (the verdict's line), STATUS (0 clear, 1
 # memory left over, anything else cannot tell) and REPORT (the tables and verdicts, and
 # what went wrong), which the hook logs when it matters.
 look() {
@@ -68,8 +69,10 @@ look() {
         REPORT=""
         return
     }
+    foreign=--foreign
+    [ "$VRAM_EXPORTER_FOREIGN" = yes ] || foreign=""
     # shellcheck disable=SC2086
-    SUMMARY=$("$VRAM_EXPORTER" check --summary --exit-codes plugin "$@" \
+    SUMMARY=$("$VRAM_EXPORTER" check --summary --exit-codes plugin $foreign "$@" \
         $VRAM_EXPORTER_CHECK_ARGS 2>"$report")
     STATUS=$?
     REPORT=$(cat "$report")
