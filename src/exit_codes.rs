@@ -82,14 +82,54 @@ pub fn of(status: CheckStatus) -> u8 {
     }
 }
 
+/// One verdict a plugin's rule is about (`--only-verdict`): node-problem-detector takes a
+/// rule's reason from its config, so a reason per verdict is a rule per verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Orphaned memory.
+    Orphaned,
+    /// Left behind, or a kill stuck in the driver.
+    LeftBehind,
+    /// In use outside the running jobs (`--foreign`).
+    InUse,
+    /// Cannot tell: memory not judged, a look that did not complete, NVML missing.
+    CannotTell,
+}
+
+impl Verdict {
+    /// Whether `check`'s own exit status `detailed` says this verdict.
+    fn says(self, detailed: u8) -> bool {
+        match self {
+            Verdict::Orphaned => detailed == ORPHANED,
+            Verdict::LeftBehind => detailed == LEFT_BEHIND,
+            Verdict::InUse => detailed == IN_USE,
+            Verdict::CannotTell => matches!(detailed, CANNOT_TELL | ERROR),
+        }
+    }
+
+    /// Whether a GPU whose status is `status` has this verdict (not [`Verdict::InUse`],
+    /// which is the selection's).
+    pub fn of_status(self, status: CheckStatus) -> bool {
+        self.says(of(status))
+    }
+}
+
 /// The exit status `check` ends with for `status` in `convention`, the GPUs being `in_use`
 /// (`--foreign` found live processes in no running job holding memory, and nothing
-/// worse).
-pub fn of_check(status: CheckStatus, in_use: bool, convention: Convention) -> u8 {
+/// worse). With `only`, a plugin's status is a problem for that verdict alone and OK for
+/// anything else, unknown included: a rule per verdict never fires for another's.
+pub fn of_check(
+    status: CheckStatus,
+    in_use: bool,
+    convention: Convention,
+    only: Option<Verdict>,
+) -> u8 {
     let detailed = if in_use { IN_USE } else { of(status) };
-    match convention {
-        Convention::Detailed => detailed,
-        Convention::Plugin => match detailed {
+    match (convention, only) {
+        (Convention::Detailed, _) => detailed,
+        (Convention::Plugin, Some(verdict)) if verdict.says(detailed) => plugin::PROBLEM,
+        (Convention::Plugin, Some(_)) => plugin::OK,
+        (Convention::Plugin, None) => match detailed {
             SUCCESS => plugin::OK,
             ORPHANED | LEFT_BEHIND | IN_USE => plugin::PROBLEM,
             _ => plugin::UNKNOWN,
@@ -145,7 +185,7 @@ mod tests {
     #[test]
     fn the_plugin_convention_is_ok_problem_or_unknown() {
         use CheckStatus::*;
-        let plugin = |status, in_use| of_check(status, in_use, Convention::Plugin);
+        let plugin = |status, in_use| of_check(status, in_use, Convention::Plugin, None);
         assert_eq!(plugin(Clear, false), 0);
         for problem in [Orphaned, LeftBehind] {
             assert_eq!(plugin(problem, false), 1, "{problem:?}");
@@ -172,10 +212,23 @@ mod tests {
         );
         assert_eq!(Convention::Detailed.error(), ERROR);
         // The detailed convention keeps its own statuses, and names in use apart.
-        assert_eq!(of_check(Clear, true, Convention::Detailed), IN_USE);
+        assert_eq!(of_check(Clear, true, Convention::Detailed, None), IN_USE);
         assert_eq!(
-            of_check(LeftBehind, false, Convention::Detailed),
+            of_check(LeftBehind, false, Convention::Detailed, None),
             LEFT_BEHIND
+        );
+        // A rule per verdict: a problem for its own, OK for every other, never unknown.
+        let only = |status, verdict| of_check(status, false, Convention::Plugin, Some(verdict));
+        assert_eq!(only(Orphaned, Verdict::Orphaned), 1);
+        assert_eq!(only(LeftBehind, Verdict::Orphaned), 0);
+        assert_eq!(only(NvmlDown, Verdict::Orphaned), 0);
+        assert_eq!(only(NotAnswering, Verdict::CannotTell), 1);
+        assert_eq!(only(NvmlDown, Verdict::CannotTell), 1);
+        assert_eq!(only(Clear, Verdict::CannotTell), 0);
+        assert_eq!(only(LeftBehind, Verdict::LeftBehind), 1);
+        assert_eq!(
+            of_check(Clear, true, Convention::Plugin, Some(Verdict::InUse)),
+            1
         );
     }
 }

@@ -67,6 +67,7 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
         Mode::Snapshot { output, timeout } => {
             commands::snapshot::run(&one_shot()?, output.as_deref(), *timeout)
         }
+        Mode::CopyTo { folder } => commands::copy_to::run(folder),
         Mode::Textfile { output, timeout } => {
             commands::textfile::run(&Arc::new(one_shot()?), output, *timeout)
         }

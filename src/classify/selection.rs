@@ -222,6 +222,17 @@ impl<'a> Selection<'a> {
     /// else the first whose status is the selection's, with the instance whose finding
     /// it is. `None` when no GPU is chosen (none, or NVML down).
     pub fn headline(&self, foreign: bool) -> Option<Headline<'a>> {
+        let status = self.status;
+        self.headline_where(foreign, |gpu| gpu == status)
+    }
+
+    /// The headline of the first GPU whose status is `wanted` (else as [`Self::headline`]
+    /// would choose): what a rule about one verdict names.
+    pub fn headline_where(
+        &self,
+        foreign: bool,
+        wanted: impl Fn(CheckStatus) -> bool,
+    ) -> Option<Headline<'a>> {
         if foreign && self.in_use() {
             let owners = self.foreign_owners();
             let first = *owners.first()?;
@@ -258,7 +269,8 @@ impl<'a> Selection<'a> {
         let gpu = *self
             .gpus
             .iter()
-            .find(|gpu| gpu.status() == self.status)
+            .find(|gpu| wanted(gpu.status()))
+            .or_else(|| self.gpus.iter().find(|gpu| gpu.status() == self.status))
             .or_else(|| self.gpus.first())?;
         // The instance whose finding it is: the GPU's own account unless that is fine
         // and an instance's is not.

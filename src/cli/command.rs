@@ -2,8 +2,8 @@
 //! doc comments are the `--help` text, with the exit statuses each help ends with.
 
 use super::flags::{
-    CheckArgs, CollectorArgs, ContainersArgs, JudgementArgs, KubeletArgs, SharedArgs, SnapshotArgs,
-    TextfileArgs, WebArgs,
+    CheckArgs, CollectorArgs, ContainersArgs, CopyToArgs, JudgementArgs, KubeletArgs, SharedArgs,
+    SnapshotArgs, TextfileArgs, WebArgs,
 };
 use clap::{Parser, Subcommand};
 
@@ -38,6 +38,12 @@ Exit status:
   0  written
   2  error: a bad flag, a file that cannot be written; or NVML missing (the file is still written, and says so)
   3  written, but NVML, a GPU or a /proc read did not answer within --timeout (the file says which)";
+
+/// Exit statuses of `copy-to`.
+const COPY_EXIT_STATUS: &str = "\
+Exit status:
+  0  copied
+  2  error: a folder that does not exist or cannot be written";
 
 /// What `--version` prints: the version and the source revision that
 /// `vram_build_info{revision}` reports, so a binary names its commit without serving.
@@ -89,6 +95,11 @@ pub enum Command {
     /// Write the metrics once to a file, atomically, for node_exporter's textfile collector.
     #[command(after_help = WRITE_EXIT_STATUS)]
     Textfile(TextfileArgs),
+    /// Copy this program into a folder, atomically, and exit: how a Kubernetes init
+    /// container hands `vram-exporter check` to a sidecar of another image
+    /// (node-problem-detector's), as this image has no shell and no cp.
+    #[command(name = "copy-to", after_help = COPY_EXIT_STATUS)]
+    CopyTo(CopyToArgs),
 }
 
 #[cfg(test)]

@@ -3,10 +3,10 @@
 
 use super::command::{Cli, Command};
 use super::errors::InvalidFlag;
-use super::flags::{ExitCodes, Numbering, SharedArgs, TimeoutArgs, WebArgs};
+use super::flags::{ExitCodes, Numbering, OnlyVerdict, SharedArgs, TimeoutArgs, WebArgs};
 use super::values::{longer_than_zero, parse_listen_address, parse_telemetry_path, GpuArg};
 use crate::classify::{GpuName, Settings};
-use crate::exit_codes::Convention;
+use crate::exit_codes::{Convention, Verdict};
 use crate::logging::{LogFormat, LogLevel};
 use crate::observe::containers::ContainersConfig;
 use crate::observe::kubernetes::KubernetesConfig;
@@ -33,6 +33,11 @@ pub enum Mode {
         /// Longest the look waits for NVML and `/proc`.
         timeout: Duration,
     },
+    /// Copy the program into a folder.
+    CopyTo {
+        /// The folder.
+        folder: PathBuf,
+    },
     /// Write metrics to a file once.
     Textfile {
         /// The file.
@@ -55,6 +60,8 @@ pub struct CheckConfig {
     pub foreign: bool,
     /// Which exit statuses it ends with.
     pub exit_codes: Convention,
+    /// With the plugin convention, the one verdict that is a problem.
+    pub only_verdict: Option<Verdict>,
     /// How long to wait for orphaned memory to go.
     pub wait: Option<Duration>,
     /// Poll interval while waiting.
@@ -112,6 +119,21 @@ impl Cli {
                         ExitCodes::Detailed => Convention::Detailed,
                         ExitCodes::Plugin => Convention::Plugin,
                     },
+                    only_verdict: match (args.only_verdict, args.exit_codes) {
+                        (None, _) => None,
+                        (Some(_), ExitCodes::Detailed) => {
+                            return Err(InvalidFlag::Needs {
+                                flag: "only-verdict",
+                                needs: "--exit-codes plugin",
+                            })
+                        }
+                        (Some(only), ExitCodes::Plugin) => Some(match only {
+                            OnlyVerdict::Orphaned => Verdict::Orphaned,
+                            OnlyVerdict::LeftBehind => Verdict::LeftBehind,
+                            OnlyVerdict::InUse => Verdict::InUse,
+                            OnlyVerdict::CannotTell => Verdict::CannotTell,
+                        }),
+                    },
                     wait: args.wait,
                     wait_interval: longer_than_zero(args.wait_interval, "wait.interval")?,
                     timeout: args.timeout.resolve()?,
@@ -124,6 +146,13 @@ impl Cli {
                     timeout: args.timeout.resolve()?,
                 },
                 args.shared.widen(),
+            ),
+            // Nothing to look at: the shared flags keep their defaults.
+            Some(Command::CopyTo(args)) => (
+                Mode::CopyTo {
+                    folder: args.folder,
+                },
+                SharedArgs::default(),
             ),
             Some(Command::Textfile(args)) => (
                 Mode::Textfile {
@@ -350,6 +379,10 @@ mod tests {
         assert_eq!(plugin.exit_codes, Convention::Plugin);
         // One line or a document: not both.
         assert!(check(&["--summary", "--json"]).is_err());
+        let only = check(&["--exit-codes", "plugin", "--only-verdict", "left-behind"]).unwrap();
+        assert_eq!(only.only_verdict, Some(Verdict::LeftBehind));
+        let error = check(&["--only-verdict", "orphaned"]).unwrap_err();
+        assert_eq!(error, "--only-verdict needs --exit-codes plugin");
     }
 
     #[test]

@@ -215,7 +215,7 @@ mod tests {
     /// How long the one-shot command of `config` waits for NVML and `/proc`.
     fn one_shot_timeout(config: &Config) -> Option<Duration> {
         match &config.mode {
-            Mode::Serve(_) => None,
+            Mode::Serve(_) | Mode::CopyTo { .. } => None,
             Mode::Check(check) => Some(check.timeout),
             Mode::Snapshot { timeout, .. } | Mode::Textfile { timeout, .. } => Some(*timeout),
         }
@@ -265,6 +265,7 @@ mod tests {
                 "gpu.numbering",
                 "foreign",
                 "exit-codes",
+                "only-verdict",
                 "wait",
                 "wait.interval",
             ];

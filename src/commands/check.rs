@@ -10,7 +10,7 @@ use crate::exporter::{Exporter, HolderScanPolicy};
 use crate::observe::{ReaderThread, Waiting};
 use crate::render::json::check_document;
 use crate::render::text::progress::{look_line, slow_calls_key, Awaited, SlowCall, WaitProgress};
-use crate::render::text::summary::{foreign_lines, summary_line};
+use crate::render::text::summary::{foreign_lines, summary_line, summary_line_where};
 use crate::render::text::{check_text, verdicts_after_wait};
 use anyhow::{anyhow, bail};
 use std::io::{IsTerminal, Write};
@@ -176,7 +176,12 @@ fn finish(
     out: &mut Output,
 ) -> anyhow::Result<ExitCode> {
     let in_use = config.foreign && selection.in_use();
-    let code = exit_codes::of_check(selection.status, in_use, config.exit_codes);
+    let code = exit_codes::of_check(
+        selection.status,
+        in_use,
+        config.exit_codes,
+        config.only_verdict,
+    );
     if config.json {
         // A script gets its document also when NVML is down, with the reason in it.
         let mut json = serde_json::to_string_pretty(&check_document(selection))?;
@@ -186,7 +191,13 @@ fn finish(
     }
     if config.summary {
         // The line first, so that a reader that stops at it has it whole.
-        println!("{}", summary_line(selection, config.foreign));
+        let line = match config.only_verdict {
+            Some(verdict) => summary_line_where(selection, config.foreign, |status| {
+                verdict.of_status(status)
+            }),
+            None => summary_line(selection, config.foreign),
+        };
+        println!("{line}");
     }
     if selection.status == CheckStatus::NvmlDown {
         let error = format!(

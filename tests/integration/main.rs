@@ -29,6 +29,7 @@ mod isolation;
 mod kubernetes;
 mod mig;
 mod mps;
+mod node_problem_detector;
 mod privilege;
 mod readme;
 mod release;

@@ -22,7 +22,10 @@ pub use kubelet::KubeletArgs;
 pub use logging::LogArgs;
 pub use metrics::CollectorArgs;
 pub use source::SourceArgs;
-pub use subcommands::{CheckArgs, ExitCodes, Numbering, SnapshotArgs, TextfileArgs, TimeoutArgs};
+pub use subcommands::{
+    CheckArgs, CopyToArgs, ExitCodes, Numbering, OnlyVerdict, SnapshotArgs, TextfileArgs,
+    TimeoutArgs,
+};
 pub use web::WebArgs;
 // The tests of the resolved config hold its default against it.
 #[cfg(test)]
@@ -146,6 +149,7 @@ mod tests {
                     "gpu.numbering",
                     "foreign",
                     "exit-codes",
+                    "only-verdict",
                     "wait",
                     "wait.interval",
                     "timeout"

@@ -41,6 +41,19 @@ pub enum ExitCodes {
     Plugin,
 }
 
+/// The verdict a plugin's rule is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnlyVerdict {
+    /// Orphaned memory.
+    Orphaned,
+    /// Memory left behind by workers, or a kill stuck in the driver.
+    LeftBehind,
+    /// In use outside the running jobs (with --foreign).
+    InUse,
+    /// Memory that cannot be judged, a look that did not complete, NVML missing.
+    CannotTell,
+}
+
 /// Flags of `check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -82,9 +95,16 @@ pub struct CheckArgs {
     )]
     pub exit_codes: ExitCodes,
 
+    /// With --exit-codes plugin: 1 for this verdict alone, 0 for anything else (never
+    /// 3), and the summary names a GPU with it: a node-problem-detector rule per verdict,
+    /// each with its own reason.
+    #[arg(long = "only-verdict", value_name = "VERDICT", value_enum)]
+    pub only_verdict: Option<OnlyVerdict>,
+
     /// Poll until no GPU has orphaned memory or this much time has passed (e.g. 30s).
     /// Memory being freed is waited for too; it returns as soon as the memory is free.
-    /// The whole command ends within --wait and one --timeout.
+    /// The whole command ends within --wait and twice --timeout (the first and the last
+    /// look).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub wait: Option<Duration>,
 
@@ -131,4 +151,12 @@ pub struct TextfileArgs {
     /// The server's shared flags.
     #[command(flatten)]
     pub shared: SharedArgs<JudgementArgs, CollectorArgs>,
+}
+
+/// The argument of `copy-to`.
+#[derive(Debug, Args)]
+pub struct CopyToArgs {
+    /// The folder (an emptyDir the sidecar mounts); the copy is FOLDER/vram-exporter.
+    #[arg(value_name = "FOLDER")]
+    pub folder: PathBuf,
 }

@@ -20,6 +20,16 @@ const PIDS_NAMED: usize = 3;
 /// without a line end. With `foreign`, live processes in no running job make a GPU in
 /// use.
 pub fn summary_line(selection: &Selection, foreign: bool) -> String {
+    summary_line_where(selection, foreign, |status| status == selection.status)
+}
+
+/// As [`summary_line`], naming the first GPU whose status is `wanted` when there is one:
+/// the line of a rule about one verdict.
+pub fn summary_line_where(
+    selection: &Selection,
+    foreign: bool,
+    wanted: impl Fn(CheckStatus) -> bool,
+) -> String {
     if let NvmlStatus::Down { error, stuck, .. } = &selection.report.nvml {
         let line = match stuck {
             Some(stuck) => format!(
@@ -31,7 +41,7 @@ pub fn summary_line(selection: &Selection, foreign: bool) -> String {
         };
         return fit(&line, "");
     }
-    let Some(headline) = selection.headline(foreign) else {
+    let Some(headline) = selection.headline_where(foreign, wanted) else {
         return "no GPUs".into();
     };
     let more = match headline.others {
