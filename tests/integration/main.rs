@@ -11,6 +11,7 @@ mod alerts;
 mod bad_input;
 mod build_info;
 mod check;
+mod check_for_schedulers;
 mod coalescing;
 mod containers;
 mod dashboard;
