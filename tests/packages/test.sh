@@ -188,8 +188,8 @@ ok "the .rpm requires glibc's libraries, /bin/sh, systemd-sysusers and userdel a
 # --- the tarball ---------------------------------------------------------------------
 (cd "$work/1" && sha256sum --check --quiet "$(basename "$tarball").sha256") || fail "the tarball's SHA-256 does not match"
 name=$(basename "$tarball" .tar.gz)
-diff <(printf '%s\n' LICENSE README.md systemd/vram-exporter-textfile.service systemd/vram-exporter-textfile.timer \
-    slurm/common.sh slurm/epilog slurm/healthcheck slurm/prolog slurm/vram-exporter-slurm.default \
+diff <(printf '%s\n' LICENSE README.md slurm/common.sh slurm/epilog slurm/healthcheck slurm/prolog \
+    slurm/vram-exporter-slurm.default systemd/vram-exporter-textfile.service systemd/vram-exporter-textfile.timer \
     systemd/vram-exporter.service systemd/vram-exporter.sysusers.conf vram-exporter vram-exporter.flags \
     vram-exporter.help.txt vram-exporter.json vram-exporter.rules.yml | sed "s|^|$name/|") \
     <(tar -tzf "$tarball" | grep -v '/$') || fail "the tarball's files differ from the expected (above)"
@@ -198,7 +198,7 @@ cmp -s "$work/$name/vram-exporter" "$release" || fail "the tarball's binary is n
 for file in LICENSE README.md; do
     cmp -s "$work/$name/$file" "$file" || fail "the tarball's $file is not the repository's"
 done
-ok "the tarball's SHA-256 matches; it holds the binary ($release), units, rules, dashboard, LICENSE and README"
+ok "the tarball's SHA-256 matches; it holds the binary ($release), units, rules, dashboard, LICENSE, README and the Slurm hooks"
 
 # Only glibc's libraries (and libgcc_s.so.1, which glibc's own packages depend on):
 # NVML is loaded at run time. libc itself, always; the loader is named only when the
