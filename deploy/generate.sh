@@ -4,6 +4,8 @@
 #
 #   charts/vram-exporter/files/vram-exporter.rules.yml   copy of alerts/vram-exporter.rules.yml
 #   charts/vram-exporter/files/vram-exporter.json        copy of dashboards/vram-exporter.json
+#   charts/vram-exporter/files/node-problem-detector.json
+#                             copy of deploy/kubernetes/node-problem-detector/vram-exporter.json
 #       (Helm reads no file outside the chart, and a packaged chart must carry them)
 #   deploy/kubernetes/*.yaml              the chart rendered with its default values and
 #                                         the one it requires, the image: the name
@@ -41,6 +43,7 @@ if [[ $out != . ]]; then
 fi
 cp alerts/vram-exporter.rules.yml "$out/$chart/files/vram-exporter.rules.yml"
 cp dashboards/vram-exporter.json "$out/$chart/files/vram-exporter.json"
+cp deploy/kubernetes/node-problem-detector/vram-exporter.json "$out/$chart/files/node-problem-detector.json"
 
 # `helm template` prints the objects as documents headed `# Source: CHART/templates/FILE`:
 # each goes to FILE in `folder`, under a header that says where it comes from.

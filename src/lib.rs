@@ -30,26 +30,32 @@ use web::ServeConfig;
 
 /// Parse flags, run the chosen mode, and turn any error into one line and an exit status.
 pub fn run() -> ExitCode {
-    let config = match config_from_command_line() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let config = match config_from_command_line(&args) {
         Ok(config) => config,
         Err(CliError::Info(help_or_version)) => {
             let _ = help_or_version.print();
             return ExitCode::SUCCESS;
         }
-        Err(mistake) => return fail(mistake.into()),
+        // A plugin's caller reads a mistake as unknown, whether or not the rest parsed.
+        Err(mistake) => return fail(mistake.into(), exit_codes::asked_in(&args).error()),
     };
     logging::init(config.log_level, config.log_format);
-    run_mode(config).unwrap_or_else(fail)
+    let error = match &config.mode {
+        Mode::Check(check) => check.exit_codes.error(),
+        _ => exit_codes::ERROR,
+    };
+    run_mode(config).unwrap_or_else(|failure| fail(failure, error))
 }
 
-fn config_from_command_line() -> Result<Config, CliError> {
-    Ok(Cli::from_command_line(std::env::args_os())?.into_config()?)
+fn config_from_command_line(args: &[std::ffi::OsString]) -> Result<Config, CliError> {
+    Ok(Cli::from_command_line(args.iter().cloned())?.into_config()?)
 }
 
-/// Say `error` in one line, each cause once, and end with the error exit status.
-fn fail(error: anyhow::Error) -> ExitCode {
+/// Say `error` in one line, each cause once, and end with `status`.
+fn fail(error: anyhow::Error, status: u8) -> ExitCode {
     eprintln!("vram-exporter: {error:#}");
-    ExitCode::from(exit_codes::ERROR)
+    ExitCode::from(status)
 }
 
 /// Run the mode `config` chose: the one place that tells the modes apart.
@@ -61,6 +67,7 @@ fn run_mode(config: Config) -> anyhow::Result<ExitCode> {
         Mode::Snapshot { output, timeout } => {
             commands::snapshot::run(&one_shot()?, output.as_deref(), *timeout)
         }
+        Mode::CopyTo { folder } => commands::copy_to::run(folder),
         Mode::Textfile { output, timeout } => {
             commands::textfile::run(&Arc::new(one_shot()?), output, *timeout)
         }

@@ -210,6 +210,9 @@ cp deploy/systemd/vram-exporter.service deploy/systemd/vram-exporter-textfile.se
     deploy/systemd/vram-exporter-textfile.timer deploy/systemd/vram-exporter.sysusers.conf \
     "$tree/systemd/"
 cp deploy/packages/vram-exporter.default "$tree/vram-exporter.flags"
+mkdir -p "$tree/slurm"
+cp -p deploy/slurm/epilog deploy/slurm/prolog deploy/slurm/healthcheck deploy/slurm/common.sh \
+    deploy/slurm/vram-exporter-slurm.default "$tree/slurm/"
 cp alerts/vram-exporter.rules.yml dashboards/vram-exporter.json LICENSE README.md \
     "$staged/vram-exporter.help.txt" "$tree/"
 # The same bytes for the same sources: names sorted, owners and times fixed (the

@@ -44,7 +44,7 @@ pub use report::{
     orphaned_bytes_of, AssignedPod, CheckStatus, GpuOutcome, GpuVerdict, Health, InstanceVerdict,
     MigMode, NvmlStatus, Report, ScanSummary, Sight, Written,
 };
-pub use selection::{HeldAs, NoSuchGpu, Selection};
+pub use selection::{ForeignOwner, GpuName, Headed, Headline, HeldAs, NoSuchGpu, Selection};
 pub use sentence::{ChargedTo, Departure, Sentence};
 pub use settings::Settings;
 use suspects::Within;

@@ -2,8 +2,8 @@
 //! doc comments are the `--help` text, with the exit statuses each help ends with.
 
 use super::flags::{
-    CheckArgs, CollectorArgs, ContainersArgs, JudgementArgs, KubeletArgs, SharedArgs, SnapshotArgs,
-    TextfileArgs, WebArgs,
+    CheckArgs, CollectorArgs, ContainersArgs, CopyToArgs, JudgementArgs, KubeletArgs, SharedArgs,
+    SnapshotArgs, TextfileArgs, WebArgs,
 };
 use clap::{Parser, Subcommand};
 
@@ -23,7 +23,13 @@ Exit status:
   1  orphaned memory found (with --wait: still there when the time is up)
   2  error: a bad flag, an unreadable snapshot, NVML missing
   3  cannot tell: some memory cannot be judged (a GPU lost or not answering NVML within --timeout, owners that cannot be read, a blind exporter with unattributed memory)
-  4  memory left behind: held for a server that has exited, or by a killed process stuck in the driver";
+  4  memory left behind: held for a server that has exited, or by a killed process stuck in the driver
+  5  in use: with --foreign, live processes in no running Slurm job hold memory
+
+With --exit-codes plugin, as node-problem-detector and Nagios-style callers read it:
+  0  OK: no memory left over
+  1  problem: memory orphaned, left behind, stuck in the driver, or (--foreign) in use outside the running jobs
+  3  unknown: cannot tell, the look did not complete, NVML missing, or a bad flag";
 
 /// Exit statuses of `snapshot` and `textfile`: each code with its meaning as
 /// [`crate::exit_codes::written_meaning`] says it (a test holds the two together).
@@ -32,6 +38,12 @@ Exit status:
   0  written
   2  error: a bad flag, a file that cannot be written; or NVML missing (the file is still written, and says so)
   3  written, but NVML, a GPU or a /proc read did not answer within --timeout (the file says which)";
+
+/// Exit statuses of `copy-to`.
+const COPY_EXIT_STATUS: &str = "\
+Exit status:
+  0  copied
+  2  error: a folder that does not exist or cannot be written";
 
 /// What `--version` prints: the version and the source revision that
 /// `vram_build_info{revision}` reports, so a binary names its commit without serving.
@@ -83,6 +95,11 @@ pub enum Command {
     /// Write the metrics once to a file, atomically, for node_exporter's textfile collector.
     #[command(after_help = WRITE_EXIT_STATUS)]
     Textfile(TextfileArgs),
+    /// Copy this program into a folder, atomically, and exit: how a Kubernetes init
+    /// container hands `vram-exporter check` to a sidecar of another image
+    /// (node-problem-detector's), as this image has no shell and no cp.
+    #[command(name = "copy-to", after_help = COPY_EXIT_STATUS)]
+    CopyTo(CopyToArgs),
 }
 
 #[cfg(test)]
@@ -92,12 +109,21 @@ mod tests {
     #[test]
     fn help_lists_the_exit_statuses() {
         use crate::exit_codes::{
-            meaning, written_meaning, CANNOT_TELL, ERROR, LEFT_BEHIND, ORPHANED, SUCCESS,
+            meaning, plugin, plugin_meaning, written_meaning, CANNOT_TELL, ERROR, IN_USE,
+            LEFT_BEHIND, ORPHANED, SUCCESS,
         };
         let check = help(&["check"]);
-        for code in [SUCCESS, ORPHANED, ERROR, CANNOT_TELL, LEFT_BEHIND] {
+        for code in [SUCCESS, ORPHANED, ERROR, CANNOT_TELL, LEFT_BEHIND, IN_USE] {
             let status = format!("  {code}  {}", meaning(code));
             assert!(check.contains(&status), "{status:?} missing from:\n{check}");
+        }
+        let (_, plugins) = check.split_once("With --exit-codes plugin").unwrap();
+        for code in [plugin::OK, plugin::PROBLEM, plugin::UNKNOWN] {
+            let status = format!("  {code}  {}", plugin_meaning(code));
+            assert!(
+                plugins.contains(&status),
+                "{status:?} missing from:\n{check}"
+            );
         }
         for mode in ["snapshot", "textfile"] {
             let text = help(&[mode]);

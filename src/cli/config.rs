@@ -3,9 +3,10 @@
 
 use super::command::{Cli, Command};
 use super::errors::InvalidFlag;
-use super::flags::{SharedArgs, TimeoutArgs, WebArgs};
-use super::values::{longer_than_zero, parse_listen_address, parse_telemetry_path};
-use crate::classify::Settings;
+use super::flags::{ExitCodes, Numbering, OnlyVerdict, SharedArgs, TimeoutArgs, WebArgs};
+use super::values::{longer_than_zero, parse_listen_address, parse_telemetry_path, GpuArg};
+use crate::classify::{GpuName, Settings};
+use crate::exit_codes::{Convention, Verdict};
 use crate::logging::{LogFormat, LogLevel};
 use crate::observe::containers::{ContainersConfig, Engine};
 use crate::observe::kubernetes::KubernetesConfig;
@@ -32,6 +33,11 @@ pub enum Mode {
         /// Longest the look waits for NVML and `/proc`.
         timeout: Duration,
     },
+    /// Copy the program into a folder.
+    CopyTo {
+        /// The folder.
+        folder: PathBuf,
+    },
     /// Write metrics to a file once.
     Textfile {
         /// The file.
@@ -46,8 +52,16 @@ pub enum Mode {
 pub struct CheckConfig {
     /// JSON instead of a table.
     pub json: bool,
-    /// GPU indices to look at; empty for all.
-    pub gpus: Vec<u32>,
+    /// The verdict in one line on standard output, the rest on standard error.
+    pub summary: bool,
+    /// The GPUs to look at; empty for all.
+    pub gpus: Vec<GpuName>,
+    /// Live owners in no running Slurm job make the GPUs in use.
+    pub foreign: bool,
+    /// Which exit statuses it ends with.
+    pub exit_codes: Convention,
+    /// With the plugin convention, the one verdict that is a problem.
+    pub only_verdict: Option<Verdict>,
     /// Whether the look is a snapshot's (`--replay`), not this host's.
     pub replayed: bool,
     /// How long to wait for orphaned memory to go.
@@ -108,8 +122,29 @@ impl Cli {
                 }
                 let check = CheckConfig {
                     json: args.json,
-                    gpus: args.gpus,
+                    summary: args.summary,
                     replayed,
+                    gpus: gpu_names(args.gpus, args.numbering),
+                    foreign: args.foreign,
+                    exit_codes: match args.exit_codes {
+                        ExitCodes::Detailed => Convention::Detailed,
+                        ExitCodes::Plugin => Convention::Plugin,
+                    },
+                    only_verdict: match (args.only_verdict, args.exit_codes) {
+                        (None, _) => None,
+                        (Some(_), ExitCodes::Detailed) => {
+                            return Err(InvalidFlag::Needs {
+                                flag: "only-verdict",
+                                needs: "--exit-codes plugin",
+                            })
+                        }
+                        (Some(only), ExitCodes::Plugin) => Some(match only {
+                            OnlyVerdict::Orphaned => Verdict::Orphaned,
+                            OnlyVerdict::LeftBehind => Verdict::LeftBehind,
+                            OnlyVerdict::InUse => Verdict::InUse,
+                            OnlyVerdict::CannotTell => Verdict::CannotTell,
+                        }),
+                    },
                     wait: args.wait,
                     wait_interval: longer_than_zero(args.wait_interval, "wait.interval")?,
                     timeout: args.timeout.resolve()?,
@@ -122,6 +157,13 @@ impl Cli {
                     timeout: args.timeout.resolve()?,
                 },
                 args.shared.widen(),
+            ),
+            // Nothing to look at: the shared flags keep their defaults.
+            Some(Command::CopyTo(args)) => (
+                Mode::CopyTo {
+                    folder: args.folder,
+                },
+                SharedArgs::default(),
             ),
             Some(Command::Textfile(args)) => (
                 Mode::Textfile {
@@ -194,6 +236,22 @@ impl Cli {
             },
         })
     }
+}
+
+/// `--gpu`'s GPUs as `--gpu.numbering` numbers them, each once.
+fn gpu_names(gpus: Vec<GpuArg>, numbering: Numbering) -> Vec<GpuName> {
+    let mut names: Vec<GpuName> = Vec::new();
+    for gpu in gpus {
+        let name = match (gpu, numbering) {
+            (GpuArg::Number(number), Numbering::Nvml) => GpuName::Index(number),
+            (GpuArg::Number(number), Numbering::Minor) => GpuName::Minor(number),
+            (GpuArg::Uuid(uuid), _) => GpuName::Uuid(uuid),
+        };
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
 }
 
 impl TimeoutArgs {
@@ -294,10 +352,60 @@ mod tests {
             panic!()
         };
         assert!(check.json);
-        assert_eq!(check.gpus, vec![2]);
+        assert_eq!(check.gpus, vec![GpuName::Index(2)]);
         assert_eq!(check.wait, Some(Duration::from_secs(30)));
         assert_eq!(check.timeout, DEFAULT_TIMEOUT);
         assert!(parse(&["check", "--wait", "30"]).is_err());
+    }
+
+    #[test]
+    fn check_takes_gpus_as_slurm_and_cuda_name_them() {
+        let check = |args: &[&str]| {
+            let mut words = vec!["check"];
+            words.extend_from_slice(args);
+            match parse(&words).map(|config| config.mode) {
+                Ok(Mode::Check(check)) => Ok(check),
+                Ok(other) => panic!("{other:?}"),
+                Err(error) => Err(error),
+            }
+        };
+        let uuid = "GPU-6f1c2a51-0001-4000-8000-000000000000";
+        // $SLURM_JOB_GPUS is a comma list; --gpu repeats; each GPU once.
+        let both = check(&["--gpu", "0,2", "--gpu", uuid, "--gpu", "2"]).unwrap();
+        assert_eq!(
+            both.gpus,
+            vec![
+                GpuName::Index(0),
+                GpuName::Index(2),
+                GpuName::Uuid(uuid.into())
+            ]
+        );
+        let minors = check(&["--gpu", "1,3", "--gpu.numbering", "minor"]).unwrap();
+        assert_eq!(minors.gpus, vec![GpuName::Minor(1), GpuName::Minor(3)]);
+        for (bad, said) in [
+            ("", "an empty GPU"),
+            ("0,", "an empty GPU"),
+            (
+                "MIG-4f1c2a51-0000-4000-8000-000000000000",
+                "is a MIG instance",
+            ),
+            ("first", "neither a GPU index nor a GPU UUID"),
+        ] {
+            let error = check(&["--gpu", bad]).unwrap_err();
+            assert!(error.contains(said), "{bad:?}: {error}");
+        }
+        let plain = check(&[]).unwrap();
+        assert!(!plain.summary && !plain.foreign);
+        assert_eq!(plain.exit_codes, Convention::Detailed);
+        let plugin = check(&["--summary", "--foreign", "--exit-codes", "plugin"]).unwrap();
+        assert!(plugin.summary && plugin.foreign);
+        assert_eq!(plugin.exit_codes, Convention::Plugin);
+        // One line or a document: not both.
+        assert!(check(&["--summary", "--json"]).is_err());
+        let only = check(&["--exit-codes", "plugin", "--only-verdict", "left-behind"]).unwrap();
+        assert_eq!(only.only_verdict, Some(Verdict::LeftBehind));
+        let error = check(&["--only-verdict", "orphaned"]).unwrap_err();
+        assert_eq!(error, "--only-verdict needs --exit-codes plugin");
     }
 
     #[test]

@@ -61,6 +61,14 @@ pub enum InvalidFlag {
     /// `--web.telemetry-path` is not an absolute path below `/`.
     #[error("--web.telemetry-path '{0}' must start with / and name a path other than /")]
     TelemetryPath(String),
+    /// A flag that does something only beside another.
+    #[error("--{flag} needs {needs}")]
+    Needs {
+        /// The flag, without its dashes.
+        flag: &'static str,
+        /// What it needs, as the command line says it.
+        needs: &'static str,
+    },
     /// `--web.telemetry-path` is one of the health endpoints.
     #[error("--web.telemetry-path '{0}' is reserved")]
     ReservedPath(String),

@@ -235,7 +235,7 @@ mod tests {
     /// How long the one-shot command of `config` waits for NVML and `/proc`.
     fn one_shot_timeout(config: &Config) -> Option<Duration> {
         match &config.mode {
-            Mode::Serve(_) => None,
+            Mode::Serve(_) | Mode::CopyTo { .. } => None,
             Mode::Check(check) => Some(check.timeout),
             Mode::Snapshot { timeout, .. } | Mode::Textfile { timeout, .. } => Some(*timeout),
         }
@@ -276,7 +276,19 @@ mod tests {
                 }
             }
             // The table holds every flag this subcommand shares with another mode.
-            let own: &[&str] = &["help", "output", "json", "gpu", "wait", "wait.interval"];
+            let own: &[&str] = &[
+                "help",
+                "output",
+                "json",
+                "summary",
+                "gpu",
+                "gpu.numbering",
+                "foreign",
+                "exit-codes",
+                "only-verdict",
+                "wait",
+                "wait.interval",
+            ];
             let mut shared: Vec<String> = listed_flags(&[subcommand])
                 .into_iter()
                 .filter(|flag| !own.contains(&flag.as_str()))

@@ -6,6 +6,42 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// A GPU as `--gpu` names it, before `--gpu.numbering` says what a number is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuArg {
+    /// An index or a device minor.
+    Number(u32),
+    /// A GPU's UUID, `GPU-...`.
+    Uuid(String),
+}
+
+/// One GPU of `--gpu`: a number, or a GPU UUID. A MIG instance's UUID is refused: `check`
+/// looks at whole GPUs.
+pub(super) fn parse_gpu(value: &str) -> Result<GpuArg, String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Err("an empty GPU: give indices or UUIDs, separated by commas".into());
+    }
+    if let Ok(number) = value.parse::<u32>() {
+        return Ok(GpuArg::Number(number));
+    }
+    let prefix = |text: &str, prefix: &str| {
+        text.get(..prefix.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+    };
+    if prefix(value, "MIG-") {
+        return Err(format!(
+            "{value} is a MIG instance; --gpu takes whole GPUs: the index or GPU-... UUID of its GPU"
+        ));
+    }
+    if prefix(value, "GPU-") && value.len() > 4 {
+        return Ok(GpuArg::Uuid(value.to_string()));
+    }
+    Err(format!(
+        "'{value}' is neither a GPU index nor a GPU UUID (GPU-...)"
+    ))
+}
+
 /// A socket's path; empty (which clap's path parser refuses) turns its engine off.
 pub(super) fn socket_path(value: &str) -> Result<PathBuf, std::convert::Infallible> {
     Ok(PathBuf::from(value))

@@ -5,11 +5,12 @@
 
 use crate::classify::{CheckStatus, NoSuchGpu, Report, Selection, ENDING_AT_MOST_MILLIS};
 use crate::cli::CheckConfig;
-use crate::exit_codes;
+use crate::exit_codes::{self, Convention};
 use crate::exporter::{Exporter, HolderScanPolicy};
 use crate::observe::{ReaderThread, Waiting};
 use crate::render::json::check_document;
 use crate::render::text::progress::{look_line, slow_calls_key, Awaited, SlowCall, WaitProgress};
+use crate::render::text::summary::{foreign_lines, summary_line, summary_line_where};
 use crate::render::text::{check_text, verdicts_after_wait};
 use anyhow::{anyhow, bail};
 use std::io::{IsTerminal, Write};
@@ -29,8 +30,11 @@ const LOOK_PROGRESS_EVERY: Duration = Duration::from_millis(250);
 /// 0.20 s.
 const ENDING_LOOK_EVERY: Duration = Duration::from_millis(100);
 
-/// Run `check`; the exit status is the verdict's (see [`exit_codes`]), or an error (2).
+/// Run `check`; the exit status is the verdict's (see [`exit_codes`]), or an error (2, or
+/// the plugin convention's unknown). With `--wait` it ends within the wait and two looks
+/// of `--timeout` (the first and the last): a poll never runs past the wait's end.
 pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode> {
+    let mut out = Output::of(config);
     let report = settled_look(exporter, config.timeout)?;
     let first = chosen(&report, config)?;
     // Once, before any verdict: a bad flag is still one line of its own.
@@ -44,23 +48,32 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
     // Waits while memory is orphaned, left behind, held by a killed owner or being freed,
     // also beside a GPU that does not answer.
     let Some(wait) = config.wait.filter(|_| first.awaits_freeing()) else {
-        return finish(&first, config, Shown::Nothing);
+        return finish(&first, config, Shown::Nothing, &mut out);
     };
     if !config.json {
-        print!("{}", check_text(&first));
-        println!();
+        let _ = write!(out.report, "{}", check_text(&first));
+        let _ = writeln!(out.report);
     }
     // What the wait waits for is named as the first look found it.
     let held = first.held_as();
     let started = Instant::now();
     let mut progress = Progress::new();
+    let mut still_held = first.to_free_bytes();
     loop {
-        let polled = look(exporter, HolderScanPolicy::WhenOrphaned, config.timeout)?;
-        let polled = chosen(&polled, config)?;
-        let still_held = polled.to_free_bytes();
-        // Memory on a GPU that does not answer (or with NVML down) is not freed: it is
-        // not seen.
-        let freed = still_held == 0 && !polled.unseen();
+        let left = wait.saturating_sub(started.elapsed());
+        let mut freed = false;
+        if !left.is_zero() {
+            let polled = look(
+                exporter,
+                HolderScanPolicy::WhenOrphaned,
+                config.timeout.min(left),
+            )?;
+            let polled = chosen(&polled, config)?;
+            still_held = polled.to_free_bytes();
+            // Memory on a GPU that does not answer (or with NVML down) is not freed: it
+            // is not seen.
+            freed = still_held == 0 && !polled.unseen();
+        }
         let waiting = WaitProgress {
             still_held,
             held,
@@ -70,7 +83,7 @@ pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode
         if freed || waiting.waited >= wait {
             progress.done(&waiting.end_line(freed));
             let last = look(exporter, HolderScanPolicy::Always, config.timeout)?;
-            return finish(&chosen(&last, config)?, config, Shown::Tables);
+            return finish(&chosen(&last, config)?, config, Shown::Tables, &mut out);
         }
         progress.show(&waiting.figure(), &waiting.line());
         std::thread::sleep(config.wait_interval.min(wait - waiting.waited));
@@ -95,7 +108,7 @@ fn settled_look(exporter: &Exporter, timeout: Duration) -> anyhow::Result<Report
 /// The GPUs asked about, of `report`; a GPU that is not there is named as missing from
 /// the snapshot when one is replayed, from this host otherwise.
 fn chosen<'a>(report: &'a Report, config: &CheckConfig) -> Result<Selection<'a>, NoSuchGpu> {
-    report.select(&config.gpus).map_err(|missing| {
+    report.select_named(&config.gpus).map_err(|missing| {
         if config.replayed {
             missing.in_snapshot()
         } else {
@@ -169,9 +182,39 @@ enum Shown {
     Tables,
 }
 
+/// Where `check` writes: the verdict and tables on standard output, or with `--summary`
+/// the one line there and the rest on standard error.
+struct Output {
+    /// The tables, verdicts and exit status line.
+    report: Box<dyn Write>,
+}
+
+impl Output {
+    fn of(config: &CheckConfig) -> Output {
+        Output {
+            report: if config.summary {
+                Box::new(std::io::stderr())
+            } else {
+                Box::new(std::io::stdout())
+            },
+        }
+    }
+}
+
 /// Print the verdict and end with its exit status.
-fn finish(selection: &Selection, config: &CheckConfig, shown: Shown) -> anyhow::Result<ExitCode> {
-    let code = exit_codes::of(selection.status);
+fn finish(
+    selection: &Selection,
+    config: &CheckConfig,
+    shown: Shown,
+    out: &mut Output,
+) -> anyhow::Result<ExitCode> {
+    let in_use = config.foreign && selection.in_use();
+    let code = exit_codes::of_check(
+        selection.status,
+        in_use,
+        config.exit_codes,
+        config.only_verdict,
+    );
     if config.json {
         // A script gets its document also when NVML is down, with the reason in it.
         let mut json = serde_json::to_string_pretty(&check_document(selection))?;
@@ -179,19 +222,44 @@ fn finish(selection: &Selection, config: &CheckConfig, shown: Shown) -> anyhow::
         std::io::stdout().write_all(json.as_bytes())?;
         return Ok(ExitCode::from(code));
     }
+    if config.summary {
+        // The line first, so that a reader that stops at it has it whole.
+        let line = match config.only_verdict {
+            Some(verdict) => summary_line_where(selection, config.foreign, |status| {
+                verdict.of_status(status)
+            }),
+            None => summary_line(selection, config.foreign),
+        };
+        println!("{line}");
+    }
     if selection.status == CheckStatus::NvmlDown {
-        bail!(
+        let error = format!(
             "NVML is not available: {}",
             selection.report.nvml.error().unwrap_or_default()
         );
+        if config.summary {
+            let _ = writeln!(out.report, "vram-exporter: {error}");
+            return Ok(ExitCode::from(code));
+        }
+        bail!(error);
     }
     // NVML that does not answer has no tables to have shown: its words are the verdict.
     if shown == Shown::Tables && selection.report.nvml.is_up() {
-        print!("{}", verdicts_after_wait(selection));
+        let _ = write!(out.report, "{}", verdicts_after_wait(selection));
     } else {
-        print!("{}", check_text(selection));
+        let _ = write!(out.report, "{}", check_text(selection));
     }
-    println!("\nexit status {code}: {}", exit_codes::meaning(code));
+    if config.foreign {
+        for line in foreign_lines(selection) {
+            let _ = writeln!(out.report, "{line}");
+        }
+    }
+    let meaning = match config.exit_codes {
+        Convention::Detailed => exit_codes::meaning(code),
+        Convention::Plugin => exit_codes::plugin_meaning(code),
+    };
+    let _ = writeln!(out.report, "\nexit status {code}: {meaning}");
+    let _ = out.report.flush();
     Ok(ExitCode::from(code))
 }
 

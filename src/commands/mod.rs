@@ -1,7 +1,8 @@
-//! The one-shot commands: `check`, `snapshot` and `textfile`; here, what the two that
-//! write a file share.
+//! The one-shot commands: `check`, `snapshot`, `textfile` and `copy-to`; here, what the
+//! two that write a file from a look share.
 
 pub mod check;
+pub mod copy_to;
 pub mod snapshot;
 pub mod textfile;
 

@@ -1,10 +1,7 @@
 //! Slurm: a real one-node cluster (Debian's munge, slurmctld and slurmd, started by the
-//! test as its own processes with a configuration it writes) runs a batch job as `nobody`
-//! whose model process opens and maps the device-file stand-ins, forks a `dataloader` and
-//! exits, leaving the fork orphan; the script then runs a live owner as step 0. The
-//! exporter names the job, step and user of both from their real cgroups, suggests
-//! `scancel` while the job runs, and after `scancel` (proctrack/linuxproc loses the
-//! orphan, as it does on real clusters) says the job has ended and suggests the kill.
+//! test as its own processes with a configuration it writes), the rig its tests share.
+//! `jobs.rs` names a job's processes; `hooks.rs` runs vram-exporter's Epilog, Prolog and
+//! HealthCheckProgram (deploy/slurm) on a node whose GPUs are gres.
 //!
 //! Slurm's cgroup plugins must be able to make the job's cgroups: on a cgroup v1 or
 //! hybrid host (this project's test machines) cgroup/v1 in the writable v1 hierarchies;
@@ -12,9 +9,11 @@
 //! work the test fails, saying why and what fixes it. Needs root (Slurm's daemons and a
 //! job run as another user).
 
+mod hooks;
+mod jobs;
+
 use crate::helpers::free_port;
 use crate::helpers::*;
-use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -117,10 +116,36 @@ struct Cluster {
     dir: tempfile::TempDir,
     node: String,
     daemons: Vec<Child>,
+    /// The hooks' settings every rewrite keeps: where the exporter, its fake NVML and
+    /// the log are.
+    settings: String,
 }
+
+/// What a cluster's node has besides CPUs: GPUs as gres, and vram-exporter's hooks
+/// (deploy/slurm) in slurm.conf, each run through a wrapper that names the settings.
+#[derive(Default)]
+struct Setup<'a> {
+    /// The rig whose fake NVML and stand-ins the hooks look at; with one, the node has
+    /// four GPUs as gres (`/dev/nvidia0` to `3`, as character devices of the cluster's
+    /// own, so that gres/gpu takes them).
+    rig: Option<&'a Rig>,
+    epilog: bool,
+    prolog: bool,
+    /// HealthCheckInterval, in seconds.
+    health_check: Option<u32>,
+    /// Lines added to the hooks' settings.
+    settings: &'a [&'a str],
+}
+
+/// Tells apart the clusters that tests of one run start side by side.
+static CLUSTERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl Cluster {
     fn start() -> Cluster {
+        Cluster::start_with(Setup::default())
+    }
+
+    fn start_with(setup: Setup) -> Cluster {
         assert_eq!(
             effective_uid(),
             0,
@@ -142,13 +167,19 @@ impl Cluster {
         fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).unwrap();
         // The node's name is in every cgroup path of its jobs (`/slurm_<node>/...` with
         // Debian's multiple-slurmd build): one of its own keeps concurrent runs apart.
-        let node = format!("vx{}", std::process::id());
+        let node = format!(
+            "vx{}n{}",
+            std::process::id(),
+            CLUSTERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let socket = root.join("munge.sock");
         let mut cluster = Cluster {
             dir,
             node,
             daemons: Vec::new(),
+            settings: String::new(),
         };
+        let (gres, hooks) = cluster.gpus_and_hooks(&setup);
         cluster.daemon(
             Command::new(slurm_tool("munged"))
                 .arg("--foreground")
@@ -193,7 +224,8 @@ impl Cluster {
                  SchedulerType=sched/builtin\n\
                  SelectType=select/cons_tres\n\
                  ReturnToService=2\n\
-                 NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=1 RealMemory=500 State=UNKNOWN\n\
+                 {hooks}\
+                 NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=1 RealMemory=500{gres} State=UNKNOWN\n\
                  PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP\n",
                 ctld_port = free_port(),
                 slurmd_port = free_port(),
@@ -245,6 +277,149 @@ impl Cluster {
         self.dir.path().join("slurm.conf")
     }
 
+    /// The node's GPUs (gres.conf and the character devices it names) and hooks (their
+    /// wrappers and settings) for `setup`: the node's `Gres=` and slurm.conf's lines.
+    fn gpus_and_hooks(&mut self, setup: &Setup) -> (String, String) {
+        let root = self.dir.path().to_path_buf();
+        let mut lines = String::new();
+        let Some(rig) = setup.rig else {
+            return (String::new(), lines);
+        };
+        // gres/gpu takes only character or block devices; major 195 is NVIDIA's, which
+        // no driver claims on a machine without a GPU. The model processes use the rig's
+        // stand-ins, which the fake NVML names.
+        fs::create_dir(root.join("gres")).unwrap();
+        for minor in 0..4 {
+            let device = root.join("gres").join(format!("nvidia{minor}"));
+            let path = std::ffi::CString::new(device.to_str().unwrap()).unwrap();
+            // SAFETY: mknod(2) with a valid path.
+            let made = unsafe {
+                libc::mknod(
+                    path.as_ptr(),
+                    libc::S_IFCHR | 0o600,
+                    libc::makedev(195, minor),
+                )
+            };
+            assert_eq!(
+                made,
+                0,
+                "mknod {}: {}",
+                device.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        fs::write(
+            root.join("gres.conf"),
+            format!(
+                "NodeName={} Name=gpu File={}/gres/nvidia[0-3]\n",
+                self.node,
+                root.display()
+            ),
+        )
+        .unwrap();
+        lines.push_str("GresTypes=gpu\n");
+        // The hooks run as root with Slurm's scant environment; their temporary files
+        // go where the tests can see them.
+        fs::create_dir(root.join("tmp")).unwrap();
+        self.settings = format!(
+            "VRAM_EXPORTER={exporter}\n\
+             VRAM_EXPORTER_CHECK_ARGS=\"--nvml.library {library} --test.device-prefix {prefix}\"\n\
+             VRAM_EXPORTER_LOG={root}/hooks.log\n\
+             export FAKE_NVML_SCENARIO={scenario}\n\
+             export SLURM_CONF={root}/slurm.conf\n\
+             export TMPDIR={root}/tmp\n",
+            exporter = exporter_binary().display(),
+            library = rig.library.display(),
+            prefix = rig.device_prefix().display(),
+            root = root.display(),
+            scenario = rig.scenario.display(),
+        );
+        self.settings_with(setup.settings);
+        let hooks = [
+            ("Epilog", "epilog", setup.epilog),
+            ("Prolog", "prolog", setup.prolog),
+            (
+                "HealthCheckProgram",
+                "healthcheck",
+                setup.health_check.is_some(),
+            ),
+        ];
+        for (parameter, hook, wanted) in hooks {
+            if !wanted {
+                continue;
+            }
+            let wrapper = root.join(hook);
+            fs::write(
+                &wrapper,
+                format!(
+                    "#!/bin/sh\nVRAM_EXPORTER_SLURM_SETTINGS={}/hooks.settings exec {}\n",
+                    root.display(),
+                    repository().join("deploy/slurm").join(hook).display()
+                ),
+            )
+            .unwrap();
+            fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+            lines.push_str(&format!("{parameter}={}\n", wrapper.display()));
+        }
+        if let Some(seconds) = setup.health_check {
+            lines.push_str(&format!("HealthCheckInterval={seconds}\n"));
+        }
+        (" Gres=gpu:4".into(), lines)
+    }
+
+    /// The hooks' settings from now on: the cluster's own, then `lines`.
+    fn settings_with(&self, lines: &[&str]) {
+        let mut settings = self.settings.clone();
+        for line in lines {
+            settings.push_str(line);
+            settings.push('\n');
+        }
+        let path = self.dir.path().join("hooks.settings");
+        let partial = path.with_extension("partial");
+        fs::write(&partial, settings).unwrap();
+        fs::rename(&partial, &path).unwrap();
+    }
+
+    /// What the hooks have logged so far.
+    fn hooks_log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("hooks.log")).unwrap_or_default()
+    }
+
+    /// The node's state as sinfo abbreviates it (`idle`, `drain`, `comp`...) and its
+    /// reason, whole.
+    fn node_state(&self) -> (String, String) {
+        let said = self.slurm("sinfo", &["-h", "-N", "-n", &self.node, "-o", "%t|%E"]);
+        let said = text(&said.stdout);
+        let (state, reason) = said.trim().split_once('|').unwrap_or((said.trim(), ""));
+        (state.to_string(), reason.to_string())
+    }
+
+    /// Wait until the node's state is `state`, or fail with the logs.
+    fn wait_for_node(&self, state: &str, why: &str) {
+        let started = std::time::Instant::now();
+        while self.node_state().0 != state {
+            if started.elapsed() > SLURM_TIMEOUT {
+                panic!(
+                    "the node never became {state} ({why}): it is {:?}\n{}",
+                    self.node_state(),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A field of `scontrol show job`, e.g. `JobState`.
+    fn job_field(&self, job: u64, field: &str) -> String {
+        let said = self.slurm("scontrol", &["-o", "show", "job", &job.to_string()]);
+        let said = text(&said.stdout);
+        let key = format!("{field}=");
+        said.split_whitespace()
+            .find_map(|pair| pair.strip_prefix(key.as_str()))
+            .unwrap_or_default()
+            .to_string()
+    }
+
     /// Start a daemon of the cluster, its output in `log`.
     fn daemon(&mut self, command: &mut Command, log: &str) {
         let output = fs::File::create(self.dir.path().join(log)).unwrap();
@@ -276,6 +451,7 @@ impl Cluster {
             "slurmctld.log",
             "slurmd.out",
             "slurmd.log",
+            "hooks.log",
         ] {
             let content = fs::read_to_string(self.dir.path().join(log)).unwrap_or_default();
             let lines: Vec<&str> = content.lines().collect();
@@ -296,18 +472,23 @@ impl Cluster {
 
     /// Submit `script` as `nobody`; returns the job id.
     fn submit(&self, script: &Path) -> u64 {
+        self.submit_with(script, &[])
+    }
+
+    /// Submit `script` as `nobody` with sbatch's `options` too (`--gres=gpu:1`).
+    fn submit_with(&self, script: &Path, options: &[&str]) -> u64 {
         let out = self.dir.path().join("out");
-        let output = self.slurm(
-            "sbatch",
-            &[
-                "--parsable",
-                &format!("--uid={NOBODY}"),
-                &format!("--gid={NOBODY}"),
-                &format!("--chdir={}", out.display()),
-                &format!("--output={}", out.join("job.out").display()),
-                &script.display().to_string(),
-            ],
-        );
+        let mut args = vec![
+            "--parsable".to_string(),
+            format!("--uid={NOBODY}"),
+            format!("--gid={NOBODY}"),
+            format!("--chdir={}", out.display()),
+            format!("--output={}", out.join("job-%j.out").display()),
+        ];
+        args.extend(options.iter().map(|option| option.to_string()));
+        args.push(script.display().to_string());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = self.slurm("sbatch", &args);
         let said = text(&output.stdout);
         said.trim()
             .split(';')
@@ -407,210 +588,4 @@ fn number_in(file: &Path, prefix: &str, cluster: &Cluster) -> u32 {
         std::thread::sleep(Duration::from_millis(20));
     }
     found.unwrap()
-}
-
-fn culprit(document: &Value, gpu: usize, pid: u32) -> &Value {
-    document["gpus"][gpu]["culprits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|holder| holder["pid"] == pid)
-        .unwrap_or_else(|| panic!("PID {pid} is not a culprit: {document:#}"))
-}
-
-#[test]
-fn a_slurm_jobs_fork_orphan_and_live_owner_are_named_with_the_job() {
-    let cluster = Cluster::start();
-    let rig = Rig::new();
-    // The job runs as nobody: it must reach the stand-ins and the model program.
-    for folder in [rig.dir.path(), rig.devices.as_path()] {
-        fs::set_permissions(folder, fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    for entry in fs::read_dir(&rig.devices).unwrap().flatten() {
-        fs::set_permissions(entry.path(), fs::Permissions::from_mode(0o666)).unwrap();
-    }
-    let model = rig.dir.path().join("model.py");
-    fs::write(&model, model_program()).unwrap();
-    fs::set_permissions(&model, fs::Permissions::from_mode(0o644)).unwrap();
-    let out = cluster.dir.path().join("out");
-    let orphaning = Model::cuda("cuda-job", &rig.device(0))
-        .spec_json()
-        .replace("\"hold\"", "\"fork\"");
-    let orphaning = orphaning.replace(
-        "\"child_name\":\"cuda-job\"",
-        "\"child_name\":\"dataloader\"",
-    );
-    // srun makes each task lead its own session already.
-    let owning = Model::cuda("trainer", &rig.device(1))
-        .in_launchers_session()
-        .spec_json();
-    let python = "/usr/bin/python3";
-    let script = cluster.dir.path().join("job.sh");
-    // The batch step's model forks the orphan and exits; step 0 is a live owner that
-    // keeps the job running.
-    fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\n\
-             {python} {model} '{orphaning}' > {out}/children &\n\
-             echo \"OWNER $!\" > {out}/owner\n\
-             wait\n\
-             exec srun --output={out}/step0 {python} {model} '{owning}'\n",
-            model = model.display(),
-            out = out.display(),
-        ),
-    )
-    .unwrap();
-    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
-
-    let job = cluster.submit(&script);
-    let dead_owner = number_in(&out.join("owner"), "OWNER ", &cluster);
-    let orphan = LeftBehind(number_in(&out.join("children"), "CHILD ", &cluster));
-    let live_owner = number_in(&out.join("step0"), "READY ", &cluster);
-    wait_until(
-        "the orphan and the live owner hold their files",
-        SLURM_TIMEOUT,
-        || {
-            proc_comm(orphan.0).as_deref() == Some("dataloader")
-                && holds(orphan.0, &rig.device(0))
-                && holds(live_owner, &rig.device(1))
-                && Cluster::slurmstepds_of(job).len() >= 2
-        },
-    );
-    let cgroup = fs::read_to_string(format!("/proc/{}/cgroup", orphan.0)).unwrap();
-    assert!(
-        cgroup.contains(&format!("/job_{job}/step_batch")),
-        "the orphan is not in the batch step's cgroup:\n{cgroup}"
-    );
-    rig.write_scenario(
-        &Gpus::new()
-            .gpu(Gpu::idle(0).used(USED).process(dead_owner, Some(CHARGED)))
-            .gpu(Gpu::idle(1).used(USED).process(live_owner, Some(CHARGED)))
-            .into_json(),
-    );
-    let job_text = job.to_string();
-
-    // While the job runs: its batch step holds GPU 0, so cancelling the job frees it.
-    let text = rig.run(&["check", "--gpu", "0"]);
-    assert_eq!(text.status, Some(1), "{text:?}");
-    let sentence = verdict_line(&text.stdout, 0);
-    assert!(
-        sentence.contains(&format!("PID {} (dataloader, sleeping, started ", orphan.0))
-            && sentence.contains(", user nobody, parent ")
-            && sentence.contains(&format!(
-                ", Slurm job {job} step batch of user nobody, running, holds a context on GPU 0"
-            ))
-            && sentence.ends_with(&format!(" - cancelling Slurm job {job} should free it.")),
-        "{}",
-        text.stdout
-    );
-    let suggestion = text
-        .stdout
-        .lines()
-        .find_map(|line| line.trim_start().strip_prefix("suggested: "))
-        .expect("a suggestion");
-    assert!(
-        suggestion.starts_with(&format!(
-            "scancel {job}   # job {job} of user nobody still runs the step that holds it: {} is dataloader, started ",
-            orphan.0
-        )),
-        "{suggestion}"
-    );
-    let row = text
-        .stdout
-        .lines()
-        .find(|line| columns(line).first() == Some(&orphan.0.to_string().as_str()))
-        .expect("the culprit's row");
-    assert_eq!(columns(row).last(), Some(&format!("{job}.batch").as_str()));
-    let document = rig.run(&["check", "--json"]).json();
-    assert_eq!(
-        culprit(&document, 0, orphan.0)["slurm_job"],
-        serde_json::json!({"job_id": job, "step": "batch", "user": "nobody", "state": "running"})
-    );
-    assert_eq!(document["gpus"][0]["remedy"]["action"], "cancel_jobs");
-    let owner = &document["gpus"][1]["owners"][0];
-    assert_eq!(owner["pid"], live_owner);
-    assert_eq!(owner["process"]["slurm_job"]["step"], "0", "{owner:#}");
-
-    let exporter = rig.start(&["--collector.processes"]);
-    let metrics = exporter.scrape();
-    let pid = orphan.0.to_string();
-    assert_eq!(
-        metrics.value(
-            "vram_holder_info",
-            &[
-                ("gpu", "0"),
-                ("pid", &pid),
-                ("slurm_job_id", &job_text),
-                ("slurm_step", "batch"),
-                ("slurm_user", "nobody"),
-            ]
-        ),
-        1.0
-    );
-    assert_eq!(
-        metrics.value(
-            "vram_process_used_bytes",
-            &[
-                ("gpu", "1"),
-                ("pid", &live_owner.to_string()),
-                ("slurm_job_id", &job_text),
-                ("slurm_step", "0"),
-                ("slurm_user", "nobody"),
-            ]
-        ),
-        CHARGED as f64
-    );
-    assert_per_gpu_series_carry_no_workload_labels(&metrics);
-    assert_promtool_clean(&metrics.text);
-    drop(exporter);
-
-    // scancel ends the job; linuxproc does not know the orphan, which survives it.
-    let cancelled = cluster.slurm("scancel", &[&job_text]);
-    assert!(
-        cancelled.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cancelled.stderr)
-    );
-    wait_until("the job's slurmstepds are gone", SLURM_TIMEOUT, || {
-        Cluster::slurmstepds_of(job).is_empty()
-    });
-    assert_eq!(proc_comm(orphan.0).as_deref(), Some("dataloader"));
-    let text = rig.run(&["check", "--gpu", "0"]);
-    assert_eq!(text.status, Some(1), "{text:?}");
-    let sentence = verdict_line(&text.stdout, 0);
-    assert!(
-        sentence.contains(&format!(
-            ", Slurm job {job} step batch of user nobody, a job that has ended, holds"
-        )) && sentence.ends_with(&format!(" - killing {} should free it.", orphan.0)),
-        "{}",
-        text.stdout
-    );
-    assert!(
-        text.stdout.contains(&format!(
-            "note: PID {} is of Slurm job {job} (step batch), which has ended: the process survived its job",
-            orphan.0
-        )),
-        "{}",
-        text.stdout
-    );
-    assert!(
-        text.stdout.contains(&format!(
-            "suggested: kill {}   # {} is dataloader",
-            orphan.0, orphan.0
-        )),
-        "{}",
-        text.stdout
-    );
-    let row = text
-        .stdout
-        .lines()
-        .find(|line| columns(line).first() == Some(&orphan.0.to_string().as_str()))
-        .expect("the culprit's row");
-    assert_eq!(
-        columns(row).last(),
-        Some(&format!("{job}.batch (ended)").as_str())
-    );
-    drop(orphan);
-    drop(cluster);
 }

@@ -7,7 +7,8 @@
 # WORK holds v1.deb and v2.deb (the same package, the second with a higher revision).
 # In the root it installs v1 and checks: the user exists, no unit is enabled, the binary
 # prints the host's release build's --version and the same `check --replay` of the
-# shipped story, `systemd-analyze verify` passes on the installed units. Then it edits
+# shipped story, `systemd-analyze verify` passes on the installed units, the Slurm epilog
+# runs from where slurm.conf names it and says what it finds. Then it edits
 # the flags file, upgrades to v2 (the edit is kept), starts the exporter as its user,
 # removes the package (no process of the user is left, the flags file is) and purges it
 # (the root is as it was before the install: files, users and groups). It writes the
@@ -116,6 +117,41 @@ in_root setpriv --reuid=vram-exporter --regid=vram-exporter --clear-groups /bin/
 grep -q '^vram_orphaned_bytes{' "$root$textfile_dir/vram-exporter.prom" ||
     fail "no metrics in $textfile_dir/vram-exporter.prom"
 ok "the flags file names $textfile_dir, where the textfile command writes as the user"
+
+# The Slurm hooks where slurm.conf names them, with the installed binary and the
+# installed settings file (a copy, with a log of its own; in /tmp, which the inventory
+# leaves out). With no NVML in the root the epilog cannot tell, and leaves the node in
+# service; on the shipped story's GPU 2, orphaned, it fails (and, with no scontrol in
+# the root, says it cannot drain).
+hooks=/usr/libexec/vram-exporter/slurm
+for hook in epilog prolog healthcheck; do
+    [[ -x $root$hooks/$hook ]] || fail "the .deb did not install an executable $hooks/$hook"
+done
+slurm_settings() {
+    cp "$root/etc/default/vram-exporter-slurm" "$root/tmp/slurm-settings"
+    printf '%s\n' "VRAM_EXPORTER_LOG=/tmp/hooks.log" "VRAM_EXPORTER_EPILOG_WAIT=1s" "$@" >>"$root/tmp/slurm-settings"
+    rm -f "$root/tmp/hooks.log"
+}
+epilog() {
+    in_root env -i SLURM_JOB_ID=7 SLURM_JOB_GPUS="$1" SLURMD_NODENAME=node1 \
+        VRAM_EXPORTER_SLURM_SETTINGS=/tmp/slurm-settings "$hooks/epilog"
+}
+slurm_settings
+status=0
+epilog 0 || status=$?
+((status == 0)) || fail "the epilog without NVML exited $status: $(cat "$root/tmp/hooks.log")"
+grep -q "vram-exporter-epilog: job 7: cannot tell whether GPUs 0 are free, so the node stays in service: NVML down: " \
+    "$root/tmp/hooks.log" || fail "the epilog without NVML said: $(cat "$root/tmp/hooks.log")"
+slurm_settings "VRAM_EXPORTER_CHECK_ARGS=\"--replay $inside/story-gpu2-orphaned.json\"" "VRAM_EXPORTER_GPU_NUMBERING=nvml"
+status=0
+epilog 2 || status=$?
+((status == 1)) || fail "the epilog of a job on the story's GPU 2 exited $status: $(cat "$root/tmp/hooks.log")"
+grep -q "vram-exporter-epilog: job 7: GPUs 2 still hold memory after the job: GPU 2 orphaned: 74.3 GiB" \
+    "$root/tmp/hooks.log" || fail "the epilog on the story's GPU 2 said: $(cat "$root/tmp/hooks.log")"
+grep -q "vram-exporter-epilog: job 7: cannot drain node node1 " "$root/tmp/hooks.log" ||
+    fail "the epilog did not say it cannot drain without scontrol: $(cat "$root/tmp/hooks.log")"
+rm -f "$root/tmp/slurm-settings" "$root/tmp/hooks.log"
+ok "the Slurm hooks run from $hooks with the installed settings: unknown without NVML, a failed epilog on an orphan"
 
 # An operator's edit, then the rebuilt package with a higher version over it.
 flags=$root/etc/default/vram-exporter

@@ -118,9 +118,9 @@ depends=$(dpkg-deb -f "$deb1" Depends)
     fail "the .deb depends on more than glibc, sysusers and passwd: $depends"
 ok "the .deb depends on glibc, systemd-sysusers and passwd alone: $depends"
 
-[[ $(dpkg-deb --info "$deb1" conffiles) == /etc/default/vram-exporter ]] ||
+[[ $(dpkg-deb --info "$deb1" conffiles | sort) == "$(printf '%s\n' /etc/default/vram-exporter /etc/default/vram-exporter-slurm)" ]] ||
     fail "the .deb's conffiles: $(dpkg-deb --info "$deb1" conffiles)"
-ok "the .deb marks /etc/default/vram-exporter, and only it, as configuration"
+ok "the .deb marks /etc/default/vram-exporter and vram-exporter-slurm, and only them, as configuration"
 
 packaged_files() {
     sort <<EOF
@@ -133,13 +133,17 @@ packaged_files() {
 /usr/share/doc/vram-exporter/vram-exporter.help.txt
 /usr/share/vram-exporter/vram-exporter.json
 /usr/share/vram-exporter/vram-exporter.rules.yml
+/usr/libexec/vram-exporter/slurm/common.sh
+/usr/libexec/vram-exporter/slurm/epilog
+/usr/libexec/vram-exporter/slurm/healthcheck
+/usr/libexec/vram-exporter/slurm/prolog
 $1
 EOF
 }
-diff <(packaged_files "$(printf '%s\n' /etc/default/vram-exporter /usr/share/doc/vram-exporter/copyright)") \
+diff <(packaged_files "$(printf '%s\n' /etc/default/vram-exporter /etc/default/vram-exporter-slurm /usr/share/doc/vram-exporter/copyright)") \
     <(dpkg-deb --fsys-tarfile "$deb1" | tar -tf - | grep -v '/$' | sed 's|^\.||' | sort) ||
     fail "the .deb's files differ from the expected (above)"
-ok "the .deb holds the binary, the three units, the sysusers file, rules, dashboard, flags file and help"
+ok "the .deb holds the binary, the three units, the sysusers file, rules, dashboard, flags file, help and the Slurm hooks"
 
 # The packaged units are deploy/systemd's with the packaged binary's path.
 dpkg-deb -x "$deb1" "$work/deb-tree"
@@ -158,14 +162,23 @@ grep -qxF "\$ vram-exporter textfile --help" "$work/deb-tree/usr/share/doc/vram-
 diff <("$release" --help) <(sed -n '/^\$ vram-exporter --help$/,/^\$ vram-exporter check --help$/p' \
     "$work/deb-tree/usr/share/doc/vram-exporter/vram-exporter.help.txt" | sed '1d;$d' | sed '$d') ||
     fail "the packaged help is not what --help prints"
-ok "the packaged units, sysusers file, rules and dashboard are the repository's; the help is --help's"
+for hook in epilog prolog healthcheck common.sh; do
+    cmp -s "$work/deb-tree/usr/libexec/vram-exporter/slurm/$hook" "deploy/slurm/$hook" ||
+        fail "the packaged Slurm $hook is not deploy/slurm's"
+done
+for hook in epilog prolog healthcheck; do
+    [[ -x $work/deb-tree/usr/libexec/vram-exporter/slurm/$hook ]] || fail "the packaged Slurm $hook is not executable"
+done
+cmp -s "$work/deb-tree/etc/default/vram-exporter-slurm" deploy/slurm/vram-exporter-slurm.default ||
+    fail "the packaged Slurm settings are not deploy/slurm's"
+ok "the packaged units, sysusers file, rules and dashboard are the repository's; the help is --help's; the Slurm hooks deploy/slurm's"
 
 # --- the .rpm, read with rpm -qp -----------------------------------------------------
 rpm_query() { rpm -qp --nosignature "$@" "$rpm1" 2>/dev/null; }
 [[ $(rpm_query --qf '%{VERSION}-%{RELEASE}') == "$crate_version-1.$suffix" ]] ||
     fail "the .rpm's version is $(rpm_query --qf '%{VERSION}-%{RELEASE}')"
 ok "the .rpm's version is the crate's with the revision --version prints ($(rpm_query --qf '%{VERSION}-%{RELEASE}'))"
-diff <(packaged_files "$(printf '%s\n' /etc/sysconfig/vram-exporter /usr/share/licenses/vram-exporter/LICENSE)") \
+diff <(packaged_files "$(printf '%s\n' /etc/sysconfig/vram-exporter /etc/sysconfig/vram-exporter-slurm /usr/share/licenses/vram-exporter/LICENSE)") \
     <(rpm_query --list | sort) || fail "the .rpm's files differ from the expected (above)"
 mkdir -p "$work/rpm-tree"
 rpm2archive - <"$rpm1" | tar -xzf - -C "$work/rpm-tree"
@@ -173,11 +186,17 @@ diff <(sed 's|^VRAM_EXPORTER_TEXTFILE_DIR=.*|VRAM_EXPORTER_TEXTFILE_DIR=/var/lib
     deploy/packages/vram-exporter.default) "$work/rpm-tree/etc/sysconfig/vram-exporter" ||
     fail "the .rpm's flags file is not the .deb's with RHEL's textfile directory"
 ok "the .rpm holds the same files as the .deb, its flags file in /etc/sysconfig naming RHEL's textfile directory"
-[[ $(rpm_query --configfiles) == /etc/sysconfig/vram-exporter ]] ||
+[[ $(rpm_query --configfiles | sort) == "$(printf '%s\n' /etc/sysconfig/vram-exporter /etc/sysconfig/vram-exporter-slurm)" ]] ||
     fail "the .rpm's config files: $(rpm_query --configfiles)"
-[[ $(rpm_query --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' | grep ' /etc/') == "cn /etc/sysconfig/vram-exporter" ]] ||
-    fail "the .rpm's flags file is not config(noreplace): $(rpm_query --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]')"
-ok "the .rpm marks /etc/sysconfig/vram-exporter, and only it, as config(noreplace)"
+[[ $(rpm_query --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' | grep ' /etc/' | sort) == \
+    "$(printf '%s\n' "cn /etc/sysconfig/vram-exporter" "cn /etc/sysconfig/vram-exporter-slurm")" ]] ||
+    fail "the .rpm's flags files are not config(noreplace): $(rpm_query --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]')"
+ok "the .rpm marks /etc/sysconfig/vram-exporter and vram-exporter-slurm, and only them, as config(noreplace)"
+[[ $(rpm_query --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' | grep '/slurm/' | sort) == "$(printf '%s\n' \
+    "-rw-r--r-- /usr/libexec/vram-exporter/slurm/common.sh" "-rwxr-xr-x /usr/libexec/vram-exporter/slurm/epilog" \
+    "-rwxr-xr-x /usr/libexec/vram-exporter/slurm/healthcheck" "-rwxr-xr-x /usr/libexec/vram-exporter/slurm/prolog")" ]] ||
+    fail "the .rpm's Slurm hooks: $(rpm_query --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' | grep '/slurm/')"
+ok "the .rpm installs the Slurm hooks in /usr/libexec/vram-exporter/slurm, executable"
 [[ $(rpm_query --qf '[%{FILEDIGESTS} %{FILENAMES}\n]' | sed -n 's| /usr/bin/vram-exporter$||p') == \
     "$(sha256sum "$release" | cut -d' ' -f1)" ]] || fail "the .rpm's binary is not $release"
 ok "the .rpm's binary is $release (its SHA-256)"
@@ -197,7 +216,8 @@ ok "the .rpm requires glibc's libraries, /bin/sh, systemd-sysusers and userdel a
 # --- the tarball ---------------------------------------------------------------------
 (cd "$work/1" && sha256sum --check --quiet "$(basename "$tarball").sha256") || fail "the tarball's SHA-256 does not match"
 name=$(basename "$tarball" .tar.gz)
-diff <(printf '%s\n' LICENSE README.md systemd/vram-exporter-textfile.service systemd/vram-exporter-textfile.timer \
+diff <(printf '%s\n' LICENSE README.md slurm/common.sh slurm/epilog slurm/healthcheck slurm/prolog \
+    slurm/vram-exporter-slurm.default systemd/vram-exporter-textfile.service systemd/vram-exporter-textfile.timer \
     systemd/vram-exporter.service systemd/vram-exporter.sysusers.conf vram-exporter vram-exporter.flags \
     vram-exporter.help.txt vram-exporter.json vram-exporter.rules.yml | sed "s|^|$name/|") \
     <(tar -tzf "$tarball" | grep -v '/$') || fail "the tarball's files differ from the expected (above)"
@@ -206,7 +226,7 @@ cmp -s "$work/$name/vram-exporter" "$release" || fail "the tarball's binary is n
 for file in LICENSE README.md; do
     cmp -s "$work/$name/$file" "$file" || fail "the tarball's $file is not the repository's"
 done
-ok "the tarball's SHA-256 matches; it holds the binary ($release), units, rules, dashboard, LICENSE and README"
+ok "the tarball's SHA-256 matches; it holds the binary ($release), units, rules, dashboard, LICENSE, README and the Slurm hooks"
 
 # Only glibc's libraries (and libgcc_s.so.1, which glibc's own packages depend on):
 # NVML is loaded at run time. libc itself, always; the loader is named only when the

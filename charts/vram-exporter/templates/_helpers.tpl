@@ -41,6 +41,16 @@ app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | qu
 {{- end }}
 {{- end }}
 
+{{- define "vram-exporter.npdImage" -}}
+{{- with .Values.nodeProblemDetector.image }}
+{{- if .digest }}
+{{- printf "%s:%s@%s" .repository .tag .digest }}
+{{- else }}
+{{- printf "%s:%s" .repository .tag }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The Secret holding web-config.yml. */}}
 {{- define "vram-exporter.webConfigSecret" -}}
 {{- .Values.webConfig.existingSecret | default (printf "%s-web-config" (include "vram-exporter.fullname" .)) }}

@@ -22,7 +22,10 @@ pub use kubelet::KubeletArgs;
 pub use logging::LogArgs;
 pub use metrics::CollectorArgs;
 pub use source::SourceArgs;
-pub use subcommands::{CheckArgs, SnapshotArgs, TextfileArgs, TimeoutArgs};
+pub use subcommands::{
+    CheckArgs, CopyToArgs, ExitCodes, Numbering, OnlyVerdict, SnapshotArgs, TextfileArgs,
+    TimeoutArgs,
+};
 pub use web::WebArgs;
 // The tests of the resolved config hold its default against it.
 #[cfg(test)]
@@ -140,7 +143,18 @@ mod tests {
         assert_eq!(
             listed_flags(&["check"]),
             with(
-                &["json", "gpu", "wait", "wait.interval", "timeout"],
+                &[
+                    "json",
+                    "summary",
+                    "gpu",
+                    "gpu.numbering",
+                    "foreign",
+                    "exit-codes",
+                    "only-verdict",
+                    "wait",
+                    "wait.interval",
+                    "timeout"
+                ],
                 &[judgement, kubelet]
             )
         );

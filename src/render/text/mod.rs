@@ -5,6 +5,7 @@
 //! only lays the words out.
 
 pub mod progress;
+pub mod summary;
 mod table;
 
 pub use super::words::{instance_verdict, seconds_words, size_words, verdict, Verdict};
