@@ -273,7 +273,7 @@ fn orphan_that_no_process_holds_can_only_be_freed_by_a_gpu_reset() {
     for gpu in 0..2 {
         assert!(
             outcome.stdout.contains(&format!(
-                "\n  suggested: nvidia-smi --gpu-reset -i {gpu}   # as root, once no process uses the GPU (stop nvidia-persistenced, DCGM and other agents holding it); it ends every MIG instance, and on NVSwitch systems the GPUs reset together\n"
+                "\n  suggested: nvidia-smi --gpu-reset -i {gpu}   # as root, once no process uses the GPU (stop vram-exporter itself, nvidia-persistenced, DCGM and other agents holding it); it ends every MIG instance, and on NVSwitch systems the GPUs reset together\n"
             )),
             "{}",
             outcome.stdout

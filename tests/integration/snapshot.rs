@@ -28,7 +28,7 @@ fn story_example_replays_to_gpu_2_needing_a_reset() {
         "GPU 2: 74.3 GiB (76,104 MiB) held but charged to no process; no process holds GPU 2's device file: only a GPU reset can free it."
     );
     assert!(outcome.stdout.contains(
-        "\n  suggested: nvidia-smi --gpu-reset -i 2   # as root, once no process uses the GPU (stop nvidia-persistenced, DCGM and other agents holding it); it ends every MIG instance, and on NVSwitch systems the GPUs reset together\n"
+        "\n  suggested: nvidia-smi --gpu-reset -i 2   # as root, once no process uses the GPU (stop vram-exporter itself, nvidia-persistenced, DCGM and other agents holding it); it ends every MIG instance, and on NVSwitch systems the GPUs reset together\n"
     ));
     for gpu in [0, 1, 3, 4, 5, 6, 7] {
         assert_eq!(

@@ -9,7 +9,7 @@ use crate::classify::{Advice, Command, GpuAccount, Suggestion, KILL_STUCK_SECOND
 use std::fmt::Write;
 
 /// What the driver requires of a GPU reset, said beside every suggestion of one.
-const RESET_CONDITIONS: &str = "as root, once no process uses the GPU (stop nvidia-persistenced, DCGM and other agents holding it); it ends every MIG instance, and on NVSwitch systems the GPUs reset together";
+const RESET_CONDITIONS: &str = "as root, once no process uses the GPU (stop vram-exporter itself, nvidia-persistenced, DCGM and other agents holding it); it ends every MIG instance, and on NVSwitch systems the GPUs reset together";
 
 /// The rest of the sentence from its remedy: what holds the memory and what would free it.
 pub(super) fn remedy_clause(sentence: &mut String, index: u32, account: &GpuAccount) {
