@@ -64,6 +64,8 @@ pub struct CheckConfig {
     pub only_verdict: Option<Verdict>,
     /// Whether the look is a snapshot's (`--replay`), not this host's.
     pub replayed: bool,
+    /// `--wait` was given with `--replay`: it does not wait, and says so.
+    pub wait_on_replay: bool,
     /// How long to wait for orphaned memory to go.
     pub wait: Option<Duration>,
     /// Poll interval while waiting.
@@ -117,9 +119,6 @@ impl Cli {
             None => (Mode::Serve(self.web.into_config()?), self.shared),
             Some(Command::Check(args)) => {
                 let replayed = args.shared.source.replay.is_some();
-                if replayed && args.wait.is_some() {
-                    return Err(InvalidFlag::WaitOnReplay);
-                }
                 let check = CheckConfig {
                     json: args.json,
                     summary: args.summary,
@@ -145,7 +144,9 @@ impl Cli {
                             OnlyVerdict::CannotTell => Verdict::CannotTell,
                         }),
                     },
-                    wait: args.wait,
+                    // A snapshot cannot change: its answer is final, not polled for.
+                    wait: args.wait.filter(|_| !replayed),
+                    wait_on_replay: replayed && args.wait.is_some(),
                     wait_interval: longer_than_zero(args.wait_interval, "wait.interval")?,
                     timeout: args.timeout.resolve()?,
                 };

@@ -72,10 +72,6 @@ pub enum InvalidFlag {
     /// `--web.telemetry-path` is one of the health endpoints.
     #[error("--web.telemetry-path '{0}' is reserved")]
     ReservedPath(String),
-    /// `check --wait` with `--replay`: a snapshot never changes, so the wait could only
-    /// run out.
-    #[error("--wait does nothing with --replay: a snapshot does not change, so nothing can be freed while waiting; drop --wait")]
-    WaitOnReplay,
 }
 
 /// A clap error in one line, built from its kind and context: the mistake, then any tip

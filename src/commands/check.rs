@@ -35,6 +35,9 @@ const ENDING_LOOK_EVERY: Duration = Duration::from_millis(100);
 /// of `--timeout` (the first and the last): a poll never runs past the wait's end.
 pub fn run(exporter: &Exporter, config: &CheckConfig) -> anyhow::Result<ExitCode> {
     let mut out = Output::of(config);
+    if config.wait_on_replay {
+        eprintln!("vram-exporter: warning: --wait does not wait on a replay: a snapshot does not change, so its answer is final");
+    }
     let report = settled_look(exporter, config.timeout)?;
     let first = chosen(&report, config)?;
     // Once, before any verdict: a bad flag is still one line of its own.

@@ -450,18 +450,24 @@ fn a_bad_flag_is_one_line_that_names_it_and_exit_status_2() {
 fn a_replayed_snapshot_is_not_waited_on_and_its_gpus_are_counted_as_its_own() {
     let story = crate::helpers::repository().join("examples/story-gpu2-orphaned.json");
     let story = story.to_str().unwrap();
-    // A snapshot cannot change: waiting on it could only run out, so it is refused at
-    // once, before or after the subcommand, rather than polled for 30 s.
+    // A snapshot cannot change: waiting on it could only run out, so its answer is given
+    // at once, before or after the subcommand, rather than polled for 30 s (a Slurm
+    // epilog, which always waits, answers from a snapshot too), and one line says why.
     for args in [
         &["check", "--wait", "30s", "--replay", story][..],
         &["--replay", story, "check", "--wait", "30s"],
     ] {
         let started = std::time::Instant::now();
-        assert_eq!(
-            one_line_and_status_2(args),
-            "vram-exporter: --wait does nothing with --replay: a snapshot does not change, so nothing can be freed while waiting; drop --wait"
-        );
+        let outcome = run_plain(args);
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(outcome.status, Some(1), "{outcome:?}");
+        assert_eq!(
+            outcome.stderr,
+            "vram-exporter: warning: --wait does not wait on a replay: a snapshot does not change, so its answer is final\n"
+        );
+        assert!(outcome
+            .stdout
+            .ends_with("exit status 1: orphaned memory found\n"));
     }
     // The story's snapshot has eight GPUs, whatever this host has.
     assert_eq!(
