@@ -1068,8 +1068,9 @@ def unreaped(suite):
     charge = suite.charges().get(owner.pid)
     suite.expect("NVML still charges the zombie", True, bool(charge))
     first = exporter.scrape(record="owner killed, unreaped")
-    suite.expect("not orphaned before the bound", 0,
-                 orphaned(first) if time.monotonic() - killed_at < 2.0 else 0)
+    # Scraped within the bound (else this says nothing), and not orphaned.
+    suite.expect("within the bound, not orphaned", (True, 0),
+                 (time.monotonic() - killed_at < 2.0, orphaned(first)))
     found = []
     wait_for("the exporter to call the memory orphaned", lambda: found.append(
         exporter.scrape()) or orphaned(found[-1]) == charge, limit=20)

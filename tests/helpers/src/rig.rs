@@ -235,14 +235,7 @@ impl Rig {
     /// empty folder: none; another server's).
     pub fn command_with_state(&self, state: &Path) -> Command {
         let mut command = Command::new(exporter_binary());
-        command
-            .env("FAKE_NVML_SCENARIO", &self.scenario)
-            .arg("--nvml.library")
-            .arg(&self.library)
-            .arg("--test.device-prefix")
-            .arg(self.device_prefix())
-            .arg("--path.state")
-            .arg(state);
+        self.in_world_with_state(&mut command, &self.library, state);
         command
     }
 
@@ -363,6 +356,11 @@ impl Rig {
     /// Point an exporter `command` at `library` (this rig's fake NVML or a copy of it),
     /// this rig's scenario and its device files.
     fn in_this_world(&self, command: &mut Command, library: &Path) {
+        self.in_world_with_state(command, library, &self.state_directory());
+    }
+
+    /// [`Rig::in_this_world`], with the witness state in `state` instead.
+    fn in_world_with_state(&self, command: &mut Command, library: &Path, state: &Path) {
         command
             .env("FAKE_NVML_SCENARIO", &self.scenario)
             .arg("--nvml.library")
@@ -370,7 +368,7 @@ impl Rig {
             .arg("--test.device-prefix")
             .arg(self.device_prefix())
             .arg("--path.state")
-            .arg(self.state_directory());
+            .arg(state);
     }
 
     /// The witness state's directory in this world: a server started here keeps it, and
