@@ -212,11 +212,13 @@ fn keep_alive_at_the_cap(connections: usize, late: usize, rounds: usize) {
         "{errors:#?}\nexporter log:\n{}",
         exporter.log()
     );
-    // Every late connection got its slot from a client told to reconnect, none by
-    // cutting one off.
+    // The late connections got their slots from clients told to reconnect, none by
+    // cutting one off (no client failed, above). Not one reconnect each: a late
+    // connection that is done frees its slot, which the next late one may take without
+    // anyone asked to leave (seen about once in six runs on 2 cores).
     assert!(
-        reconnects >= late,
-        "{late} late connections answered, but only {reconnects} clients were asked to reconnect"
+        reconnects >= 1,
+        "{late} late connections answered, but no client was asked to reconnect"
     );
 }
 
