@@ -76,7 +76,7 @@ pub fn of(status: CheckStatus) -> u8 {
     match status {
         CheckStatus::Clear => SUCCESS,
         CheckStatus::Orphaned => ORPHANED,
-        CheckStatus::LeftBehind => LEFT_BEHIND,
+        CheckStatus::StillHeld => LEFT_BEHIND,
         CheckStatus::CannotTell | CheckStatus::NotAnswering => CANNOT_TELL,
         CheckStatus::NvmlDown => ERROR,
     }
@@ -187,7 +187,7 @@ mod tests {
         use CheckStatus::*;
         let plugin = |status, in_use| of_check(status, in_use, Convention::Plugin, None);
         assert_eq!(plugin(Clear, false), 0);
-        for problem in [Orphaned, LeftBehind] {
+        for problem in [Orphaned, StillHeld] {
             assert_eq!(plugin(problem, false), 1, "{problem:?}");
         }
         assert_eq!(plugin(Clear, true), 1);
@@ -214,18 +214,18 @@ mod tests {
         // The detailed convention keeps its own statuses, and names in use apart.
         assert_eq!(of_check(Clear, true, Convention::Detailed, None), IN_USE);
         assert_eq!(
-            of_check(LeftBehind, false, Convention::Detailed, None),
+            of_check(StillHeld, false, Convention::Detailed, None),
             LEFT_BEHIND
         );
         // A rule per verdict: a problem for its own, OK for every other, never unknown.
         let only = |status, verdict| of_check(status, false, Convention::Plugin, Some(verdict));
         assert_eq!(only(Orphaned, Verdict::Orphaned), 1);
-        assert_eq!(only(LeftBehind, Verdict::Orphaned), 0);
+        assert_eq!(only(StillHeld, Verdict::Orphaned), 0);
         assert_eq!(only(NvmlDown, Verdict::Orphaned), 0);
         assert_eq!(only(NotAnswering, Verdict::CannotTell), 1);
         assert_eq!(only(NvmlDown, Verdict::CannotTell), 1);
         assert_eq!(only(Clear, Verdict::CannotTell), 0);
-        assert_eq!(only(LeftBehind, Verdict::LeftBehind), 1);
+        assert_eq!(only(StillHeld, Verdict::LeftBehind), 1);
         assert_eq!(
             of_check(Clear, true, Convention::Plugin, Some(Verdict::InUse)),
             1

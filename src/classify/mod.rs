@@ -3,56 +3,61 @@
 //! keeps it (with the evidence) and which merely watches, what would free it, and what
 //! `check` exits with. The renderers put this into words and series and decide nothing.
 //!
-//! One room per job, each importing only the rooms below it: [`classify`] here walks the
-//! GPUs; `account.rs` does each GPU's accounting, `remedy.rs` and `notes.rs` decide from
-//! the finished account, `sentence.rs` which sentence it is, `selection.rs` what `check`
-//! reports of the GPUs asked about; `verdict.rs`, `report.rs` and `process.rs` hold the
-//! verdict's types.
+//! One folder per job, each importing only those below it:
+//! - `processes/`: who a process is (identity, start time, container, pod, Slurm job);
+//! - `owners/`: the verdict on each process NVML charges, and after a kill
+//!   (`owners/after_kill.rs`): workers left behind, kills stuck in the driver;
+//! - `holders/`: who holds a GPU's device files (culprits, bystanders, MPS parts) and
+//!   what the holder scan could not see;
+//! - `account/`: each GPU's memory account, one method per figure;
+//! - `verdict/`: what an account amounts to (`finding.rs`), what frees it (`remedy.rs`,
+//!   `commands.rs`) and the notes (`notes.rs`), each decider with its own types;
+//! - `report.rs` the host's verdict, `selection.rs` what `check` reports of the GPUs
+//!   asked about; [`classify`] here walks the GPUs.
 
-mod account;
-mod after_kill;
+pub mod account;
 mod exporter_process;
-#[cfg(test)]
-pub(crate) mod fixtures;
-mod mps;
-mod notes;
-mod owners;
-pub(crate) mod pods;
-mod process;
-mod remedy;
+pub mod holders;
+pub mod owners;
+pub mod processes;
 mod report;
 mod selection;
-mod sentence;
 mod settings;
-pub(crate) mod slurm;
-mod suspects;
 #[cfg(test)]
-mod tests;
-mod verdict;
+pub(crate) mod tests;
+pub mod verdict;
 
 use account::{account_for_gpu, AccountScope, HostContext};
-pub use after_kill::{
-    killed_stuck, Clue, KilledStuck, LeftBehindOwner, Parent, Seen, ENDING_AT_MOST_MILLIS,
-    FREEING_MEASURED, KILL_STUCK_SECONDS,
+pub use account::{
+    GpuAccount, LeftBehindBytes, NotCounted, OrphanReason, StateTally, UnattributedTrust,
 };
 pub use exporter_process::{exporter_process, ExporterProcess};
+use holders::scan::ScanSummary as HolderScan;
+pub use holders::scan::{Blindness, ScanSummary};
+use holders::Within;
+pub use holders::{Evidence, Role, Suspect};
+pub use owners::after_kill::{killed_stuck, KilledStuck, LeftBehindOwner, KILL_STUCK_SECONDS};
 pub use owners::{
     judge_owner, GoneReason, Owner, OwnerState, Standing, StateQualifier, WhyGone, WhyUnknown,
+    ENDING_AT_MOST_MILLIS, FREEING_MEASURED,
 };
-pub use process::{Ended, KillTarget, Process, ProcessLens, ProcessState, Started, WitnessedFact};
+pub use processes::pods::{GpuPod, KubernetesView, PodName};
+pub use processes::slurm::{JobState, LeftBySlurm, SlurmEnded, SlurmJob};
+pub use processes::{
+    Ended, KillTarget, Process, ProcessLens, ProcessState, Started, WitnessedFact,
+};
 pub use report::{
-    orphaned_bytes_of, AssignedPod, CheckStatus, GpuOutcome, GpuVerdict, Health, InstanceVerdict,
-    MigMode, NvmlStatus, Report, ScanSummary, Sight, Written,
+    orphaned_bytes_of, AssignedPod, GpuOutcome, GpuVerdict, Health, InstanceVerdict, Judged,
+    MigMode, NvmlStatus, Report, Sight, Written,
 };
 pub use selection::{ForeignOwner, GpuName, Headed, Headline, HeldAs, NoSuchGpu, Selection};
-pub use sentence::{ChargedTo, Departure, Sentence};
 pub use settings::Settings;
-use suspects::Within;
-pub use suspects::{Evidence, Role, Suspect};
-pub use verdict::{
-    Advice, Blindness, Command, Finding, GpuAccount, JobToCancel, LeftBehind, LeftBehindBytes,
-    LookAgain, NotCounted, Note, OrphanReason, Remedy, StateTally, Suggestion, UnattributedTrust,
-};
+pub use verdict::commands::{Command, Suggestion};
+pub use verdict::finding::{ChargedTo, CheckStatus, Departure, Finding, FindingKind, Owned};
+pub use verdict::notes::{CulpritLeftBySlurm, Note};
+pub use verdict::remedy::{JobToCancel, Remedy, WaitOn, Whose};
+use verdict::Circumstances;
+pub use verdict::Verdict;
 
 use crate::observe::{GpuReading, GpuState, NvmlProcess, NvmlReading, Observation, ProcessList};
 use std::collections::BTreeMap;
@@ -69,8 +74,6 @@ pub use crate::observe::{
     NarrowAccess, NodeSet, NvmlFailure, NvmlLists, ProcfsView, RecoveryAction, References,
     Relative, RemappedRows, RetiredPages, StuckCall, StuckRead, WitnessReading, XidReading,
 };
-pub use pods::{GpuPod, KubernetesView, PodName};
-pub use slurm::{JobState, LeftBySlurm, SlurmEnded, SlurmJob};
 
 /// Classify a whole observation.
 pub fn classify(observation: &Observation, settings: &Settings) -> Report {
@@ -78,7 +81,7 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
         .kubernetes
         .as_ref()
         .filter(|kubernetes| kubernetes.shown())
-        .map(|kubernetes| pods::kubernetes_view(kubernetes, &observation.nvml));
+        .map(|kubernetes| processes::pods::kubernetes_view(kubernetes, &observation.nvml));
     let lens = ProcessLens {
         boot_time_unix_seconds: observation.boot_time_unix_seconds,
         ticks_per_second: observation.clock_ticks_per_second,
@@ -138,8 +141,8 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
 }
 
 /// The holder scan as the verdict and the exporter's series state it.
-fn scan_summary(observation: &Observation) -> Option<ScanSummary> {
-    observation.holder_scan.as_ref().map(|scan| ScanSummary {
+fn scan_summary(observation: &Observation) -> Option<HolderScan> {
+    observation.holder_scan.as_ref().map(|scan| HolderScan {
         cut_short: scan.cut_short,
         permission_errors: scan.permission_errors,
         duration_seconds: scan.duration_seconds,
@@ -201,14 +204,12 @@ fn gpu_verdicts(
             minor: gpu.minor,
             assigned_to: Vec::new(),
             outcome: match (&gpu.state, owners) {
-                (GpuState::Ok { memory, processes }, Some(owners)) => {
-                    GpuOutcome::Measured(Box::new(account_for_gpu(
-                        *memory,
-                        owners,
-                        scope_of(gpu, processes, Within::Gpu),
-                        &host,
-                    )))
-                }
+                (GpuState::Ok { memory, processes }, Some(owners)) => judge(
+                    *memory,
+                    owners,
+                    scope_of(gpu, processes, Within::Gpu),
+                    &host,
+                ),
                 (GpuState::Ok { .. }, None) => {
                     unreachable!("owners are judged for every GPU that answered")
                 }
@@ -222,6 +223,30 @@ fn gpu_verdicts(
             health: Health::of(&gpu.health),
         })
         .collect()
+}
+
+/// The account of one GPU or MIG instance, and the verdict on it.
+fn judge(
+    memory: crate::observe::MemoryReading,
+    owners: Vec<Owner>,
+    scope: AccountScope,
+    host: &HostContext<'_>,
+) -> GpuOutcome {
+    let circumstances = Circumstances {
+        scan: host.scan,
+        recovery: scope.recovery,
+        taken_at: host.observation.taken_at_unix_seconds,
+        gpu: scope.index,
+        // A look that went by no witness state cannot have seen a server killed.
+        unwatched: host
+            .observation
+            .witness
+            .as_ref()
+            .is_some_and(|witness| witness.no_state.is_some()),
+    };
+    let account = account_for_gpu(memory, owners, scope, host);
+    let verdict = Verdict::of(&account, circumstances);
+    GpuOutcome::Measured(Box::new(Judged { account, verdict }))
 }
 
 /// What an account of `gpu` (or of one MIG instance of it) covers.
@@ -282,12 +307,7 @@ fn instance_verdicts(gpu: &GpuReading, host: &HostContext<'_>) -> Vec<InstanceVe
                         ),
                         None => Within::UnknownInstance,
                     };
-                    GpuOutcome::Measured(Box::new(account_for_gpu(
-                        *memory,
-                        owners,
-                        scope_of(gpu, processes, within),
-                        host,
-                    )))
+                    judge(*memory, owners, scope_of(gpu, processes, within), host)
                 }
                 state => unanswered(state),
             },

@@ -1,10 +1,13 @@
 //! The verdict for the whole host and for each GPU and MIG instance in it, and what
 //! `check` and the written files report of it.
 
+use super::account::GpuAccount;
 use super::exporter_process::ExporterProcess;
+use super::holders::scan::ScanSummary;
 use super::owners::OwnerState;
-use super::pods::KubernetesView;
-use super::verdict::{Finding, GpuAccount};
+use super::processes::pods::KubernetesView;
+use super::verdict::finding::{CheckStatus, FindingKind};
+use super::verdict::Verdict;
 use crate::observe::containers::{Engine, EngineHealth};
 use crate::observe::kubernetes::PodName;
 use crate::observe::{
@@ -15,12 +18,24 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// A GPU's account, or why there is none.
+/// A GPU's account with the verdict on it: in JSON, the account's figures and then the
+/// verdict's `finding`, `remedy` and `notes`, side by side.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Judged {
+    /// The figures and the processes they rest on.
+    #[serde(flatten)]
+    pub account: GpuAccount,
+    /// What they amount to, what would free the memory, and the notes.
+    #[serde(flatten)]
+    pub verdict: Verdict,
+}
+
+/// A GPU's account and verdict, or why there is none.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum GpuOutcome {
     /// The readings succeeded.
-    Measured(Box<GpuAccount>),
+    Measured(Box<Judged>),
     /// A call failed: the GPU's figures are unknown, not zero.
     Failed {
         /// The kind of failure.
@@ -49,12 +64,27 @@ impl GpuOutcome {
         }
     }
 
-    /// The account when the readings succeeded.
-    pub fn account(&self) -> Option<&GpuAccount> {
+    /// The account and its verdict when the readings succeeded.
+    pub fn judged(&self) -> Option<&Judged> {
         match self {
-            GpuOutcome::Measured(account) => Some(account),
+            GpuOutcome::Measured(judged) => Some(judged),
             GpuOutcome::Failed { .. } | GpuOutcome::NotAnswering { .. } => None,
         }
+    }
+
+    /// The account when the readings succeeded.
+    pub fn account(&self) -> Option<&GpuAccount> {
+        self.judged().map(|judged| &judged.account)
+    }
+
+    /// The verdict when the readings succeeded.
+    pub fn verdict(&self) -> Option<&Verdict> {
+        self.judged().map(|judged| &judged.verdict)
+    }
+
+    /// What the verdict amounts to, as a word, when the readings succeeded.
+    pub fn finding(&self) -> Option<FindingKind> {
+        self.verdict().map(|verdict| verdict.finding.kind())
     }
 
     /// The call it is stuck in and for how long, when it does not answer.
@@ -170,6 +200,11 @@ impl InstanceVerdict {
         self.outcome.account()
     }
 
+    /// The verdict when the instance answered.
+    pub fn verdict(&self) -> Option<&Verdict> {
+        self.outcome.verdict()
+    }
+
     /// `GI 2, CI 0, 1g.18gb`, how people name an instance.
     pub fn label(&self) -> String {
         let id = |id: Option<u32>| id.map_or_else(|| "?".to_string(), |id| id.to_string());
@@ -192,92 +227,64 @@ impl GpuVerdict {
         self.outcome.account()
     }
 
+    /// The verdict when the GPU answered.
+    pub fn verdict(&self) -> Option<&Verdict> {
+        self.outcome.verdict()
+    }
+
+    /// The GPU's own outcome, then each MIG instance's with the instance it is of: every
+    /// account a question about the GPU goes over.
+    pub fn outcomes(&self) -> impl Iterator<Item = (Option<&InstanceVerdict>, &GpuOutcome)> {
+        std::iter::once((None, &self.outcome)).chain(
+            self.instances
+                .iter()
+                .map(|instance| (Some(instance), &instance.outcome)),
+        )
+    }
+
+    /// The findings of the GPU and of each MIG instance that answered.
+    fn findings(&self) -> impl Iterator<Item = FindingKind> + '_ {
+        self.outcomes().filter_map(|(_, outcome)| outcome.finding())
+    }
+
     /// Orphaned bytes, 0 for a GPU that did not answer.
     pub fn orphaned_bytes(&self) -> u64 {
         self.account().map_or(0, GpuAccount::orphaned_bytes)
     }
 
-    /// Memory a person waits to see freed after acting: orphaned, left behind, held by
-    /// owners killed and stuck, or being freed; 0 for a GPU that did not answer.
+    /// Memory a person waits to see freed after acting (see
+    /// [`GpuAccount::to_free_bytes`]); 0 for a GPU that did not answer.
     pub fn to_free_bytes(&self) -> u64 {
-        self.account().map_or(0, |account| {
-            [
-                account.orphaned_bytes(),
-                account.left_behind_bytes().total(),
-                account.tally.bytes(OwnerState::Killed),
-                account.tally.bytes(OwnerState::Exiting),
-            ]
-            .into_iter()
-            .fold(0, u64::saturating_add)
-            .min(account.memory.used)
-        })
+        self.account().map_or(0, GpuAccount::to_free_bytes)
     }
 
     /// Whether the GPU or one of its MIG instances holds memory that `check --wait` waits
     /// for: orphaned, left behind, killed and stuck, or being freed.
     pub fn awaits_freeing(&self) -> bool {
-        std::iter::once(self.account())
-            .chain(self.instances.iter().map(InstanceVerdict::account))
-            .flatten()
-            .any(|account| {
-                matches!(
-                    account.finding,
-                    Finding::Orphaned
-                        | Finding::LeftBehind
-                        | Finding::KilledStuck
-                        | Finding::BeingFreed
-                )
-            })
+        self.findings().any(FindingKind::awaits_freeing)
     }
 
     /// Whether the GPU or one of its MIG instances holds orphaned memory.
     pub fn has_orphan(&self) -> bool {
-        std::iter::once(self.account())
-            .chain(self.instances.iter().map(InstanceVerdict::account))
-            .flatten()
-            .any(|account| account.finding == Finding::Orphaned)
+        self.findings()
+            .any(|finding| finding == FindingKind::Orphaned)
     }
 
     /// What `check` says of this GPU: the worst of the GPU's own verdict and its MIG
-    /// instances'; a GPU that does not answer says so.
+    /// instances'; a GPU that does not answer says so, and one that failed cannot tell.
     pub fn status(&self) -> CheckStatus {
         if self.outcome.stuck().is_some() {
             return CheckStatus::NotAnswering;
         }
-        std::iter::once(self.account())
-            .chain(self.instances.iter().map(InstanceVerdict::account))
-            .map(|account| match account.map(|account| account.finding) {
-                Some(Finding::Orphaned) => CheckStatus::Orphaned,
-                Some(Finding::LeftBehind | Finding::KilledStuck) => CheckStatus::LeftBehind,
-                Some(Finding::Idle | Finding::Owned) => CheckStatus::Clear,
-                Some(Finding::CannotTell | Finding::BeingFreed) | None => CheckStatus::CannotTell,
+        self.outcomes()
+            .map(|(_, outcome)| {
+                outcome
+                    .finding()
+                    .map_or(CheckStatus::CannotTell, FindingKind::status)
             })
             .max()
             .unwrap_or(CheckStatus::Clear)
     }
-}
-
-/// What `check` reports, in order of precedence: orphaned memory is reported even beside
-/// a GPU that cannot be read (one that answered that it is lost, say); but a look that
-/// did not complete, because NVML or a GPU did not answer in time, says so above all it
-/// found (which it still names): a script must not take a partial look for a whole one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CheckStatus {
-    /// Every byte has a live owner, or nothing is used.
-    Clear,
-    /// Some GPU's memory cannot be judged, or is being freed, and none is proven
-    /// orphaned.
-    CannotTell,
-    /// Some GPU's memory is held by workers a killed server left behind, or by owners
-    /// killed and stuck in the driver, and none is orphaned.
-    LeftBehind,
-    /// Some GPU holds memory without a live owner.
-    Orphaned,
-    /// NVML or a GPU did not answer in time: the look is incomplete.
-    NotAnswering,
-    /// NVML is missing or failed: nothing can be said.
-    NvmlDown,
 }
 
 impl Report {
@@ -326,50 +333,6 @@ impl Report {
         } else {
             Written::Complete
         }
-    }
-}
-
-/// Summary of a holder scan for the exporter's own health series.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScanSummary {
-    /// Stopped at its time budget.
-    pub cut_short: bool,
-    /// Processes whose descriptors could not be read.
-    pub permission_errors: u64,
-    /// Seconds it took.
-    pub duration_seconds: f64,
-    /// Whole seconds a `/proc` read had been blocked, when one kept the scan from
-    /// running or cut it short.
-    pub blocked_seconds: Option<u64>,
-}
-
-impl ScanSummary {
-    /// Every process was looked at: no holder can be missing.
-    pub fn complete(&self) -> bool {
-        !self.cut_short && self.permission_errors == 0
-    }
-}
-
-/// `check --json`'s `holder_scan`: `complete` beside what it is derived from, for scripts.
-impl Serialize for ScanSummary {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        #[derive(Serialize)]
-        struct ScanJson {
-            complete: bool,
-            cut_short: bool,
-            permission_errors: u64,
-            duration_seconds: f64,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            blocked_seconds: Option<u64>,
-        }
-        ScanJson {
-            complete: self.complete(),
-            cut_short: self.cut_short,
-            permission_errors: self.permission_errors,
-            duration_seconds: self.duration_seconds,
-            blocked_seconds: self.blocked_seconds,
-        }
-        .serialize(serializer)
     }
 }
 
@@ -513,11 +476,8 @@ impl Report {
     pub fn owners_being_freed(&self) -> bool {
         self.gpus
             .iter()
-            .flat_map(|gpu| {
-                std::iter::once(gpu.account())
-                    .chain(gpu.instances.iter().map(InstanceVerdict::account))
-            })
-            .flatten()
+            .flat_map(GpuVerdict::outcomes)
+            .filter_map(|(_, outcome)| outcome.account())
             .any(|account| account.tally.processes(OwnerState::Exiting) > 0)
     }
 }

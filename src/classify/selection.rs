@@ -3,9 +3,9 @@
 //! read the same.
 
 use super::owners::Owner;
-use super::report::{orphaned_bytes_of, CheckStatus, GpuVerdict, InstanceVerdict, Report};
-use super::slurm::JobState;
-use super::verdict::{Finding, GpuAccount};
+use super::processes::slurm::JobState;
+use super::report::{orphaned_bytes_of, GpuVerdict, InstanceVerdict, Judged, Report};
+use super::verdict::finding::{CheckStatus, FindingKind};
 
 /// A GPU as a person or a scheduler names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,8 +181,9 @@ pub struct Headline<'a> {
     pub gpu: &'a GpuVerdict,
     /// Its MIG instance, when the finding is the instance's.
     pub instance: Option<&'a InstanceVerdict>,
-    /// The account the finding is of (the GPU's or the instance's), when it answered.
-    pub account: Option<&'a GpuAccount>,
+    /// The account and verdict the finding is of (the GPU's or the instance's), when it
+    /// answered.
+    pub judged: Option<&'a Judged>,
     /// What the line says of it.
     pub status: Headed,
     /// Other GPUs chosen whose status is not clear.
@@ -206,7 +207,7 @@ impl<'a> Selection<'a> {
     pub fn foreign_owners(&self) -> Vec<ForeignOwner<'a>> {
         let mut foreign = Vec::new();
         for gpu in &self.gpus {
-            for account in accounts(gpu).filter_map(|(_, account)| account) {
+            for account in gpu.outcomes().filter_map(|(_, outcome)| outcome.account()) {
                 for owner in &account.owners {
                     let outside = owner.process().is_some_and(|process| {
                         process
@@ -250,16 +251,17 @@ impl<'a> Selection<'a> {
             let owners = self.foreign_owners();
             let first = *owners.first()?;
             let gpu = first.gpu;
-            let (instance, account) = accounts(gpu)
-                .find(|(_, account)| {
-                    account.is_some_and(|account| {
-                        account
+            let (instance, judged) = judged_of(gpu)
+                .find(|(_, judged)| {
+                    judged.is_some_and(|judged| {
+                        judged
+                            .account
                             .owners
                             .iter()
                             .any(|owner| std::ptr::eq(owner, first.owner))
                     })
                 })
-                .unwrap_or((None, gpu.account()));
+                .unwrap_or((None, gpu.outcome.judged()));
             let others = self
                 .gpus
                 .iter()
@@ -274,7 +276,7 @@ impl<'a> Selection<'a> {
             return Some(Headline {
                 gpu,
                 instance,
-                account,
+                judged,
                 status: Headed::InUse,
                 others,
             });
@@ -287,9 +289,9 @@ impl<'a> Selection<'a> {
             .or_else(|| self.gpus.first())?;
         // The instance whose finding it is: the GPU's own account unless that is fine
         // and an instance's is not.
-        let (instance, account) = accounts(gpu)
-            .find(|(_, account)| !account.is_some_and(|account| fine(account.finding)))
-            .unwrap_or((None, gpu.account()));
+        let (instance, judged) = judged_of(gpu)
+            .find(|(_, judged)| !judged.is_some_and(|judged| fine(judged.verdict.finding.kind())))
+            .unwrap_or((None, gpu.outcome.judged()));
         let others = self
             .gpus
             .iter()
@@ -298,7 +300,7 @@ impl<'a> Selection<'a> {
         Some(Headline {
             gpu,
             instance,
-            account,
+            judged,
             status: Headed::Status(gpu.status()),
             others,
         })
@@ -306,24 +308,21 @@ impl<'a> Selection<'a> {
 }
 
 /// Nothing to say of an account with this finding.
-fn fine(finding: Finding) -> bool {
-    matches!(finding, Finding::Idle | Finding::Owned)
+fn fine(finding: FindingKind) -> bool {
+    matches!(finding, FindingKind::Idle | FindingKind::Owned)
 }
 
-/// A GPU's own account, then each MIG instance's, with the instance it is of.
-fn accounts(
+/// A GPU's own account and verdict, then each MIG instance's, with the instance it is of.
+fn judged_of(
     gpu: &GpuVerdict,
-) -> impl Iterator<Item = (Option<&InstanceVerdict>, Option<&GpuAccount>)> {
-    std::iter::once((None, gpu.account())).chain(
-        gpu.instances
-            .iter()
-            .map(|instance| (Some(instance), instance.account())),
-    )
+) -> impl Iterator<Item = (Option<&InstanceVerdict>, Option<&Judged>)> {
+    gpu.outcomes()
+        .map(|(instance, outcome)| (instance, outcome.judged()))
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::classify::fixtures::*;
+    use crate::classify::tests::fixtures::*;
     use crate::classify::*;
 
     #[test]
@@ -421,6 +420,6 @@ mod tests {
         // with no owner) need a look too.
         assert_eq!(headline.gpu.index, 2);
         assert_eq!(headline.others, 2);
-        assert!(headline.account.is_none());
+        assert!(headline.judged.is_none());
     }
 }

@@ -9,7 +9,7 @@
 
 use super::words::{instance_verdict, verdict, Verdict};
 use crate::classify::{
-    AssignedPod, CheckStatus, Finding, GpuAccount, GpuError, GpuVerdict, InstanceVerdict,
+    AssignedPod, CheckStatus, FindingKind, GpuAccount, GpuError, GpuVerdict, InstanceVerdict,
     LeftBehindOwner, MemoryReading, Note, NvmlFailure, Owner, OwnerState, ProcfsView, Remedy,
     ScanSummary, Selection, StuckCall, StuckRead, Suggestion, Suspect, WitnessReading,
 };
@@ -83,7 +83,7 @@ pub struct GpuDocument<'a> {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub memory_inconsistent: bool,
     /// What the verdict amounts to, when the GPU answered.
-    pub finding: Option<Finding>,
+    pub finding: Option<FindingKind>,
     /// Owners with their verdicts.
     pub owners: &'a [Owner],
     /// Processes and bytes per owner state.
@@ -188,6 +188,7 @@ pub fn check_document<'a>(selection: &Selection<'a>) -> CheckDocument<'a> {
 
 fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
     let (error, account) = (gpu.outcome.error_kind(), gpu.outcome.account());
+    let decided = gpu.outcome.verdict();
     let left_behind = account.map_or_else(Default::default, GpuAccount::left_behind_bytes);
     GpuDocument {
         index: gpu.index,
@@ -207,7 +208,7 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
             }),
         memory: account.map(|account| account.memory),
         memory_inconsistent: account.is_some_and(|account| account.memory_inconsistent),
-        finding: account.map(|account| account.finding),
+        finding: gpu.outcome.finding(),
         owners: account.map_or(&[], |account| account.owners.as_slice()),
         owners_by_state: account
             .map(|account| {
@@ -236,13 +237,13 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
         left_behind: account.map_or(&[], |account| account.left_behind.as_slice()),
         left_behind_bytes: left_behind.witnessed,
         possibly_left_behind_bytes: left_behind.possibly,
-        remedy: account.map(|account| &account.remedy),
-        notes: account.map_or(&[], |account| account.notes.as_slice()),
+        remedy: decided.map(|verdict| &verdict.remedy),
+        notes: decided.map_or(&[], |verdict| verdict.notes.as_slice()),
         exited_container_processes: account
             .map_or(0, |account| account.exited_container_processes()),
         verdict: VerdictDocument {
             words: verdict(gpu),
-            suggested: account.map(|account| &account.suggestion),
+            suggested: decided.map(|verdict| &verdict.suggestion),
         },
         instances: gpu
             .instances
@@ -254,7 +255,7 @@ fn gpu_document(gpu: &GpuVerdict) -> GpuDocument<'_> {
                     .map_or(0, crate::classify::GpuAccount::orphaned_bytes),
                 verdict: VerdictDocument {
                     words: instance_verdict(gpu, instance),
-                    suggested: instance.account().map(|account| &account.suggestion),
+                    suggested: instance.verdict().map(|verdict| &verdict.suggestion),
                 },
             })
             .collect(),

@@ -1,6 +1,7 @@
 //! After a kill: workers a server left behind, and kills that wait in the driver.
 
-use crate::classify::fixtures::*;
+use crate::classify::owners::after_kill::{Clue, Seen};
+use crate::classify::tests::fixtures::*;
 use crate::classify::*;
 use crate::observe::ProcessFacts;
 
@@ -54,8 +55,8 @@ fn a_worker_whose_parent_was_seen_to_exit_is_left_behind_and_counted() {
     lineage.parent.comm = Some("api-server".into());
     lineage.parent_exit_seen_unix_seconds = Some(LOOKED_AT - 300);
     let seen_again = seen.clone();
-    let account = host_with(&[seen]).account();
-    assert_eq!(account.finding, Finding::LeftBehind);
+    let Judged { account, verdict } = host_with(&[seen]).judged();
+    assert_eq!(verdict.finding.kind(), FindingKind::LeftBehind);
     assert_eq!(account.orphaned_bytes(), 0);
     assert_eq!(
         account.left_behind_bytes(),
@@ -77,21 +78,21 @@ fn a_worker_whose_parent_was_seen_to_exit_is_left_behind_and_counted() {
         (4200, Some("api-server"))
     );
     assert_eq!(*alone_seconds, Some(300));
-    let Remedy::KillLeftBehind { targets } = &account.remedy else {
-        panic!("{:?}", account.remedy)
+    let Remedy::KillLeftBehind { targets } = &verdict.remedy else {
+        panic!("{:?}", verdict.remedy)
     };
     assert_eq!(targets.iter().map(|t| t.pid).collect::<Vec<_>>(), [4242]);
     assert_eq!(
         host_with(&[seen_again]).report().gpus[0].status(),
-        CheckStatus::LeftBehind
+        CheckStatus::StillHeld
     );
 }
 
 #[test]
 fn a_worker_never_seen_with_its_parent_is_possibly_left_behind_only_with_evidence() {
     // A spawned worker whose group's leader is gone, adopted by a parent outside the group.
-    let account = host_with(&[worker(4242, 1, Leader::Gone, true)]).account();
-    assert_eq!(account.finding, Finding::LeftBehind);
+    let Judged { account, verdict } = host_with(&[worker(4242, 1, Leader::Gone, true)]).judged();
+    assert_eq!(verdict.finding.kind(), FindingKind::LeftBehind);
     assert!(matches!(
         account.left_behind[0].seen,
         Seen::Possibly {
@@ -123,9 +124,9 @@ fn a_worker_never_seen_with_its_parent_is_possibly_left_behind_only_with_evidenc
         daemon,
         leader,
     ] {
-        let account = host_with(std::slice::from_ref(&facts)).account();
+        let Judged { account, verdict } = host_with(std::slice::from_ref(&facts)).judged();
         assert!(account.left_behind.is_empty(), "{facts:?}");
-        assert_eq!(account.finding, Finding::Owned, "{facts:?}");
+        assert_eq!(verdict.finding.kind(), FindingKind::Owned, "{facts:?}");
     }
     // A member of a shell's job (its group is not its session) whose leader exited.
     let mut job = worker(4242, 1, Leader::Gone, false);
@@ -162,33 +163,36 @@ fn a_kill_that_waits_in_the_driver_past_a_minute_moves_the_remedy_to_a_reset_or_
         let mut facts = cuda(4242, &[0]).state('D');
         facts.wchan = Some("uvm_va_space_destroy".into());
         facts.kill_pending_since_unix_seconds = Some(LOOKED_AT - seconds);
-        host_with(&[facts]).account()
+        host_with(&[facts]).judged()
     };
     let fresh = killed(5);
-    assert_eq!(fresh.owners[0].state(), OwnerState::Killed);
-    assert_eq!(fresh.finding, Finding::KilledStuck);
-    assert_eq!(fresh.remedy, Remedy::Wait);
+    assert_eq!(fresh.account.owners[0].state(), OwnerState::Killed);
+    assert_eq!(fresh.verdict.finding.kind(), FindingKind::KilledStuck);
+    assert!(matches!(fresh.verdict.remedy, Remedy::Wait { .. }));
     let stuck = killed(KILL_STUCK_SECONDS);
-    let Remedy::ResetOrReboot { stuck: targets } = &stuck.remedy else {
-        panic!("{:?}", stuck.remedy)
+    let Remedy::ResetOrReboot { stuck: targets, .. } = &stuck.verdict.remedy else {
+        panic!("{:?}", stuck.verdict.remedy)
     };
     assert_eq!(targets[0].pid, 4242);
     // The same owner with no kill pending is an uninterruptible owner, and fine.
     let mut sleeping = cuda(4242, &[0]).state('D');
     sleeping.wchan = Some("uvm_va_space_destroy".into());
-    let account = host_with(&[sleeping]).account();
+    let Judged { account, verdict } = host_with(&[sleeping]).judged();
     assert_eq!(account.owners[0].state(), OwnerState::Uninterruptible);
-    assert_eq!(account.finding, Finding::Owned);
+    assert_eq!(verdict.finding.kind(), FindingKind::Owned);
 }
 
 #[test]
 fn a_left_behind_worker_kill_cannot_reach_is_named_but_not_suggested_for_kill() {
     let mut hidden = worker(4242, 1, Leader::Gone, true);
     hidden.local_pid = None;
-    let account = host_with(&[hidden]).account();
-    assert_eq!(account.finding, Finding::LeftBehind);
+    let Judged {
+        account: _,
+        verdict,
+    } = host_with(&[hidden]).judged();
+    assert_eq!(verdict.finding.kind(), FindingKind::LeftBehind);
     assert_eq!(
-        account.remedy,
+        verdict.remedy,
         Remedy::CannotTell {
             reason: Blindness::WorkersNotVisible
         }

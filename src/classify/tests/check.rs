@@ -1,6 +1,6 @@
 //! What `check` reports, and the GPUs it is asked about.
 
-use crate::classify::fixtures::*;
+use crate::classify::tests::fixtures::*;
 use crate::classify::*;
 
 #[test]
@@ -79,9 +79,9 @@ fn a_scan_cut_short_by_a_blocked_read_is_the_reason_nothing_is_suggested() {
     });
     let report = classify(&observation, &Settings::default());
     assert_eq!(report.holder_scan.unwrap().blocked_seconds, Some(7));
-    let account = report.gpus[0].account().unwrap();
+    let verdict = report.gpus[0].verdict().unwrap();
     assert_eq!(
-        account.remedy,
+        verdict.remedy,
         Remedy::CannotTell {
             reason: Blindness::ScanBlocked { seconds: 7 }
         }

@@ -1,6 +1,6 @@
 //! Containers: owners and culprits in containers, and those that outlived them.
 
-use crate::classify::fixtures::*;
+use crate::classify::tests::fixtures::*;
 use crate::classify::*;
 use crate::observe::ProcessLookup;
 
@@ -31,7 +31,7 @@ fn a_reused_pid_does_not_lend_its_container_to_the_gone_owner() {
 #[test]
 fn owners_and_culprits_outliving_their_containers_are_counted() {
     let ended = Some(NamespaceInit::Exited { pid: 400 });
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(2 * USED_ONE_OWNER)
         .owner(
             432,
@@ -41,10 +41,10 @@ fn owners_and_culprits_outliving_their_containers_are_counted() {
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
         .holder(contained(cuda(524, &[0]), ended))
         .holder(contained(cuda(525, &[0]), Some(NamespaceInit::Unknown)))
-        .account();
+        .judged();
     // The uninterruptible owner 432 and the culprit 524; not 525, whose PID 1 is unknown.
     assert_eq!(account.exited_container_processes(), 2);
-    assert!(account
+    assert!(verdict
         .notes
         .contains(&Note::CulpritsContainerEnded { pids: vec![524] }));
 }

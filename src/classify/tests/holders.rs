@@ -1,12 +1,12 @@
 //! Culprits and bystanders: who keeps orphaned memory, and who merely holds the device file.
 
-use crate::classify::fixtures::*;
+use crate::classify::tests::fixtures::*;
 use crate::classify::*;
 use crate::observe::{ProcessFacts, ProcessLookup, References};
 
 #[test]
 fn a_forked_child_mapping_the_gpu_is_the_culprit_with_its_evidence() {
-    let account = fork_orphan().account();
+    let Judged { account, verdict } = fork_orphan().judged();
     assert_eq!(pids(&account.culprits), vec![524]);
     assert_eq!(
         account.culprits[0].evidence,
@@ -19,7 +19,7 @@ fn a_forked_child_mapping_the_gpu_is_the_culprit_with_its_evidence() {
         ]
     );
     assert_eq!(
-        account.remedy,
+        verdict.remedy,
         Remedy::Kill {
             targets: vec![KillTarget {
                 pid: 524,
@@ -38,14 +38,14 @@ fn a_forked_child_mapping_the_gpu_is_the_culprit_with_its_evidence() {
 fn an_nvml_client_under_any_name_is_a_bystander_never_in_the_kill() {
     // The H200 case: a python3 monitoring script holding /dev/nvidia0 open was put into
     // `kill 467 513` beside the real holder. It maps nothing: it holds no context.
-    let account = fork_orphan()
+    let Judged { account, verdict } = fork_orphan()
         .holder(nvml_client(467, "python3", &[0]))
-        .account();
+        .judged();
     assert_eq!(pids(&account.culprits), vec![524]);
     assert_eq!(pids(&account.bystanders), vec![467]);
     assert_eq!(account.bystanders[0].evidence, vec![Evidence::NoContext]);
-    let Remedy::Kill { targets } = &account.remedy else {
-        panic!("{:?}", account.remedy)
+    let Remedy::Kill { targets } = &verdict.remedy else {
+        panic!("{:?}", verdict.remedy)
     };
     assert_eq!(targets.iter().map(|t| t.pid).collect::<Vec<_>>(), vec![524]);
 }
@@ -93,18 +93,21 @@ fn a_live_job_of_gpu_0_holding_gpu_1s_node_is_a_bystander_on_gpu_1() {
         vec![Evidence::OwnerOfOtherGpus { gpus: vec![0] }]
     );
     // GPU 0 has nothing orphaned: nothing is blamed there.
-    let gpu0 = host.account_of(0);
-    assert_eq!(gpu0.finding, Finding::Owned);
+    let Judged {
+        account: gpu0,
+        verdict: gpu0_verdict,
+    } = host.judged_of(0);
+    assert_eq!(gpu0_verdict.finding.kind(), FindingKind::Owned);
     assert!(gpu0.culprits.is_empty() && gpu0.bystanders.is_empty());
 }
 
 #[test]
 fn holders_are_named_only_for_a_gpu_with_orphaned_memory() {
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .holder(nvml_client(467, "python3", &[0]))
         .holder(cuda(524, &[0]))
-        .account();
-    assert_eq!(account.finding, Finding::Idle);
+        .judged();
+    assert_eq!(verdict.finding.kind(), FindingKind::Idle);
     assert!(account.culprits.is_empty() && account.bystanders.is_empty());
 }
 
@@ -118,10 +121,10 @@ fn three_dataloader_workers_are_all_culprits_in_pid_order() {
     for pid in [530, 528, 529] {
         host = host.holder(cuda(pid, &[0]).child_of(503));
     }
-    let account = host.account();
+    let Judged { account, verdict } = host.judged();
     assert_eq!(pids(&account.culprits), vec![528, 529, 530]);
-    let Remedy::Kill { targets } = &account.remedy else {
-        panic!("{:?}", account.remedy)
+    let Remedy::Kill { targets } = &verdict.remedy else {
+        panic!("{:?}", verdict.remedy)
     };
     assert_eq!(targets.len(), 3);
 }
@@ -163,15 +166,15 @@ fn a_child_adopted_by_the_dead_owners_parent_carries_that_tie() {
 fn a_candidate_with_unreadable_mappings_is_undetermined_and_nothing_is_suggested() {
     let mut unknown = cuda(524, &[0]).child_of(503);
     unknown.mappings = References::Unreadable;
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
         .holder(unknown)
-        .account();
+        .judged();
     assert_eq!(pids(&account.undetermined), vec![524]);
     assert!(account.culprits.is_empty());
     assert_eq!(
-        account.remedy,
+        verdict.remedy,
         Remedy::CannotTell {
             reason: Blindness::MappingsUnreadable { processes: 1 }
         }
@@ -182,33 +185,39 @@ fn a_candidate_with_unreadable_mappings_is_undetermined_and_nothing_is_suggested
 fn culprits_beside_an_undetermined_holder_are_named_with_a_note() {
     let mut unknown = cuda(600, &[0]);
     unknown.mappings = References::Unreadable;
-    let account = fork_orphan().holder(unknown).account();
-    assert!(matches!(account.remedy, Remedy::Kill { .. }));
-    assert!(account
+    let Judged {
+        account: _,
+        verdict,
+    } = fork_orphan().holder(unknown).judged();
+    assert!(matches!(verdict.remedy, Remedy::Kill { .. }));
+    assert!(verdict
         .notes
         .contains(&Note::UndeterminedHolders { pids: vec![600] }));
 }
 
 #[test]
 fn a_gpus_own_live_owner_is_never_its_candidate() {
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(2 * USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(cuda(432, &[0])))
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
         .holder(cuda(432, &[0]))
-        .account();
+        .judged();
     assert!(account.culprits.is_empty() && account.bystanders.is_empty());
-    assert_eq!(account.remedy, Remedy::StopOwners { pids: vec![432] });
+    assert_eq!(verdict.remedy, Remedy::StopOwners { pids: vec![432] });
 }
 
 #[test]
 fn with_no_holder_and_a_complete_scan_only_a_reset_frees_it() {
-    let account = Host::idle()
+    let Judged {
+        account: _,
+        verdict,
+    } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
         .scanned()
-        .account();
-    assert_eq!(account.remedy, Remedy::ResetGpu { blockers: vec![] });
+        .judged();
+    assert_eq!(verdict.remedy, Remedy::ResetGpu { blockers: vec![] });
 }
 
 #[test]
@@ -219,7 +228,7 @@ fn an_incomplete_scan_without_a_culprit_cannot_tell() {
         .scanned();
     host.scan_cut_short = true;
     assert_eq!(
-        host.account().remedy,
+        host.judged().verdict.remedy,
         Remedy::CannotTell {
             reason: Blindness::ScanCutShort
         }
@@ -227,14 +236,14 @@ fn an_incomplete_scan_without_a_culprit_cannot_tell() {
     host.scan_cut_short = false;
     host.scan_denied = 3;
     assert_eq!(
-        host.account().remedy,
+        host.judged().verdict.remedy,
         Remedy::CannotTell {
             reason: Blindness::ScanDenied { processes: 3 }
         }
     );
     host.holders = None;
     assert_eq!(
-        host.account().remedy,
+        host.judged().verdict.remedy,
         Remedy::CannotTell {
             reason: Blindness::NoScan
         }
@@ -245,9 +254,12 @@ fn an_incomplete_scan_without_a_culprit_cannot_tell() {
 fn culprits_found_by_an_incomplete_scan_are_named_with_a_warning() {
     let mut host = fork_orphan();
     host.scan_denied = 2;
-    let account = host.account();
-    assert!(matches!(account.remedy, Remedy::Kill { .. }));
-    assert!(account.notes.contains(&Note::MoreHoldersPossible {
+    let Judged {
+        account: _,
+        verdict,
+    } = host.judged();
+    assert!(matches!(verdict.remedy, Remedy::Kill { .. }));
+    assert!(verdict.notes.contains(&Note::MoreHoldersPossible {
         reason: Blindness::ScanDenied { processes: 2 }
     }));
 }
@@ -261,11 +273,11 @@ fn a_culprit_not_visible_here_is_named_but_not_suggested_for_kill() {
         .owner(3, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
         .holder(culprit);
     host.procfs_view = ProcfsView::Foreign;
-    let account = host.account();
+    let Judged { account, verdict } = host.judged();
     assert_eq!(pids(&account.culprits), vec![524_000]);
     assert!(!account.culprits[0].process.visible_here);
     assert_eq!(
-        account.remedy,
+        verdict.remedy,
         Remedy::CannotTell {
             reason: Blindness::CulpritsNotVisible
         }

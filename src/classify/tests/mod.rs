@@ -5,6 +5,7 @@ mod after_kill;
 mod check;
 mod containers;
 mod driver;
+pub(crate) mod fixtures;
 mod holders;
 mod mig;
 mod mps;

@@ -1,6 +1,6 @@
 //! MPS: the control daemon and server are never culprits of a client's orphan.
 
-use crate::classify::fixtures::*;
+use crate::classify::tests::fixtures::*;
 use crate::classify::*;
 use crate::observe::{NvmlLists, ProcessFacts, ProcessLookup};
 
@@ -12,11 +12,11 @@ fn a_process_mapping_the_gpu_only_write_only_holds_no_context_and_is_no_culprit(
         comm: "gpu-probe".into(),
         ..mps_daemon(447)
     };
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
         .holder(writer)
-        .account();
+        .judged();
     assert!(account.culprits.is_empty());
     assert_eq!(pids(&account.bystanders), vec![447]);
     assert_eq!(
@@ -26,7 +26,7 @@ fn a_process_mapping_the_gpu_only_write_only_holds_no_context_and_is_no_culprit(
         }]
     );
     assert_eq!(
-        account.remedy,
+        verdict.remedy,
         Remedy::ResetGpu {
             blockers: vec![447]
         }
@@ -56,8 +56,8 @@ fn an_owners_pid_held_by_a_write_only_mapper_is_reused_not_live() {
 
 #[test]
 fn under_mps_the_forked_child_alone_is_the_culprit_and_the_daemon_and_server_stand_apart() {
-    let account = mps_fork_orphan().account();
-    assert_eq!(account.finding, Finding::Orphaned);
+    let Judged { account, verdict } = mps_fork_orphan().judged();
+    assert_eq!(verdict.finding.kind(), FindingKind::Orphaned);
     // Only the dead client's 4,934,598,656 bytes are orphaned; the live client and the
     // server own theirs.
     assert_eq!(account.orphaned_bytes(), 4_934_598_656);
@@ -89,14 +89,14 @@ fn under_mps_the_forked_child_alone_is_the_culprit_and_the_daemon_and_server_sta
             Evidence::MpsCommandName
         ]
     );
-    let Remedy::Kill { targets } = &account.remedy else {
-        panic!("{:?}", account.remedy)
+    let Remedy::Kill { targets } = &verdict.remedy else {
+        panic!("{:?}", verdict.remedy)
     };
     assert_eq!(targets.iter().map(|t| t.pid).collect::<Vec<_>>(), vec![500]);
-    assert!(account.notes.contains(&Note::MpsNotBlamed {
+    assert!(verdict.notes.contains(&Note::MpsNotBlamed {
         pids: vec![447, 466]
     }));
-    assert!(!account
+    assert!(!verdict
         .notes
         .iter()
         .any(|note| matches!(note, Note::BystandersNotBlamed { .. })));
@@ -127,11 +127,11 @@ fn the_mps_parts_are_never_culprits_whatever_they_map() {
 
 #[test]
 fn the_mps_server_alone_holding_a_dead_clients_memory_means_restarting_mps() {
-    let account = mps_dead_client_without_heir().account();
+    let Judged { account, verdict } = mps_dead_client_without_heir().judged();
     assert!(account.culprits.is_empty());
     assert_eq!(pids(&account.bystanders), vec![447, 466]);
     assert_eq!(
-        account.remedy,
+        verdict.remedy,
         Remedy::RestartMps {
             servers: vec![466],
             daemons: vec![447],
@@ -144,22 +144,28 @@ fn the_mps_server_alone_holding_a_dead_clients_memory_means_restarting_mps() {
 fn an_exporter_that_never_saw_the_owners_alive_reaches_the_same_verdict() {
     // `check` is a fresh process: it has seen no process before this one look.
     for host in [mps_fork_orphan(), mps_dead_client_without_heir()] {
-        let seen = host.account();
-        let fresh = host.seen_for_the_first_time().account();
+        let Judged {
+            account: seen,
+            verdict: seen_verdict,
+        } = host.judged();
+        let Judged {
+            account: fresh,
+            verdict: fresh_verdict,
+        } = host.seen_for_the_first_time().judged();
         assert_eq!(fresh.culprits, seen.culprits);
         assert_eq!(fresh.bystanders, seen.bystanders);
-        assert_eq!(fresh.remedy, seen.remedy);
-        assert_eq!(fresh.notes, seen.notes);
+        assert_eq!(fresh_verdict.remedy, seen_verdict.remedy);
+        assert_eq!(fresh_verdict.notes, seen_verdict.notes);
     }
 }
 
 #[test]
 fn a_live_mps_client_owns_its_memory_and_nothing_is_blamed() {
-    let account = mps_live_client().account();
-    assert_eq!(account.finding, Finding::Owned);
+    let Judged { account, verdict } = mps_live_client().judged();
+    assert_eq!(verdict.finding.kind(), FindingKind::Owned);
     assert_eq!(account.tally.processes(OwnerState::Running), 2);
     assert!(account.culprits.is_empty() && account.bystanders.is_empty());
-    assert_eq!(account.remedy, Remedy::None);
+    assert_eq!(verdict.remedy, Remedy::None);
 }
 
 #[test]
@@ -170,7 +176,7 @@ fn the_mps_server_is_told_by_its_listing_and_its_parent_not_by_its_name() {
     for process in host.readings(0).1.iter_mut() {
         process.lists = NvmlLists::default();
     }
-    let account = host.account();
+    let Judged { account, verdict } = host.judged();
     assert_eq!(pids(&account.bystanders), vec![447]);
     assert_eq!(
         account.bystanders[0].evidence,
@@ -182,7 +188,7 @@ fn the_mps_server_is_told_by_its_listing_and_its_parent_not_by_its_name() {
         ]
     );
     assert_eq!(
-        account.remedy,
+        verdict.remedy,
         Remedy::StopOwners {
             pids: vec![449, 466]
         }

@@ -1,6 +1,6 @@
 //! Garbage from NVML: figures that contradict each other are clamped, never believed.
 
-use crate::classify::fixtures::*;
+use crate::classify::tests::fixtures::*;
 use crate::classify::*;
 use crate::observe::{NvmlLists, ProcessLookup};
 
@@ -13,13 +13,13 @@ fn used_beyond_the_total_is_clamped_flagged_and_not_called_orphaned() {
         used: 4 * TOTAL,
         free: 0,
     };
-    let account = host.account();
+    let Judged { account, verdict } = host.judged();
     assert!(account.memory_inconsistent);
     assert_eq!(account.memory.used, TOTAL - RESERVED);
     assert_eq!(account.memory.free, 0);
     assert_eq!(account.unattributed_trust, UnattributedTrust::Inconsistent);
     assert_eq!(account.orphaned_bytes(), 0);
-    assert_eq!(account.finding, Finding::CannotTell);
+    assert_eq!(verdict.finding.kind(), FindingKind::CannotTell);
 }
 
 #[test]

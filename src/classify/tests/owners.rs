@@ -1,24 +1,24 @@
 //! Owners: who each listed process is, and in which state.
 
-use crate::classify::fixtures::*;
+use crate::classify::tests::fixtures::*;
 use crate::classify::*;
 use crate::observe::{ProcessFacts, ProcessLookup, References};
 
 #[test]
 fn an_idle_gpu_is_idle_with_nothing_orphaned() {
-    let account = Host::idle().scanned().account();
-    assert_eq!(account.finding, Finding::Idle);
-    assert_eq!(account.remedy, Remedy::None);
+    let Judged { account, verdict } = Host::idle().scanned().judged();
+    assert_eq!(verdict.finding.kind(), FindingKind::Idle);
+    assert_eq!(verdict.remedy, Remedy::None);
     assert_eq!(account.orphaned_bytes(), 0);
     assert!(account.culprits.is_empty() && account.bystanders.is_empty());
 }
 
 #[test]
 fn an_owner_that_maps_its_gpu_is_live_in_its_state() {
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(cuda(432, &[0])))
-        .account();
+        .judged();
     let owner = &account.owners[0];
     assert_eq!(owner.state(), OwnerState::Running);
     assert!(matches!(owner.standing, Standing::Live(_)));
@@ -36,7 +36,7 @@ fn an_owner_that_maps_its_gpu_is_live_in_its_state() {
     // 9,238,806,528 - 9,229,565,952 = 9,240,576 bytes (8.8 MiB) uncharged: under the
     // 16 MiB floor of one context, so nothing is unattributed.
     assert_eq!(account.unattributed_bytes, 0);
-    assert_eq!(account.finding, Finding::Owned);
+    assert_eq!(verdict.finding.kind(), FindingKind::Owned);
 }
 
 #[test]
@@ -115,18 +115,18 @@ fn ps_letters_r_s_and_i_are_the_running_label_under_their_own_words() {
 
 #[test]
 fn a_stopped_owner_keeps_its_memory_and_gets_a_note() {
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(
             432,
             Some(CHARGED_ONE_OWNER),
             present(cuda(432, &[0]).state('T')),
         )
-        .account();
+        .judged();
     assert_eq!(account.owners[0].state(), OwnerState::Stopped);
     assert_eq!(account.orphaned_bytes(), 0);
     assert_eq!(
-        account.notes,
+        verdict.notes,
         vec![Note::OwnerStopped {
             pid: 432,
             comm: "python3".into()
@@ -152,15 +152,16 @@ fn an_owner_in_uninterruptible_sleep_is_live() {
 fn a_zombie_leader_whose_threads_map_the_gpu_is_a_live_zombie() {
     // pthread_exit in main: state Z, the mappings read from a live thread. Threads and
     // mappings are varied apart: only both together keep a zombie leader a live owner.
-    let zombie = |threads: u32, maps: &[u32]| {
+    let judged = |threads: u32, maps: &[u32]| {
         let mut facts = cuda(454, maps).with_descriptors(&[0]).state('Z');
         facts.threads = threads;
         Host::idle()
             .used(4_850_000_000)
             .owner(454, Some(4_840_000_000), present(facts))
             .scanned()
-            .account()
+            .judged()
     };
+    let zombie = |threads: u32, maps: &[u32]| judged(threads, maps).account;
 
     // Live threads that map the GPU: the context is alive, held by a zombie leader.
     let account = zombie(4, &[0]);
@@ -186,7 +187,7 @@ fn a_zombie_leader_whose_threads_map_the_gpu_is_a_live_zombie() {
     // freeing its memory.
     let account = zombie(1, &[]);
     assert_eq!(account.owners[0].state(), OwnerState::Exiting);
-    assert_eq!(account.remedy, Remedy::Wait);
+    assert!(matches!(judged(1, &[]).verdict.remedy, Remedy::Wait { .. }));
 
     // No live thread, yet the mappings still name the GPU: the address space is not
     // torn down yet, so the context is still there and the owner still live.
@@ -197,13 +198,13 @@ fn a_zombie_leader_whose_threads_map_the_gpu_is_a_live_zombie() {
 
 #[test]
 fn a_pid_with_no_process_is_gone_and_its_charge_is_orphaned() {
-    let account = fork_orphan().account();
+    let Judged { account, verdict } = fork_orphan().judged();
     let owner = &account.owners[0];
     assert_eq!(owner.state(), OwnerState::Gone);
     assert_eq!(owner.standing, Standing::Gone(WhyGone::Exited));
     assert_eq!(account.gone(GoneReason::Exited), 1);
     assert_eq!(account.orphaned_owner_gone_bytes, 9_229_565_952);
-    assert_eq!(account.finding, Finding::Orphaned);
+    assert_eq!(verdict.finding.kind(), FindingKind::Orphaned);
 }
 
 #[test]
@@ -212,11 +213,11 @@ fn a_pid_reused_by_an_nvml_client_is_gone_not_live() {
     // /dev/nvidia0 open but maps nothing. The exporter used to call the owner live.
     let owner = cuda(503, &[0]);
     let reuser = nvml_client(503, "python3", &[0]).started(400_000);
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(503, Some(CHARGED_ONE_OWNER), present(reuser))
         .first_seen(503, &owner)
-        .account();
+        .judged();
     assert_eq!(account.owners[0].state(), OwnerState::Gone);
     assert!(matches!(
         &account.owners[0].standing,
@@ -225,7 +226,7 @@ fn a_pid_reused_by_an_nvml_client_is_gone_not_live() {
     assert_eq!(account.gone(GoneReason::Reused), 1);
     assert_eq!(account.orphaned_bytes(), CHARGED_ONE_OWNER);
     assert!(matches!(
-        &account.notes[0],
+        &verdict.notes[0],
         Note::OwnerPidReused { pid: 503, was: Some(comm), .. } if comm == "python3"
     ));
 }
@@ -234,19 +235,19 @@ fn a_pid_reused_by_an_nvml_client_is_gone_not_live() {
 fn a_pid_first_seen_without_a_context_here_is_reused_even_with_no_history() {
     // The exporter started after the reuse: the start time matches what it first saw, but
     // the process maps nothing of GPU 0, so it holds no context there.
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(
             503,
             Some(CHARGED_ONE_OWNER),
             present(nvml_client(503, "gpu-health", &[0])),
         )
-        .account();
+        .judged();
     assert_eq!(account.owners[0].state(), OwnerState::Gone);
     assert_eq!(account.gone(GoneReason::Reused), 1);
     // No earlier process seen: the note cannot say who the owner was.
     assert!(matches!(
-        &account.notes[0],
+        &verdict.notes[0],
         Note::OwnerPidReused { was: None, .. }
     ));
 }
@@ -308,15 +309,15 @@ fn an_exiting_owner_is_being_freed_not_orphaned_and_the_remedy_is_to_wait() {
     let mut exiting = cuda(432, &[]).state('D');
     exiting.exiting = true;
     for facts in [zombie, exiting] {
-        let account = Host::idle()
+        let Judged { account, verdict } = Host::idle()
             .used(USED_ONE_OWNER)
             .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
             .scanned()
-            .account();
+            .judged();
         assert_eq!(account.owners[0].state(), OwnerState::Exiting);
         assert_eq!(account.orphaned_bytes(), 0);
-        assert_eq!(account.finding, Finding::BeingFreed);
-        assert_eq!(account.remedy, Remedy::Wait);
+        assert_eq!(verdict.finding.kind(), FindingKind::BeingFreed);
+        assert!(matches!(verdict.remedy, Remedy::Wait { .. }));
         assert_eq!(account.tally.bytes(OwnerState::Exiting), CHARGED_ONE_OWNER);
     }
     // SIGKILLed with many threads: the main thread a zombie while the others exit (the
@@ -363,13 +364,19 @@ fn an_unreaped_owner_still_charged_past_a_free_is_gone_and_its_forked_child_name
         host.taken_at = Some(LOOKED_AT_MILLIS / 1000);
         host
     };
-    let within = host(ENDING_AT_MOST_MILLIS).account();
+    let Judged {
+        account: within,
+        verdict: within_verdict,
+    } = host(ENDING_AT_MOST_MILLIS).judged();
     assert_eq!(within.owners[0].state(), OwnerState::Exiting);
-    assert_eq!(within.finding, Finding::BeingFreed);
+    assert_eq!(within_verdict.finding.kind(), FindingKind::BeingFreed);
     assert_eq!(within.orphaned_bytes(), 0);
-    let past = host(ENDING_AT_MOST_MILLIS + 1).account();
+    let Judged {
+        account: past,
+        verdict: past_verdict,
+    } = host(ENDING_AT_MOST_MILLIS + 1).judged();
     assert_eq!(past.owners[0].standing, Standing::Gone(WhyGone::Exited));
-    assert_eq!(past.finding, Finding::Orphaned);
+    assert_eq!(past_verdict.finding.kind(), FindingKind::Orphaned);
     assert_eq!(past.orphaned_owner_gone_bytes, CHARGED_ONE_OWNER);
     assert_eq!(
         past.culprits
@@ -403,22 +410,22 @@ fn an_unreaped_owner_still_charged_past_a_free_is_gone_and_its_forked_child_name
 fn unreadable_mappings_make_an_owner_unknown_never_gone() {
     let mut facts = cuda(432, &[]);
     facts.mappings = References::Unreadable;
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(facts))
-        .account();
+        .judged();
     assert_eq!(account.owners[0].state(), OwnerState::Unknown);
     assert_eq!(
         account.owners[0].standing,
         Standing::Unknown(WhyUnknown::ContextUnreadable)
     );
     assert_eq!(account.orphaned_bytes(), 0);
-    assert_eq!(account.finding, Finding::CannotTell);
+    assert_eq!(verdict.finding.kind(), FindingKind::CannotTell);
 }
 
 #[test]
 fn an_unreadable_proc_entry_is_unknown_never_gone() {
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(
             432,
@@ -427,10 +434,10 @@ fn an_unreadable_proc_entry_is_unknown_never_gone() {
                 error: "permission denied".into(),
             },
         )
-        .account();
+        .judged();
     assert_eq!(account.owners[0].state(), OwnerState::Unknown);
     assert_eq!(account.orphaned_bytes(), 0);
-    assert_eq!(account.finding, Finding::CannotTell);
+    assert_eq!(verdict.finding.kind(), FindingKind::CannotTell);
 }
 
 #[test]
@@ -443,14 +450,14 @@ fn a_pid_a_foreign_procfs_cannot_show_is_unknown_never_gone() {
             .owner(2, Some(2 * GIB), ProcessLookup::NotVisible);
     host.procfs_view = ProcfsView::Foreign;
     host.host_pid_namespace = Some(false);
-    let account = host.account();
+    let Judged { account, verdict } = host.judged();
     assert_eq!(account.owners[0].state(), OwnerState::Unknown);
     assert_eq!(
         account.owners[0].standing,
         Standing::Unknown(WhyUnknown::NotVisible)
     );
     assert_eq!(account.orphaned_bytes(), 0);
-    assert_eq!(account.finding, Finding::CannotTell);
+    assert_eq!(verdict.finding.kind(), FindingKind::CannotTell);
 }
 
 #[test]
@@ -491,10 +498,10 @@ fn without_a_device_node_no_owner_can_be_proven_live() {
         present(cuda(432, &[0])),
     );
     host.gpus[0].minor = None;
-    let account = host.account();
+    let Judged { account, verdict } = host.judged();
     assert_eq!(
         account.owners[0].standing,
         Standing::Unknown(WhyUnknown::NoDeviceNode)
     );
-    assert_eq!(account.finding, Finding::CannotTell);
+    assert_eq!(verdict.finding.kind(), FindingKind::CannotTell);
 }

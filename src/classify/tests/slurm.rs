@@ -1,14 +1,14 @@
 //! Slurm: cancelling a job whose step runs, killing what Slurm left behind.
 
-use crate::classify::fixtures::*;
+use crate::classify::tests::fixtures::*;
 use crate::classify::*;
 use crate::observe::SlurmReading;
 
 #[test]
 fn a_culprit_in_a_step_that_runs_is_ended_by_cancelling_its_job() {
-    let account = slurm_fork_orphan()
+    let Judged { account, verdict } = slurm_fork_orphan()
         .slurm_running(&[(4242, "0"), (4242, "extern")])
-        .account();
+        .judged();
     let job = account.culprits[0].process.slurm_job.clone().unwrap();
     assert_eq!(
         (
@@ -19,8 +19,8 @@ fn a_culprit_in_a_step_that_runs_is_ended_by_cancelling_its_job() {
         ),
         (4242, Some("0"), Some("alice"), JobState::Running)
     );
-    let Remedy::CancelJobs { jobs, targets } = &account.remedy else {
-        panic!("{:?}", account.remedy)
+    let Remedy::CancelJobs { jobs, targets } = &verdict.remedy else {
+        panic!("{:?}", verdict.remedy)
     };
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].job_id, 4242);
@@ -30,7 +30,7 @@ fn a_culprit_in_a_step_that_runs_is_ended_by_cancelling_its_job() {
         [524]
     );
     assert!(targets.is_empty());
-    assert!(!account
+    assert!(!verdict
         .notes
         .iter()
         .any(|note| matches!(note, Note::CulpritsLeftBySlurm { .. })));
@@ -43,12 +43,15 @@ fn a_culprit_whose_job_or_step_ended_is_killed_and_said_to_be_left_behind() {
         (&[(4242, "batch")][..], JobState::StepEnded),
         (&[(17, "0")][..], JobState::Ended),
     ] {
-        let account = slurm_fork_orphan().slurm_running(running).account();
-        let Remedy::Kill { targets } = &account.remedy else {
-            panic!("{:?}", account.remedy)
+        let Judged {
+            account: _,
+            verdict,
+        } = slurm_fork_orphan().slurm_running(running).judged();
+        let Remedy::Kill { targets } = &verdict.remedy else {
+            panic!("{:?}", verdict.remedy)
         };
         assert_eq!(targets.iter().map(|t| t.pid).collect::<Vec<_>>(), [524]);
-        let left = account
+        let left = verdict
             .notes
             .iter()
             .find_map(|note| match note {
@@ -64,8 +67,8 @@ fn a_culprit_whose_job_or_step_ended_is_killed_and_said_to_be_left_behind() {
 #[test]
 fn without_a_complete_look_at_slurmstepds_a_job_is_never_cancelled() {
     // No look at all (a snapshot without one), and one cut short.
-    let account = slurm_fork_orphan().account();
-    assert!(matches!(account.remedy, Remedy::Kill { .. }));
+    let Judged { account, verdict } = slurm_fork_orphan().judged();
+    assert!(matches!(verdict.remedy, Remedy::Kill { .. }));
     assert_eq!(
         account.culprits[0]
             .process
@@ -80,18 +83,21 @@ fn without_a_complete_look_at_slurmstepds_a_job_is_never_cancelled() {
         running_steps: Vec::new(),
         complete: false,
     });
-    assert!(matches!(host.account().remedy, Remedy::Kill { .. }));
+    assert!(matches!(host.judged().verdict.remedy, Remedy::Kill { .. }));
 }
 
 #[test]
 fn culprits_inside_and_outside_running_steps_are_cancelled_and_killed() {
-    let account = slurm_fork_orphan()
+    let Judged {
+        account: _,
+        verdict,
+    } = slurm_fork_orphan()
         .holder(cuda(600, &[0]))
         .holder(in_slurm_job(cuda(700, &[0]), 4243, "batch"))
         .slurm_running(&[(4242, "0"), (4243, "batch")])
-        .account();
-    let Remedy::CancelJobs { jobs, targets } = &account.remedy else {
-        panic!("{:?}", account.remedy)
+        .judged();
+    let Remedy::CancelJobs { jobs, targets } = &verdict.remedy else {
+        panic!("{:?}", verdict.remedy)
     };
     assert_eq!(
         jobs.iter().map(|job| job.job_id).collect::<Vec<_>>(),
@@ -112,7 +118,10 @@ fn a_snapshot_keeps_slurm_steps_and_container_names_and_replays_to_the_same_verd
     assert_eq!(replayed, observation);
     let report = classify(&replayed, &Settings::default());
     let account = report.gpus[0].account().unwrap();
-    assert!(matches!(account.remedy, Remedy::CancelJobs { .. }));
+    assert!(matches!(
+        report.gpus[0].verdict().unwrap().remedy,
+        Remedy::CancelJobs { .. }
+    ));
     let named = account
         .culprits
         .iter()
@@ -127,7 +136,7 @@ fn a_snapshot_keeps_slurm_steps_and_container_names_and_replays_to_the_same_verd
     let older: crate::observe::Observation = serde_json::from_value(older).unwrap();
     let report = classify(&older, &Settings::default());
     assert!(matches!(
-        report.gpus[0].account().unwrap().remedy,
+        report.gpus[0].verdict().unwrap().remedy,
         Remedy::Kill { .. }
     ));
     assert_eq!(report.container_engines, None);
@@ -136,22 +145,25 @@ fn a_snapshot_keeps_slurm_steps_and_container_names_and_replays_to_the_same_verd
 #[test]
 fn a_live_owner_left_behind_by_its_slurm_job_gets_a_note() {
     let owner = in_slurm_job(cuda(432, &[0]), 4242, "0");
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(owner))
         .slurm_running(&[])
-        .account();
+        .judged();
     assert_eq!(account.owners[0].state(), OwnerState::Running);
-    assert!(account.notes.iter().any(|note| matches!(
+    assert!(verdict.notes.iter().any(|note| matches!(
         note,
         Note::OwnerLeftBySlurm { pid: 432, job, .. } if job.state == JobState::Ended
     )));
     // While its step runs, there is nothing to say.
     let owner = in_slurm_job(cuda(432, &[0]), 4242, "0");
-    let account = Host::idle()
+    let Judged {
+        account: _,
+        verdict,
+    } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(owner))
         .slurm_running(&[(4242, "0")])
-        .account();
-    assert!(account.notes.is_empty(), "{:?}", account.notes);
+        .judged();
+    assert!(verdict.notes.is_empty(), "{:?}", verdict.notes);
 }

@@ -1,14 +1,14 @@
 //! What is suggested, as data.
 
-use crate::classify::fixtures::*;
+use crate::classify::tests::fixtures::*;
 use crate::classify::*;
 use crate::observe::ProcessLookup;
 
 #[test]
 fn a_kill_is_suggested_as_commands_with_the_look_that_confirms_it() {
-    let account = fork_orphan().account();
-    let suggestion = &account.suggestion;
-    assert!(matches!(suggestion.advice, Advice::Kill { .. }));
+    let verdict = fork_orphan().judged().verdict;
+    let suggestion = &verdict.suggestion;
+    assert!(matches!(verdict.remedy, Remedy::Kill { .. }));
     assert_eq!(
         suggestion.commands,
         [Command {
@@ -31,22 +31,24 @@ fn a_reset_is_said_one_way_when_nothing_holds_the_gpu_and_another_when_clients_d
         .used(USED_ONE_OWNER)
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
         .scanned()
-        .account();
-    assert_eq!(unheld.suggestion.advice, Advice::ResetUnheld);
+        .judged()
+        .verdict;
+    assert_eq!(unheld.remedy, Remedy::ResetGpu { blockers: vec![] });
     let held = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(503, Some(CHARGED_ONE_OWNER), ProcessLookup::Missing)
         .holder(nvml_client(1711, "nv-hostengine", &[0]))
-        .account();
+        .judged()
+        .verdict;
     assert_eq!(
-        held.suggestion.advice,
-        Advice::ResetOnceClientsStop {
+        held.remedy,
+        Remedy::ResetGpu {
             blockers: vec![1711]
         }
     );
-    for account in [&unheld, &held] {
+    for verdict in [&unheld, &held] {
         assert_eq!(
-            account.suggestion.commands[0].args,
+            verdict.suggestion.commands[0].args,
             ["--gpu-reset", "-i", "0"]
         );
     }
@@ -56,12 +58,12 @@ fn a_reset_is_said_one_way_when_nothing_holds_the_gpu_and_another_when_clients_d
 fn memory_being_freed_is_looked_at_again_sooner_than_a_kill_that_waits() {
     let mut exiting = cuda(432, &[]).state('Z');
     exiting.threads = 1;
-    let account = Host::idle()
+    let verdict = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(432, Some(CHARGED_ONE_OWNER), present(exiting))
         .scanned()
-        .account();
-    assert_eq!(account.remedy, Remedy::Wait);
-    assert_eq!(account.suggestion.advice, Advice::WaitWhileFreed);
-    assert_eq!(account.suggestion.wait_seconds, Some(5));
+        .judged()
+        .verdict;
+    assert_eq!(verdict.remedy, Remedy::Wait { on: WaitOn::Free });
+    assert_eq!(verdict.suggestion.wait_seconds, Some(5));
 }

@@ -1,15 +1,15 @@
 //! Unattributed memory: what no listed process is charged for, and when it is orphaned.
 
-use crate::classify::fixtures::*;
+use crate::classify::tests::fixtures::*;
 use crate::classify::*;
 use crate::observe::ProcessLookup;
 
 #[test]
 fn used_memory_without_any_owner_is_orphaned_as_unattributed() {
-    let account = Host::idle().used(4 * GIB).scanned().account();
+    let Judged { account, verdict } = Host::idle().used(4 * GIB).scanned().judged();
     assert_eq!(account.unattributed_bytes, 4 * GIB);
     assert_eq!(account.orphaned_unattributed_bytes(), 4 * GIB);
-    assert_eq!(account.remedy, Remedy::ResetGpu { blockers: vec![] });
+    assert_eq!(verdict.remedy, Remedy::ResetGpu { blockers: vec![] });
 }
 
 #[test]
@@ -36,11 +36,14 @@ fn unattributed_memory_never_goes_below_zero() {
 fn a_blind_exporter_reports_unattributed_memory_but_cannot_tell() {
     let mut host = Host::idle().used(4 * GIB);
     host.host_pid_namespace = Some(false);
-    let account = host.account();
+    let Judged { account, verdict } = host.judged();
     assert_eq!(account.unattributed_bytes, 4 * GIB);
-    assert_eq!(account.unattributed_trust, UnattributedTrust::Blind);
+    assert_eq!(
+        account.unattributed_trust,
+        UnattributedTrust::NotCounted(NotCounted::Blind)
+    );
     assert_eq!(account.orphaned_bytes(), 0);
-    assert_eq!(account.finding, Finding::CannotTell);
+    assert_eq!(verdict.finding.kind(), FindingKind::CannotTell);
     assert_eq!(host.report().gpus[0].status(), CheckStatus::CannotTell);
 }
 
@@ -53,18 +56,18 @@ fn a_blind_exporter_still_reports_the_gone_owners_it_can_see() {
 
 #[test]
 fn a_live_owner_with_unavailable_usage_blocks_unattributed_orphans() {
-    let account = Host::idle()
+    let Judged { account, verdict } = Host::idle()
         .used(USED_ONE_OWNER)
         .owner(432, None, present(cuda(432, &[0])))
-        .account();
+        .judged();
     assert_eq!(account.usage_unavailable_owners, 1);
     assert_eq!(account.unattributed_bytes, USED_ONE_OWNER - 16 * MIB);
     assert_eq!(
         account.unattributed_trust,
-        UnattributedTrust::OwnersUncertain
+        UnattributedTrust::NotCounted(NotCounted::OwnersUncertain)
     );
     assert_eq!(account.orphaned_bytes(), 0);
-    assert_eq!(account.finding, Finding::CannotTell);
+    assert_eq!(verdict.finding.kind(), FindingKind::CannotTell);
 }
 
 #[test]

@@ -10,7 +10,7 @@ mod text;
 use super::json::check_document;
 use super::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
 use super::text::{check_text, gpu_table, verdict, Verdict};
-use crate::classify::fixtures::*;
+use crate::classify::tests::fixtures::*;
 use crate::classify::{
     classify, NamespaceInit, RecoveryAction, References, Report, Settings, XidReading,
 };

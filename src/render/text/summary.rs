@@ -5,8 +5,8 @@
 //! are classify's ([`Selection::headline`]); this only words them, shortly.
 
 use crate::classify::{
-    Blindness, ChargedTo, CheckStatus, Departure, Finding, GpuAccount, GpuOutcome, Headed,
-    Headline, KillTarget, NvmlStatus, Remedy, Selection, Sentence,
+    Blindness, ChargedTo, CheckStatus, Departure, Finding, FindingKind, GpuAccount, GpuOutcome,
+    Headed, Headline, KillTarget, NvmlStatus, Remedy, Selection,
 };
 use crate::units::format_bytes;
 
@@ -62,10 +62,10 @@ fn clear_line(selection: &Selection, foreign: bool) -> String {
         .iter()
         .map(|gpu| gpu.index.to_string())
         .collect();
-    let idle = selection.gpus.iter().all(|gpu| {
-        gpu.account()
-            .is_some_and(|account| account.finding == Finding::Idle)
-    });
+    let idle = selection
+        .gpus
+        .iter()
+        .all(|gpu| gpu.outcome.finding() == Some(FindingKind::Idle));
     let how = if idle {
         "idle"
     } else if foreign {
@@ -96,9 +96,10 @@ fn problem_line(headline: &Headline, selection: &Selection) -> String {
         }
         GpuOutcome::Measured(_) => {}
     }
-    let Some(account) = headline.account else {
+    let Some(judged) = headline.judged else {
         return format!("{name} cannot tell");
     };
+    let (account, verdict) = (&judged.account, &judged.verdict);
     if headline.status == Headed::InUse {
         let pids: Vec<u32> = selection
             .foreign_owners()
@@ -114,52 +115,40 @@ fn problem_line(headline: &Headline, selection: &Selection) -> String {
         );
     }
     let held = format_bytes(gpu.to_free_bytes().max(account.orphaned_bytes()));
-    match account.finding {
-        Finding::Orphaned => format!(
+    let remedy = &verdict.remedy;
+    match &verdict.finding {
+        Finding::Orphaned { charged_to, .. } => format!(
             "{name} orphaned: {held}, {}{}",
-            orphan_words(account),
-            remedy_words(&account.remedy, gpu.index)
+            orphan_words(account, charged_to),
+            remedy_words(remedy, gpu.index)
         ),
-        Finding::LeftBehind => format!(
+        Finding::LeftBehind { .. } => format!(
             "{name} left behind: {held}, workers of an exited server{}",
-            remedy_words(&account.remedy, gpu.index)
+            remedy_words(remedy, gpu.index)
         ),
-        Finding::KilledStuck => {
-            let pids: Vec<u32> = account
-                .live_owners()
-                .filter_map(|owner| owner.process())
-                .filter(|process| process.killed())
-                .map(|process| process.pid)
-                .collect();
-            format!(
-                "{name} kill stuck: {held}, PID {} in the driver{}",
-                pids_words(&pids),
-                remedy_words(&account.remedy, gpu.index)
-            )
-        }
-        Finding::BeingFreed => {
-            let pids: Vec<u32> = account
-                .owners
-                .iter()
-                .filter(|owner| owner.exiting().is_some())
-                .map(|owner| owner.pid)
-                .collect();
-            format!(
-                "{name} being freed: {held}, PID {} exiting",
-                pids_words(&pids)
-            )
-        }
-        Finding::CannotTell => format!(
+        Finding::KilledStuck { pids, .. } => format!(
+            "{name} kill stuck: {held}, PID {} in the driver{}",
+            pids_words(pids),
+            remedy_words(remedy, gpu.index)
+        ),
+        Finding::BeingFreed { pids, .. } => format!(
+            "{name} being freed: {held}, PID {} exiting",
+            pids_words(pids)
+        ),
+        Finding::CannotTell {
+            unjudged_owners,
+            unattributed,
+        } => format!(
             "{name} cannot tell: {} used, {}",
             format_bytes(account.memory.used),
-            cannot_tell_words(account)
+            cannot_tell_words(remedy, unjudged_owners, unattributed.is_some())
         ),
-        Finding::Idle | Finding::Owned => format!("{name} clear"),
+        Finding::Idle | Finding::Owned(_) => format!("{name} clear"),
     }
 }
 
 /// Who orphaned memory is charged to, or who holds it.
-fn orphan_words(account: &GpuAccount) -> String {
+fn orphan_words(account: &GpuAccount, charged_to: &ChargedTo) -> String {
     if let Some(culprit) = account.culprits.first() {
         let more = account.culprits.len() - 1;
         return match more {
@@ -167,20 +156,13 @@ fn orphan_words(account: &GpuAccount) -> String {
             more => format!("held by PID {} +{more}", culprit.process.pid),
         };
     }
-    match account.sentence() {
-        Sentence::Orphaned {
-            charged_to:
-                ChargedTo::GoneOwners {
-                    pids,
-                    departure: Departure::Exited,
-                },
-            ..
-        } => format!("owner {} exited", pids_words(&pids)),
-        Sentence::Orphaned {
-            charged_to: ChargedTo::GoneOwners { pids, .. },
-            ..
-        } => format!("owner {} gone", pids_words(&pids)),
-        _ => "charged to no process".into(),
+    match charged_to {
+        ChargedTo::GoneOwners {
+            pids,
+            departure: Departure::Exited,
+        } => format!("owner {} exited", pids_words(pids)),
+        ChargedTo::GoneOwners { pids, .. } => format!("owner {} gone", pids_words(pids)),
+        ChargedTo::Nobody => "charged to no process".into(),
     }
 }
 
@@ -202,7 +184,7 @@ fn remedy_words(remedy: &Remedy, gpu: u32) -> String {
                 targets => format!("scancel {}, kill {}", ids.join(" "), pids(targets)),
             }
         }
-        Remedy::Wait => "wait".into(),
+        Remedy::Wait { .. } => "wait".into(),
         Remedy::ResetOrReboot { .. } => format!("reset GPU {gpu} or reboot"),
         Remedy::RestartMps { .. } => "restart MPS".into(),
         Remedy::StopOwners { pids: owners } => {
@@ -242,21 +224,16 @@ pub fn foreign_lines(selection: &Selection) -> Vec<String> {
 }
 
 /// Why memory cannot be judged, shortly.
-fn cannot_tell_words(account: &GpuAccount) -> String {
-    if let Remedy::CannotTell { reason } = account.remedy {
-        return blindness_words(reason).into();
+fn cannot_tell_words(remedy: &Remedy, unjudged_owners: &[u32], unattributed: bool) -> String {
+    if let Remedy::CannotTell { reason } = remedy {
+        return blindness_words(*reason).into();
     }
-    match account.sentence() {
-        Sentence::CannotTell {
-            unjudged_owners, ..
-        } if !unjudged_owners.is_empty() => {
-            format!("owner {} unreadable", pids_words(&unjudged_owners))
-        }
-        Sentence::CannotTell {
-            unattributed: Some(_),
-            ..
-        } => "no visible owner".into(),
-        _ => "not judged".into(),
+    if !unjudged_owners.is_empty() {
+        format!("owner {} unreadable", pids_words(unjudged_owners))
+    } else if unattributed {
+        "no visible owner".into()
+    } else {
+        "not judged".into()
     }
 }
 
@@ -306,7 +283,7 @@ fn fit(line: &str, tail: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::{fit, summary_line};
-    use crate::classify::fixtures::*;
+    use crate::classify::tests::fixtures::*;
     use crate::classify::*;
 
     fn line(report: &Report, foreign: bool) -> String {

@@ -30,7 +30,7 @@ pub fn gpu_table(gpu: &GpuVerdict) -> String {
         let _ = writeln!(out, "  assigned to {}", pods.join(", "));
     }
     let account = match &gpu.outcome {
-        GpuOutcome::Measured(account) => account,
+        GpuOutcome::Measured(judged) => &judged.account,
         GpuOutcome::NotAnswering {
             call,
             stuck_seconds,

@@ -1,22 +1,29 @@
 //! How a verdict says its remedy: the rest of the sentence, and the suggested command
-//! line. Classify chose the case ([`Advice`]) and the commands; each case has its fixed
+//! line. Classify chose the case ([`Remedy`]) and the commands; each case has its fixed
 //! words here.
 
 use super::phrases::{
     blindness_words, list, pid_list, plural, suspects_words, target_pids, them, who_they_are,
 };
-use crate::classify::{Advice, Command, GpuAccount, Suggestion, KILL_STUCK_SECONDS};
+use crate::classify::{
+    Blindness, Command, GpuAccount, Remedy, Suggestion, WaitOn, Whose, KILL_STUCK_SECONDS,
+};
 use std::fmt::Write;
 
 /// What the driver requires of a GPU reset, said beside every suggestion of one.
 const RESET_CONDITIONS: &str = "as root, once no process uses the GPU (stop vram-exporter itself, nvidia-persistenced, DCGM and other agents holding it); it ends every MIG instance, and on NVSwitch systems the GPUs reset together";
 
 /// The rest of the sentence from its remedy: what holds the memory and what would free it.
-pub(super) fn remedy_clause(sentence: &mut String, index: u32, account: &GpuAccount) {
+pub(super) fn remedy_clause(
+    sentence: &mut String,
+    index: u32,
+    account: &GpuAccount,
+    remedy: &Remedy,
+) {
     let culprits = || suspects_words(&account.culprits, index);
-    match &account.suggestion.advice {
-        Advice::None | Advice::WaitWhileFreed => {}
-        Advice::Kill { targets } => {
+    match remedy {
+        Remedy::None | Remedy::Wait { on: WaitOn::Free } => {}
+        Remedy::Kill { targets } => {
             let _ = write!(
                 sentence,
                 "; still held by {} - killing {} should free it.",
@@ -24,7 +31,7 @@ pub(super) fn remedy_clause(sentence: &mut String, index: u32, account: &GpuAcco
                 them(targets)
             );
         }
-        Advice::CancelJobs { jobs, targets } => {
+        Remedy::CancelJobs { jobs, targets } => {
             let cancel = list(jobs.iter().map(|job| format!("Slurm job {}", job.job_id)));
             let _ = write!(
                 sentence,
@@ -37,7 +44,9 @@ pub(super) fn remedy_clause(sentence: &mut String, index: u32, account: &GpuAcco
                 }
             );
         }
-        Advice::WaitForKilledCulprits => {
+        Remedy::Wait {
+            on: WaitOn::Kill(Whose::Culprits),
+        } => {
             let _ = write!(
                 sentence,
                 "; still held by {}, killed but stuck in the driver",
@@ -45,11 +54,16 @@ pub(super) fn remedy_clause(sentence: &mut String, index: u32, account: &GpuAcco
             );
             sentence.push_str(WAIT_FOR_THE_KILL);
         }
-        Advice::WaitForKilledOwners => sentence.push_str(WAIT_FOR_THE_KILL),
-        Advice::KillLeftBehind { targets } => {
+        Remedy::Wait {
+            on: WaitOn::Kill(Whose::Owners),
+        } => sentence.push_str(WAIT_FOR_THE_KILL),
+        Remedy::KillLeftBehind { targets } => {
             let _ = write!(sentence, " - killing {} should free it.", them(targets));
         }
-        Advice::ResetOrRebootForCulprits { stuck } => {
+        Remedy::ResetOrReboot {
+            stuck,
+            whose: Whose::Culprits,
+        } => {
             let _ = write!(
                 sentence,
                 "; still held by {}, killed but stuck in the driver",
@@ -57,8 +71,11 @@ pub(super) fn remedy_clause(sentence: &mut String, index: u32, account: &GpuAcco
             );
             sentence.push_str(&past_hope(stuck.len()));
         }
-        Advice::ResetOrRebootForOwners { stuck } => sentence.push_str(&past_hope(stuck.len())),
-        Advice::RestartMps {
+        Remedy::ResetOrReboot {
+            stuck,
+            whose: Whose::Owners,
+        } => sentence.push_str(&past_hope(stuck.len())),
+        Remedy::RestartMps {
             servers, clients, ..
         } => {
             let _ = write!(
@@ -68,7 +85,7 @@ pub(super) fn remedy_clause(sentence: &mut String, index: u32, account: &GpuAcco
                 mps_clients_words(clients, index)
             );
         }
-        Advice::StopOwners { pids } => {
+        Remedy::StopOwners { pids } => {
             let _ = write!(
                 sentence,
                 "; no other process holds GPU {index}'s device file, but its live owner{} (PID {}) may hold the exited owner's context too: stopping {} may free it; otherwise only a GPU reset can.",
@@ -77,29 +94,31 @@ pub(super) fn remedy_clause(sentence: &mut String, index: u32, account: &GpuAcco
                 if pids.len() == 1 { "it" } else { "them" }
             );
         }
-        Advice::ResetUnheld => {
+        Remedy::ResetGpu { blockers } if blockers.is_empty() => {
             let _ = write!(
                 sentence,
                 "; no process holds GPU {index}'s device file: only a GPU reset can free it."
             );
         }
-        Advice::ResetOnceClientsStop { blockers } => {
+        Remedy::ResetGpu { blockers } => {
             let _ = write!(
                 sentence,
                 "; no process holds a context on GPU {index}, and only NVML clients hold its device file (PID {}): only a GPU reset can free it, once they are stopped.",
                 pid_list(blockers)
             );
         }
-        Advice::Reboot => sentence
+        Remedy::Reboot => sentence
             .push_str("; the driver asks for a reboot of the node: no kill or GPU reset frees it."),
-        Advice::WorkersUnreachable { reason } => {
+        Remedy::CannotTell {
+            reason: reason @ Blindness::WorkersNotVisible,
+        } => {
             let _ = write!(
                 sentence,
                 "; no kill is suggested: {}.",
                 blindness_words(*reason)
             );
         }
-        Advice::CannotTell { reason } => {
+        Remedy::CannotTell { reason } => {
             let _ = write!(
                 sentence,
                 "; cannot tell which process holds it: {}.",
@@ -149,21 +168,28 @@ fn shell(command: &Command) -> String {
 /// The suggested command line: the commands classify chose, with what a person needs to
 /// know beside them; `None` where nothing is suggested.
 /// `index` is the GPU the commands act on.
-pub(super) fn suggested_line(suggestion: &Suggestion, index: u32) -> Option<String> {
+pub(super) fn suggested_line(
+    remedy: &Remedy,
+    suggestion: &Suggestion,
+    index: u32,
+) -> Option<String> {
     let run: Vec<String> = suggestion.commands.iter().map(shell).collect();
     let run = run.join("; ");
     let then = suggestion.then.as_ref().map(shell).unwrap_or_default();
     let first = || suggestion.commands.first().map(shell).unwrap_or_default();
     let second = || suggestion.commands.get(1).map(shell).unwrap_or_default();
-    Some(match &suggestion.advice {
-        Advice::None | Advice::WorkersUnreachable { .. } => return None,
-        Advice::Kill { targets } | Advice::KillLeftBehind { targets } => {
+    Some(match remedy {
+        Remedy::None
+        | Remedy::CannotTell {
+            reason: Blindness::WorkersNotVisible,
+        } => return None,
+        Remedy::Kill { targets } | Remedy::KillLeftBehind { targets } => {
             format!(
                 "{run}   # {}; then: {then}",
                 who_they_are(targets).join("; ")
             )
         }
-        Advice::CancelJobs { jobs, targets } => {
+        Remedy::CancelJobs { jobs, targets } => {
             let mut why: Vec<String> = jobs
                 .iter()
                 .map(|job| {
@@ -184,15 +210,15 @@ pub(super) fn suggested_line(suggestion: &Suggestion, index: u32) -> Option<Stri
             why.extend(who_they_are(targets));
             format!("{run}   # {}; then: {then}", why.join("; "))
         }
-        Advice::WaitForKilledCulprits | Advice::WaitForKilledOwners | Advice::WaitWhileFreed => run,
-        Advice::ResetOrRebootForCulprits { stuck } | Advice::ResetOrRebootForOwners { stuck } => {
+        Remedy::Wait { .. } => run,
+        Remedy::ResetOrReboot { stuck, .. } => {
             format!(
                 "{run}   # {RESET_CONDITIONS}; the driver refuses it while PID {} still hold{} the GPU: then reboot the node (after draining its workloads)",
                 target_pids(stuck),
                 if stuck.len() == 1 { "s" } else { "" }
             )
         }
-        Advice::RestartMps {
+        Remedy::RestartMps {
             servers,
             daemons,
             clients,
@@ -206,13 +232,15 @@ pub(super) fn suggested_line(suggestion: &Suggestion, index: u32) -> Option<Stri
                 second()
             )
         }
-        Advice::StopOwners { pids } => format!("{then}   # after stopping PID {}", pid_list(pids)),
-        Advice::ResetUnheld => format!("{run}   # {RESET_CONDITIONS}"),
-        Advice::ResetOnceClientsStop { blockers } => format!(
+        Remedy::StopOwners { pids } => format!("{then}   # after stopping PID {}", pid_list(pids)),
+        Remedy::ResetGpu { blockers } if blockers.is_empty() => {
+            format!("{run}   # {RESET_CONDITIONS}")
+        }
+        Remedy::ResetGpu { blockers } => format!(
             "{run}   # after stopping PID {}; {RESET_CONDITIONS}",
             pid_list(blockers)
         ),
-        Advice::Reboot => format!("{run}   # after draining the node's workloads"),
-        Advice::CannotTell { .. } => return (!run.is_empty()).then_some(run),
+        Remedy::Reboot => format!("{run}   # after draining the node's workloads"),
+        Remedy::CannotTell { .. } => return (!run.is_empty()).then_some(run),
     })
 }

@@ -7,9 +7,10 @@ use super::phrases::{
     started_words, MAX_PIDS_NAMED,
 };
 use super::remedy::{remedy_clause, suggested_line};
+use crate::classify::owners::after_kill::{Clue, Seen};
 use crate::classify::{
-    ChargedTo, Clue, Departure, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, Owner,
-    Process, Seen, Sentence, UnattributedTrust, FREEING_MEASURED,
+    ChargedTo, Departure, Finding, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, NotCounted,
+    Owned, Owner, Process, UnattributedTrust, FREEING_MEASURED,
 };
 use crate::dates::utc_words;
 use serde::Serialize;
@@ -42,8 +43,8 @@ pub fn instance_verdict(gpu: &GpuVerdict, instance: &InstanceVerdict) -> Verdict
 
 /// The verdict on what `label` names (a GPU or one of its MIG instances) of GPU `index`.
 fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
-    let account = match outcome {
-        GpuOutcome::Measured(account) => account,
+    let (account, verdict) = match outcome {
+        GpuOutcome::Measured(judged) => (&judged.account, &judged.verdict),
         GpuOutcome::NotAnswering {
             call,
             stuck_seconds,
@@ -72,27 +73,28 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
             };
         }
     };
-    let notes: Vec<String> = account
+    let notes: Vec<String> = verdict
         .notes
         .iter()
         .map(|note| note_words(note, account, index))
         .collect();
-    let sentence = match account.sentence() {
-        Sentence::Idle => format!("{label}: idle; nothing orphaned."),
-        Sentence::WithinOverhead { used_bytes } => format!(
+    let remedy = &verdict.remedy;
+    let sentence = match verdict.finding.clone() {
+        Finding::Idle => format!("{label}: idle; nothing orphaned."),
+        Finding::Owned(Owned::WithinOverhead { used_bytes }) => format!(
             "{label}: {} used, within the driver's overhead; nothing orphaned.",
             size_words(used_bytes)
         ),
-        Sentence::Owned { bytes, processes } => format!(
+        Finding::Owned(Owned::ByLiveOwners { bytes, processes }) => format!(
             "{label}: {} owned by {processes} live process{}; nothing orphaned.",
             size_words(bytes),
             plural(processes, "es")
         ),
-        Sentence::CannotTell {
+        Finding::CannotTell {
             unjudged_owners,
             unattributed,
         } => cannot_tell_sentence(label, &unjudged_owners, unattributed),
-        Sentence::LeftBehind {
+        Finding::LeftBehind {
             bytes,
             witnessed_processes,
             possibly_processes,
@@ -123,10 +125,10 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
                 "{label}: {whose}: {}; nothing orphaned",
                 left_behind_words(account)
             );
-            remedy_clause(&mut sentence, index, account);
+            remedy_clause(&mut sentence, index, account, remedy);
             sentence
         }
-        Sentence::KilledStuck { bytes, pids } => {
+        Finding::KilledStuck { bytes, pids } => {
             let killed = list(
                 account
                     .owners
@@ -145,10 +147,10 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
                 },
                 killed
             );
-            remedy_clause(&mut sentence, index, account);
+            remedy_clause(&mut sentence, index, account, remedy);
             sentence
         }
-        Sentence::BeingFreed { bytes, pids } => format!(
+        Finding::BeingFreed { bytes, pids } => format!(
             "{label}: {} being freed: {} exiting and the driver is freeing {} memory ({FREEING_MEASURED}); nothing orphaned.",
             size_words(bytes),
             if pids.len() == 1 {
@@ -158,17 +160,17 @@ fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
             },
             if pids.len() == 1 { "its" } else { "their" }
         ),
-        Sentence::Orphaned { bytes, charged_to } => {
+        Finding::Orphaned { bytes, charged_to } => {
             let mut sentence = format!("{label}: {} held", size_words(bytes));
             sentence.push_str(&charged_to_words(&charged_to));
-            remedy_clause(&mut sentence, index, account);
+            remedy_clause(&mut sentence, index, account, remedy);
             sentence
         }
     };
     Verdict {
         sentence,
         notes,
-        suggestion: suggested_line(&account.suggestion, index),
+        suggestion: suggested_line(remedy, &verdict.suggestion, index),
     }
 }
 
@@ -190,12 +192,12 @@ fn cannot_tell_sentence(
             "{} is charged to no visible process{}",
             size_words(bytes),
             match trust {
-                UnattributedTrust::Blind =>
+                UnattributedTrust::NotCounted(NotCounted::Blind) =>
                     ", and this process cannot see other PID namespaces' processes",
-                UnattributedTrust::OwnersUncertain =>
+                UnattributedTrust::NotCounted(NotCounted::OwnersUncertain) =>
                     ", and it may belong to an owner that cannot be judged",
                 UnattributedTrust::Inconsistent => ", and NVML's figures contradict each other",
-                UnattributedTrust::OsManaged => {
+                UnattributedTrust::NotCounted(NotCounted::OsManaged) => {
                     ", and the operating system manages this GPU's memory, where pages stay allocated after a process exits"
                 }
                 UnattributedTrust::Counted => "",

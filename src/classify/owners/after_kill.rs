@@ -1,6 +1,6 @@
 //! After a kill: which live owners a killed server left behind, and which owners were
 //! killed but are stuck in the driver. The other two branches of the story are decided
-//! elsewhere: an owner in its exit path is `exiting` ([`super::owners`]), and memory no
+//! elsewhere: an owner in its exit path is `exiting` ([`super`]), and memory no
 //! process holds is orphaned.
 //!
 //! A worker whose server was killed lives on, adopted by PID 1 or a subreaper, and holds
@@ -13,9 +13,9 @@
 //! whose group's leader has exited and whose parent adopted it; never a task of a Slurm
 //! step that runs.
 
-use super::owners::Owner;
-use super::process::{Process, ProcessLens, ProcessState, Started};
-use super::slurm::JobState;
+use super::Owner;
+use crate::classify::processes::slurm::JobState;
+use crate::classify::processes::{Process, ProcessLens, Started};
 use crate::observe::Leader;
 use serde::Serialize;
 
@@ -24,19 +24,6 @@ use serde::Serialize;
 /// call into the driver that outlasts this has hung (the H200's kills completed in under
 /// 0.2 s).
 pub const KILL_STUCK_SECONDS: u64 = 60;
-
-/// How long the driver took to free a killed owner's memory where it was measured: on an
-/// H100 and an H200, 2 GiB to 70 GiB each freed within this (the project's GPU facts).
-/// The one figure every verdict and document quotes.
-pub const FREEING_MEASURED: &str = "0.12-0.20 s after a SIGKILL on an H100 or H200";
-
-/// The longest an owner is called "being freed" after every thread of it was seen to
-/// have exited while NVML still charges its memory: ten times the slowest free measured
-/// (0.20 s, for 70 GiB), so that no free in progress is called orphaned, and far inside
-/// the two minutes the orphan alert holds for. Past it the memory is kept by whoever
-/// keeps the owner's device file (a child it forked), and the owner is gone: a parent
-/// that has not reaped it holds nothing of the GPU.
-pub const ENDING_AT_MOST_MILLIS: u64 = 2_000;
 
 /// A live owner that its server left behind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -257,7 +244,7 @@ pub struct KilledStuck {
 
 /// A killed process's wait, when it is killed and waits.
 pub fn killed_stuck(process: &Process, taken_at: Option<u64>) -> Option<KilledStuck> {
-    if process.state != ProcessState::DiskSleep {
+    if !process.killed() {
         return None;
     }
     let since = process.kill_pending_since_unix_seconds?;

@@ -2,7 +2,8 @@
 //! H200 (see the project's GPU facts): the classifier's tests and the renderers' share
 //! them, so each renderer is tested on reports the classifier really makes.
 
-use super::*;
+use crate::classify::*;
+use std::collections::BTreeMap;
 // Where a listed owner's PID leads in `/proc`, for the hosts the renderers' tests build.
 use crate::observe::containers::ContainersReading;
 pub(crate) use crate::observe::ProcessLookup;
@@ -269,7 +270,20 @@ impl Host {
     }
 
     pub(crate) fn account_of(&self, gpu: usize) -> GpuAccount {
-        self.report().gpus[gpu].account().expect("measured").clone()
+        self.judged_of(gpu).account
+    }
+
+    /// GPU 0's account with the verdict on it.
+    pub(crate) fn judged(&self) -> Judged {
+        self.judged_of(0)
+    }
+
+    pub(crate) fn judged_of(&self, gpu: usize) -> Judged {
+        self.report().gpus[gpu]
+            .outcome
+            .judged()
+            .expect("measured")
+            .clone()
     }
 }
 

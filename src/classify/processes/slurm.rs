@@ -117,7 +117,7 @@ mod tests {
     use crate::observe::{RunningStep, SlurmStep};
 
     fn facts_in(job_id: u64, step: Option<&str>, uid_in_path: Option<u32>) -> ProcessFacts {
-        let mut facts = crate::classify::fixtures::cuda(795, &[0]);
+        let mut facts = crate::classify::tests::fixtures::cuda(795, &[0]);
         facts.uid = Some(1000);
         facts.user = Some("alice".into());
         facts.cgroup.slurm = Some(SlurmStep {
@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn a_process_outside_slurm_has_no_job() {
-        let facts = crate::classify::fixtures::cuda(795, &[0]);
+        let facts = crate::classify::tests::fixtures::cuda(795, &[0]);
         assert_eq!(SlurmJob::of(&facts, Some(&reading(&[], true))), None);
     }
 }

@@ -16,17 +16,17 @@
 //! write-only, the server read-write, as it holds every client's context). Their command
 //! name, `nvidia-cuda-mps` for both, is only a label.
 
-use super::owners::Owner;
+use crate::classify::owners::Owner;
 use crate::observe::{NvmlLists, ProcessFacts};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The command name (15 bytes, as the kernel keeps it) of the MPS control daemon and of
 /// the MPS server alike: a label, never a reason.
-pub(super) const MPS_COMM: &str = "nvidia-cuda-mps";
+pub(crate) const MPS_COMM: &str = "nvidia-cuda-mps";
 
 /// What a holder is to MPS on one GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum MpsPart {
+pub(crate) enum MpsPart {
     /// The control daemon, parent of the server with this PID (here).
     ControlDaemon {
         /// The server's PID.
@@ -42,7 +42,7 @@ pub(super) enum MpsPart {
 /// The MPS parts among `holders` of the GPU (or MIG instance) whose judged `owners` are
 /// given, by each holder's PID in the procfs; `listed` is every PID NVML lists on any GPU.
 /// Empty unless the GPU's MPS list names a client.
-pub(super) fn mps_parts(
+pub(crate) fn mps_parts(
     holders: &[ProcessFacts],
     owners: &[Owner],
     listed: &BTreeSet<u32>,

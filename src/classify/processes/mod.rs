@@ -3,8 +3,9 @@
 //! through which its raw numbers read (dates, PIDs, containers, jobs); and a process to
 //! end, by identity.
 
-use super::pods::KubernetesView;
-use super::slurm::SlurmJob;
+pub mod pods;
+pub mod slurm;
+
 use crate::observe::containers::ContainerName;
 use crate::observe::containers::ContainersReading;
 use crate::observe::kubernetes::PodName;
@@ -12,7 +13,9 @@ use crate::observe::{
     CgroupAttribution, Lineage, NamespaceInit, ProcessFacts, ProcfsView, References, SlurmReading,
     Witnessed,
 };
+use pods::KubernetesView;
 use serde::Serialize;
+use slurm::SlurmJob;
 
 /// A process's state as `ps` names it; [`ProcessState::owner_state`] is the coarser
 /// word the series use.

@@ -4,11 +4,14 @@
 //! bystanders, and a candidate whose mappings cannot be read is undetermined. The MPS
 //! control daemon and server are bystanders whatever they map (see `mps`).
 
-use super::mps::{MpsPart, MPS_COMM};
-use super::owners::Owner;
-use super::process::{Process, ProcessLens};
-use super::settings::Settings;
+pub(crate) mod mps;
+pub mod scan;
+
+use crate::classify::owners::Owner;
+use crate::classify::processes::{Process, ProcessLens};
+use crate::classify::settings::Settings;
 use crate::observe::{NarrowAccess, ProcessFacts, ProcfsView, References};
+use mps::{MpsPart, MPS_COMM};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use strum::{IntoStaticStr, VariantArray};

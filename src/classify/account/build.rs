@@ -1,19 +1,14 @@
-//! The memory account of one GPU (or MIG instance): what each owner is charged, what no
-//! live process owns and whether that can be trusted, who keeps it, and what it all
-//! amounts to. The remedy and the notes are decided from the finished account
-//! (`remedy.rs`, `notes.rs`).
+//! The memory account of one GPU (or MIG instance) as it is filled: what each owner is
+//! charged, what no live process owns and whether that can be trusted, who keeps it, and
+//! which owners a killed server left behind.
 
-use super::after_kill::{self, LeftBehindOwner};
-use super::mps;
-use super::owners::{GoneReason, Owner, OwnerState};
-use super::process::ProcessLens;
-use super::report::ScanSummary;
-use super::settings::Settings;
-use super::suspects::{self, HolderSearch, Role, Within};
-use super::verdict::{
-    capacity, Finding, GpuAccount, Remedy, StateTally, Suggestion, UnattributedTrust,
-};
-use super::{notes, remedy};
+use super::{capacity, GpuAccount, NotCounted, StateTally, UnattributedTrust};
+use crate::classify::holders::scan::ScanSummary;
+use crate::classify::holders::{self, mps, HolderSearch, Role, Within};
+use crate::classify::owners::after_kill::{self, LeftBehindOwner};
+use crate::classify::owners::{GoneReason, Owner, OwnerState};
+use crate::classify::processes::ProcessLens;
+use crate::classify::settings::Settings;
 use crate::observe::{MemoryReading, Observation, RecoveryAction};
 use std::collections::{BTreeMap, BTreeSet};
 use strum::EnumCount;
@@ -21,7 +16,7 @@ use strum::EnumCount;
 /// Which GPU an account covers (the whole GPU or one MIG instance of it), and what its
 /// process lists and the driver said of it.
 #[derive(Clone)]
-pub(super) struct AccountScope {
+pub(crate) struct AccountScope {
     pub index: u32,
     pub minor: Option<u32>,
     /// NVML's words when it refused a process list: owners may be missing.
@@ -36,7 +31,7 @@ pub(super) struct AccountScope {
 
 /// What every GPU's account is judged against: built once per classification, after the
 /// owners of every GPU are judged (a holder of one GPU may be another's owner).
-pub(super) struct HostContext<'a> {
+pub(crate) struct HostContext<'a> {
     pub observation: &'a Observation,
     pub settings: &'a Settings,
     pub lens: &'a ProcessLens<'a>,
@@ -62,7 +57,7 @@ fn clamp_memory(reading: MemoryReading) -> (MemoryReading, bool) {
     (clamped, clamped != reading)
 }
 
-pub(super) fn account_for_gpu(
+pub(crate) fn account_for_gpu(
     reading: MemoryReading,
     mut owners: Vec<Owner>,
     scope: AccountScope,
@@ -124,11 +119,11 @@ pub(super) fn account_for_gpu(
     let unattributed_trust = if memory_inconsistent {
         UnattributedTrust::Inconsistent
     } else if scope.os_managed {
-        UnattributedTrust::OsManaged
+        UnattributedTrust::NotCounted(NotCounted::OsManaged)
     } else if host.observation.host_pid_namespace != Some(true) {
-        UnattributedTrust::Blind
+        UnattributedTrust::NotCounted(NotCounted::Blind)
     } else if owners_uncertain {
-        UnattributedTrust::OwnersUncertain
+        UnattributedTrust::NotCounted(NotCounted::OwnersUncertain)
     } else {
         UnattributedTrust::Counted
     };
@@ -147,10 +142,6 @@ pub(super) fn account_for_gpu(
         undetermined: Vec::new(),
         left_behind: Vec::new(),
         processes_denied: scope.denied.clone(),
-        finding: Finding::Idle,
-        remedy: Remedy::None,
-        suggestion: Suggestion::default(),
-        notes: Vec::new(),
         owners,
     };
     let orphaned = account.orphaned_bytes() > 0;
@@ -168,7 +159,7 @@ pub(super) fn account_for_gpu(
             live_owner_gpus: &host.live_owner_gpus,
             mps: &mps,
         };
-        for suspect in suspects::suspects(&scan.holders, &search, host.settings, host.lens) {
+        for suspect in holders::suspects(&scan.holders, &search, host.settings, host.lens) {
             match suspect.role {
                 Role::Culprit => account.culprits.push(suspect),
                 Role::Bystander => account.bystanders.push(suspect),
@@ -189,37 +180,5 @@ pub(super) fn account_for_gpu(
             })
         })
         .collect();
-    account.finding = finding(&account);
-    account.remedy = remedy::decide(&account, host.scan, scope.recovery, taken_at);
-    account.suggestion = remedy::suggest(&account, scope.index);
-    // A look that went by no witness state cannot have seen a server killed.
-    let unwatched = host
-        .observation
-        .witness
-        .as_ref()
-        .is_some_and(|witness| witness.no_state.is_some());
-    account.notes = notes::decide(&account, host.scan, scope.recovery, unwatched);
     account
-}
-
-fn finding(account: &GpuAccount) -> Finding {
-    if account.orphaned_bytes() > 0 {
-        Finding::Orphaned
-    } else if !account.left_behind.is_empty() {
-        Finding::LeftBehind
-    } else if account.tally.processes(OwnerState::Killed) > 0 {
-        Finding::KilledStuck
-    } else if account.tally.processes(OwnerState::Unknown) > 0
-        || (account.unattributed_bytes > 0
-            && account.unattributed_trust != UnattributedTrust::Counted)
-        || (account.processes_denied.is_some() && account.memory.used > 0)
-    {
-        Finding::CannotTell
-    } else if account.tally.processes(OwnerState::Exiting) > 0 {
-        Finding::BeingFreed
-    } else if account.memory.used == 0 && account.owners.is_empty() {
-        Finding::Idle
-    } else {
-        Finding::Owned
-    }
 }
