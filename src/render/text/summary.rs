@@ -5,16 +5,13 @@
 //! are classify's ([`Selection::headline`]); this only words them, shortly.
 
 use crate::classify::{
-    Blindness, ChargedTo, CheckStatus, Departure, Finding, FindingKind, GpuAccount, GpuOutcome,
-    Headed, Headline, KillTarget, NvmlStatus, Remedy, Selection,
+    CheckStatus, FindingKind, GpuOutcome, Headed, Headline, NvmlStatus, Selection,
 };
+use crate::render::words::{finding_shortly, pids_shortly};
 use crate::units::format_bytes;
 
 /// The longest summary, in bytes.
 pub const SUMMARY_BYTES: usize = 80;
-
-/// Most PIDs a summary names before it says `+N`.
-const PIDS_NAMED: usize = 3;
 
 /// The verdict on the GPUs chosen in one line of at most [`SUMMARY_BYTES`] bytes (ASCII),
 /// without a line end. With `foreign`, live processes in no running job make a GPU in
@@ -111,90 +108,11 @@ fn problem_line(headline: &Headline, selection: &Selection) -> String {
         return format!(
             "{name} in use: {}, by PID {} in no running job",
             format_bytes(bytes),
-            pids_words(&pids)
+            pids_shortly(&pids)
         );
     }
     let held = format_bytes(gpu.to_free_bytes().max(account.orphaned_bytes()));
-    let remedy = &verdict.remedy;
-    match &verdict.finding {
-        Finding::Orphaned { charged_to, .. } => format!(
-            "{name} orphaned: {held}, {}{}",
-            orphan_words(account, charged_to),
-            remedy_words(remedy, gpu.index)
-        ),
-        Finding::LeftBehind { .. } => format!(
-            "{name} left behind: {held}, workers of an exited server{}",
-            remedy_words(remedy, gpu.index)
-        ),
-        Finding::KilledStuck { pids, .. } => format!(
-            "{name} kill stuck: {held}, PID {} in the driver{}",
-            pids_words(pids),
-            remedy_words(remedy, gpu.index)
-        ),
-        Finding::BeingFreed { pids, .. } => format!(
-            "{name} being freed: {held}, PID {} exiting",
-            pids_words(pids)
-        ),
-        Finding::CannotTell {
-            unjudged_owners,
-            unattributed,
-        } => format!(
-            "{name} cannot tell: {} used, {}",
-            format_bytes(account.memory.used),
-            cannot_tell_words(remedy, unjudged_owners, unattributed.is_some())
-        ),
-        Finding::Idle | Finding::Owned(_) => format!("{name} clear"),
-    }
-}
-
-/// Who orphaned memory is charged to, or who holds it.
-fn orphan_words(account: &GpuAccount, charged_to: &ChargedTo) -> String {
-    if let Some(culprit) = account.culprits.first() {
-        let more = account.culprits.len() - 1;
-        return match more {
-            0 => format!("held by PID {}", culprit.process.pid),
-            more => format!("held by PID {} +{more}", culprit.process.pid),
-        };
-    }
-    match charged_to {
-        ChargedTo::GoneOwners {
-            pids,
-            departure: Departure::Exited,
-        } => format!("owner {} exited", pids_words(pids)),
-        ChargedTo::GoneOwners { pids, .. } => format!("owner {} gone", pids_words(pids)),
-        ChargedTo::Nobody => "charged to no process".into(),
-    }
-}
-
-/// What would free it, after `; `; nothing when nothing would.
-fn remedy_words(remedy: &Remedy, gpu: u32) -> String {
-    let pids = |targets: &[KillTarget]| {
-        let pids: Vec<u32> = targets.iter().map(|target| target.pid).collect();
-        pids_words(&pids).replace(',', " ")
-    };
-    let words = match remedy {
-        Remedy::None => return String::new(),
-        Remedy::Kill { targets } | Remedy::KillLeftBehind { targets } => {
-            format!("kill {}", pids(targets))
-        }
-        Remedy::CancelJobs { jobs, targets } => {
-            let ids: Vec<String> = jobs.iter().map(|job| job.job_id.to_string()).collect();
-            match targets.as_slice() {
-                [] => format!("scancel {}", ids.join(" ")),
-                targets => format!("scancel {}, kill {}", ids.join(" "), pids(targets)),
-            }
-        }
-        Remedy::Wait { .. } => "wait".into(),
-        Remedy::ResetOrReboot { .. } => format!("reset GPU {gpu} or reboot"),
-        Remedy::RestartMps { .. } => "restart MPS".into(),
-        Remedy::StopOwners { pids: owners } => {
-            format!("stop {}", pids_words(owners).replace(',', " "))
-        }
-        Remedy::ResetGpu { .. } => format!("reset GPU {gpu}"),
-        Remedy::Reboot => "reboot".into(),
-        Remedy::CannotTell { reason } => format!("holder unknown: {}", blindness_words(*reason)),
-    };
-    format!("; {words}")
+    finding_shortly(&name, &held, gpu.index, account, verdict)
 }
 
 /// With `--foreign`, a line per live owner in no running Slurm job, for the report
@@ -221,42 +139,6 @@ pub fn foreign_lines(selection: &Selection) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// Why memory cannot be judged, shortly.
-fn cannot_tell_words(remedy: &Remedy, unjudged_owners: &[u32], unattributed: bool) -> String {
-    if let Remedy::CannotTell { reason } = remedy {
-        return blindness_words(*reason).into();
-    }
-    if !unjudged_owners.is_empty() {
-        format!("owner {} unreadable", pids_words(unjudged_owners))
-    } else if unattributed {
-        "no visible owner".into()
-    } else {
-        "not judged".into()
-    }
-}
-
-/// Why a holder cannot be named, shortly.
-fn blindness_words(reason: Blindness) -> &'static str {
-    match reason {
-        Blindness::MappingsUnreadable { .. } => "mappings unreadable",
-        Blindness::CulpritsNotVisible | Blindness::WorkersNotVisible => "in another PID namespace",
-        Blindness::ScanCutShort => "holder scan cut short",
-        Blindness::ScanBlocked { .. } => "a /proc read blocks",
-        Blindness::ScanDenied { .. } => "descriptors unreadable",
-        Blindness::NoScan => "no holder scan",
-    }
-}
-
-/// `524`, `524,525` or `524,525,526 +4`.
-fn pids_words(pids: &[u32]) -> String {
-    let named: Vec<String> = pids.iter().take(PIDS_NAMED).map(u32::to_string).collect();
-    let mut words = named.join(",");
-    if pids.len() > PIDS_NAMED {
-        words.push_str(&format!(" +{}", pids.len() - PIDS_NAMED));
-    }
-    words
 }
 
 /// `line` then `tail`, within [`SUMMARY_BYTES`]: `line` is cut (ending in `...`) to leave

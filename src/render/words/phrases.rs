@@ -324,6 +324,31 @@ pub(super) fn who_they_are(targets: &[KillTarget]) -> Vec<String> {
         .collect()
 }
 
+/// Most PIDs a short list names before it says `+N`.
+const PIDS_SHORTLY: usize = 3;
+
+/// Why a holder cannot be named, shortly.
+pub(super) fn blindness_shortly(reason: Blindness) -> &'static str {
+    match reason {
+        Blindness::MappingsUnreadable { .. } => "mappings unreadable",
+        Blindness::CulpritsNotVisible | Blindness::WorkersNotVisible => "in another PID namespace",
+        Blindness::ScanCutShort => "holder scan cut short",
+        Blindness::ScanBlocked { .. } => "a /proc read blocks",
+        Blindness::ScanDenied { .. } => "descriptors unreadable",
+        Blindness::NoScan => "no holder scan",
+    }
+}
+
+/// `524`, `524,525` or `524,525,526 +4`.
+pub(in crate::render) fn pids_shortly(pids: &[u32]) -> String {
+    let named: Vec<String> = pids.iter().take(PIDS_SHORTLY).map(u32::to_string).collect();
+    let mut words = named.join(",");
+    if pids.len() > PIDS_SHORTLY {
+        words.push_str(&format!(" +{}", pids.len() - PIDS_SHORTLY));
+    }
+    words
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

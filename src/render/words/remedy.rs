@@ -3,10 +3,12 @@
 //! words here.
 
 use super::phrases::{
-    blindness_words, list, pid_list, plural, suspects_words, target_pids, them, who_they_are,
+    blindness_shortly, blindness_words, list, pid_list, pids_shortly, plural, suspects_words,
+    target_pids, them, who_they_are,
 };
 use crate::classify::{
-    Blindness, Command, GpuAccount, Remedy, Suggestion, WaitOn, Whose, KILL_STUCK_SECONDS,
+    Blindness, Command, GpuAccount, KillTarget, Remedy, Suggestion, WaitOn, Whose,
+    KILL_STUCK_SECONDS,
 };
 use std::fmt::Write;
 
@@ -243,4 +245,35 @@ pub(super) fn suggested_line(
         Remedy::Reboot => format!("{run}   # after draining the node's workloads"),
         Remedy::CannotTell { .. } => return (!run.is_empty()).then_some(run),
     })
+}
+
+/// What would free it, shortly, after `; `; nothing when nothing would.
+pub(super) fn remedy_shortly(remedy: &Remedy, gpu: u32) -> String {
+    let pids = |targets: &[KillTarget]| {
+        let pids: Vec<u32> = targets.iter().map(|target| target.pid).collect();
+        pids_shortly(&pids).replace(',', " ")
+    };
+    let words = match remedy {
+        Remedy::None => return String::new(),
+        Remedy::Kill { targets } | Remedy::KillLeftBehind { targets } => {
+            format!("kill {}", pids(targets))
+        }
+        Remedy::CancelJobs { jobs, targets } => {
+            let ids: Vec<String> = jobs.iter().map(|job| job.job_id.to_string()).collect();
+            match targets.as_slice() {
+                [] => format!("scancel {}", ids.join(" ")),
+                targets => format!("scancel {}, kill {}", ids.join(" "), pids(targets)),
+            }
+        }
+        Remedy::Wait { .. } => "wait".into(),
+        Remedy::ResetOrReboot { .. } => format!("reset GPU {gpu} or reboot"),
+        Remedy::RestartMps { .. } => "restart MPS".into(),
+        Remedy::StopOwners { pids: owners } => {
+            format!("stop {}", pids_shortly(owners).replace(',', " "))
+        }
+        Remedy::ResetGpu { .. } => format!("reset GPU {gpu}"),
+        Remedy::Reboot => "reboot".into(),
+        Remedy::CannotTell { reason } => format!("holder unknown: {}", blindness_shortly(*reason)),
+    };
+    format!("; {words}")
 }

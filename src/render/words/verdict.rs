@@ -1,18 +1,20 @@
 //! A verdict's sentence: what the GPU's memory amounts to, whom it is charged to and what
-//! holds it, in the case classify chose.
+//! holds it, in the case classify chose; and the same finding shortly, for the summary
+//! line. Every word of a finding is here.
 
 use super::notes::note_words;
 use super::phrases::{
-    duration_words, list, pid_list, plural, process_words, seconds_words, size_words,
-    started_words, MAX_PIDS_NAMED,
+    blindness_shortly, duration_words, list, pid_list, pids_shortly, plural, process_words,
+    seconds_words, size_words, started_words, MAX_PIDS_NAMED,
 };
-use super::remedy::{remedy_clause, suggested_line};
+use super::remedy::{remedy_clause, remedy_shortly, suggested_line};
 use crate::classify::owners::after_kill::{Clue, Seen};
 use crate::classify::{
     ChargedTo, Departure, Finding, GpuAccount, GpuOutcome, GpuVerdict, InstanceVerdict, NotCounted,
-    Owned, Owner, Process, UnattributedTrust, FREEING_MEASURED,
+    Owned, Owner, Process, Remedy, UnattributedTrust, Verdict as Decided, FREEING_MEASURED,
 };
 use crate::dates::utc_words;
+use crate::units::format_bytes;
 use serde::Serialize;
 use std::fmt::Write;
 
@@ -300,4 +302,78 @@ fn killed_words(process: &Process) -> String {
         let _ = write!(words, ", killed since {}", utc_words(since));
     }
     words
+}
+
+/// A finding shortly, for the summary line of at most 80 bytes: `{name} orphaned: {held},
+/// held by PID 524; kill 524`. `held` is the memory to free, in words.
+pub(in crate::render) fn finding_shortly(
+    name: &str,
+    held: &str,
+    gpu: u32,
+    account: &GpuAccount,
+    verdict: &Decided,
+) -> String {
+    let remedy = &verdict.remedy;
+    match &verdict.finding {
+        Finding::Orphaned { charged_to, .. } => format!(
+            "{name} orphaned: {held}, {}{}",
+            orphan_shortly(account, charged_to),
+            remedy_shortly(remedy, gpu)
+        ),
+        Finding::LeftBehind { .. } => format!(
+            "{name} left behind: {held}, workers of an exited server{}",
+            remedy_shortly(remedy, gpu)
+        ),
+        Finding::KilledStuck { pids, .. } => format!(
+            "{name} kill stuck: {held}, PID {} in the driver{}",
+            pids_shortly(pids),
+            remedy_shortly(remedy, gpu)
+        ),
+        Finding::BeingFreed { pids, .. } => format!(
+            "{name} being freed: {held}, PID {} exiting",
+            pids_shortly(pids)
+        ),
+        Finding::CannotTell {
+            unjudged_owners,
+            unattributed,
+        } => format!(
+            "{name} cannot tell: {} used, {}",
+            format_bytes(account.memory.used),
+            cannot_tell_shortly(remedy, unjudged_owners, unattributed.is_some())
+        ),
+        Finding::Idle | Finding::Owned(_) => format!("{name} clear"),
+    }
+}
+
+/// Who orphaned memory is charged to, or who holds it.
+fn orphan_shortly(account: &GpuAccount, charged_to: &ChargedTo) -> String {
+    if let Some(culprit) = account.culprits.first() {
+        let more = account.culprits.len() - 1;
+        return match more {
+            0 => format!("held by PID {}", culprit.process.pid),
+            more => format!("held by PID {} +{more}", culprit.process.pid),
+        };
+    }
+    match charged_to {
+        ChargedTo::GoneOwners {
+            pids,
+            departure: Departure::Exited,
+        } => format!("owner {} exited", pids_shortly(pids)),
+        ChargedTo::GoneOwners { pids, .. } => format!("owner {} gone", pids_shortly(pids)),
+        ChargedTo::Nobody => "charged to no process".into(),
+    }
+}
+
+/// Why memory cannot be judged, shortly.
+fn cannot_tell_shortly(remedy: &Remedy, unjudged_owners: &[u32], unattributed: bool) -> String {
+    if let Remedy::CannotTell { reason } = remedy {
+        return blindness_shortly(*reason).into();
+    }
+    if !unjudged_owners.is_empty() {
+        format!("owner {} unreadable", pids_shortly(unjudged_owners))
+    } else if unattributed {
+        "no visible owner".into()
+    } else {
+        "not judged".into()
+    }
 }
