@@ -7,6 +7,7 @@ mod containers;
 mod driver;
 pub(crate) mod fixtures;
 mod holders;
+mod layers;
 mod mig;
 mod mps;
 mod nvml_garbage;

@@ -8,7 +8,7 @@ pub mod progress;
 pub mod summary;
 mod table;
 
-pub use super::words::{instance_verdict, seconds_words, size_words, verdict, Verdict};
+pub use super::words::{instance_verdict, seconds_words, size_words, verdict, verdicts, Verdict};
 pub use table::gpu_table;
 
 use crate::classify::{NvmlFailure, NvmlStatus, Report, Selection, Sight};
@@ -87,12 +87,7 @@ pub fn check_text(selection: &Selection) -> String {
         out.push('\n');
     }
     for gpu in gpus.iter() {
-        let verdicts = std::iter::once(verdict(gpu)).chain(
-            gpu.instances
-                .iter()
-                .map(|instance| instance_verdict(gpu, instance)),
-        );
-        for verdict in verdicts {
+        for verdict in verdicts(gpu) {
             let _ = writeln!(out, "{}", verdict.sentence);
             for note in &verdict.notes {
                 let _ = writeln!(out, "  note: {note}");

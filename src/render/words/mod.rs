@@ -11,4 +11,4 @@ pub(in crate::render) use phrases::pids_shortly;
 pub(in crate::render) use phrases::{plural, thousands};
 pub use phrases::{seconds_words, size_words};
 pub(in crate::render) use verdict::finding_shortly;
-pub use verdict::{instance_verdict, verdict, Verdict};
+pub use verdict::{instance_verdict, verdict, verdicts, Verdict};

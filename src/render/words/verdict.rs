@@ -43,6 +43,14 @@ pub fn instance_verdict(gpu: &GpuVerdict, instance: &InstanceVerdict) -> Verdict
     )
 }
 
+/// The verdict for the GPU, then for each of its MIG instances.
+pub fn verdicts(gpu: &GpuVerdict) -> impl Iterator<Item = Verdict> + '_ {
+    gpu.outcomes().map(move |(instance, _)| match instance {
+        None => verdict(gpu),
+        Some(instance) => instance_verdict(gpu, instance),
+    })
+}
+
 /// The verdict on what `label` names (a GPU or one of its MIG instances) of GPU `index`.
 fn verdict_of(label: &str, index: u32, outcome: &GpuOutcome) -> Verdict {
     let (account, verdict) = match outcome {
