@@ -58,6 +58,7 @@ use self::nvml::{NvmlSource, NvmlThread};
 use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
 use self::slurm::Slurmstepds;
 use self::worker::{Pending, Worker};
+use crate::dates::since_epoch_now;
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -340,9 +341,7 @@ impl LiveHost {
             owners = owners.len(),
             "observed"
         );
-        let taken_at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok();
+        let taken_at = since_epoch_now();
         let observation = Observation {
             nvml,
             host_pid_namespace: pid_namespace.is_host(),

@@ -4,6 +4,7 @@
 //! waited on it in uninterruptible sleep, with the kernel function it sleeps in.
 
 use super::{Looked, Reader};
+use crate::dates::{now_unix_millis, now_unix_seconds};
 use crate::observe::procfs::parse::{self, Stat, Status, PF_EXITING};
 use crate::observe::procfs::reading::{Leader, Lineage, ProcessFacts, Relative, WitnessedProcess};
 use crate::observe::procfs::root::gone;
@@ -215,18 +216,6 @@ impl<'a> Earlier<'a> {
 /// carried from `earlier`, or now; `None` while it is not ending.
 pub(super) fn ending_since(ending: bool, earlier: Earlier) -> Option<u64> {
     ending.then(|| earlier.ending_since.unwrap_or_else(now_unix_millis))
-}
-
-/// Now, in seconds since the Unix epoch.
-fn now_unix_seconds() -> u64 {
-    now_unix_millis() / 1000
-}
-
-/// Now, in milliseconds since the Unix epoch.
-fn now_unix_millis() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64)
 }
 
 #[cfg(test)]
