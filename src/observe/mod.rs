@@ -48,8 +48,10 @@ pub use procfs::{
     SlurmStep,
 };
 pub use slurm::{RunningStep, SlurmReading};
-pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot, StuckRead};
-pub use witnessed::{FirstSeen, WitnessReading, Witnessed};
+pub use snapshot::{
+    read_snapshot, FirstSeen, Observation, ObserveError, OwnerLookup, Snapshot, StuckRead,
+    WitnessReading, Witnessed,
+};
 pub(crate) use worker::block_on;
 
 use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
