@@ -57,7 +57,7 @@ pub(crate) use worker::block_on;
 use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::{NvmlSource, NvmlThread};
-use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
+use self::procfs::{EarlierLooks, OwnersRead, Placement, ProcRoot};
 use self::slurm::Slurmstepds;
 use self::worker::{Pending, Worker};
 use crate::dates::since_epoch_now;
@@ -157,7 +157,7 @@ pub struct LiveHost {
     proc_root: ProcRoot,
     /// The one thread that reads `/proc`, keeping what earlier looks found of each
     /// process (served while its start time is the same).
-    procfs: Worker<Memory>,
+    procfs: Worker<EarlierLooks>,
     /// Whether the `/proc` reader was stuck at the last look, so it is logged once.
     procfs_stuck: Mutex<bool>,
     /// A server logs what does not answer; a one-shot command says it in its output.
@@ -206,15 +206,15 @@ impl LiveHost {
     ) -> Self {
         let witness =
             witnessed::Witness::read(state.directory, &proc_root.root, state.keep, lifespan);
-        let (mut memory, mut first_seen) = (Memory::new(), HashMap::new());
-        witness.seed(&mut memory, &mut first_seen);
+        let (mut earlier_looks, mut first_seen) = (EarlierLooks::new(), HashMap::new());
+        witness.seed(&mut earlier_looks, &mut first_seen);
         LiveHost {
             nvml: NvmlSource::new(nvml_library, lifespan),
             placement: Placement::locate(&proc_root),
             boot_time_unix_seconds: proc_root.boot_time(),
             mig_minors: proc_root.root.join(nvml::MIG_MINORS),
             proc_root,
-            procfs: Worker::start("procfs-reader", memory),
+            procfs: Worker::start("procfs-reader", earlier_looks),
             procfs_stuck: Mutex::new(false),
             lifespan,
             scan_budget,

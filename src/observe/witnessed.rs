@@ -6,7 +6,7 @@
 //! that watched. What it holds ([`Witnessed`], [`WitnessReading`]) is part of an
 //! observation, so it is defined with it (`snapshot`); this file makes it from a look.
 
-use super::procfs::{self, Identity, Memory, ProcessLookup, WitnessedProcess};
+use super::procfs::{self, EarlierLooks, Identity, ProcessLookup, WitnessedProcess};
 use super::snapshot::{FirstSeen, Observation, WitnessReading, Witnessed};
 use super::witness::{self, NoState, StateDirectory};
 use super::{GpuState, Lifespan, NvmlReading};
@@ -201,9 +201,13 @@ impl Witness {
         }
     }
 
-    /// What the state held, for the `/proc` reader's memory and the first-seen identities.
-    pub(super) fn seed(&self, memory: &mut Memory, first_seen: &mut HashMap<u32, Identity>) {
-        procfs::remember_witnessed(memory, &self.read.witnessed.processes);
+    /// What the state held, for the `/proc` reader's earlier looks and the first-seen identities.
+    pub(super) fn seed(
+        &self,
+        earlier_looks: &mut EarlierLooks,
+        first_seen: &mut HashMap<u32, Identity>,
+    ) {
+        procfs::remember_witnessed(earlier_looks, &self.read.witnessed.processes);
         for first in &self.read.witnessed.owners_first_seen {
             first_seen
                 .entry(first.pid)

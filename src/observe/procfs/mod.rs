@@ -7,9 +7,11 @@
 //! - `root`: the procfs mount and the small files read whole ([`ProcRoot`]).
 //! - `placement`: the exporter's own place in it, found once ([`Placement`]).
 //! - `reader`: the one reader, for NVML's owners and the holder scan ([`Reader`]).
-//! - `looks`: one observation's looks through it, served from and adding to `memory`.
+//! - `looks`: one observation's looks through it, served from and adding to
+//!   `earlier_looks`.
 //! - `references`: the descriptors and mappings of NVIDIA device files of one process.
-//! - `memory`: what is kept of each process from one look to the next ([`Memory`]).
+//! - `earlier_looks`: what is kept of each process from one look to the next
+//!   ([`EarlierLooks`]).
 //! - `pidns`: whether a process's container has ended, from its PID namespace.
 //! - `cgroup`: the container, pod and Slurm job step a process runs in
 //!   ([`CgroupAttribution`]).
@@ -17,8 +19,8 @@
 //! - [`parse`]: the text formats, parsed by hand where procfs-core cannot serve.
 
 mod cgroup;
+mod earlier_looks;
 mod looks;
-mod memory;
 mod own_process;
 pub mod parse;
 mod pidns;
@@ -32,8 +34,10 @@ pub use cgroup::{
     parse_cgroup_file, parse_cgroup_path, short_container_id, slurm_step_in, CgroupAttribution,
     Runtime, SlurmStep,
 };
+/// [`EarlierLooks`] under its former name, which the benches still use.
+pub use earlier_looks::EarlierLooks as Memory;
+pub use earlier_looks::{remember_witnessed, EarlierLooks, Remembered};
 pub(crate) use looks::{look_at_owners, look_for_holders, Owners, OwnersScope};
-pub use memory::{remember_witnessed, Memory, Remembered};
 pub use own_process::{OwnProcess, OwnProcessReading};
 pub use placement::Placement;
 pub(crate) use reader::OwnersRead;

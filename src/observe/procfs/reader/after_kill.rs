@@ -223,7 +223,7 @@ mod tests {
     use super::super::fake_proc::FakeProc;
     use super::super::NOTHING_REMEMBERED;
     use super::*;
-    use crate::observe::procfs::memory::{remember_witnessed, Memory};
+    use crate::observe::procfs::earlier_looks::{remember_witnessed, EarlierLooks};
     use crate::observe::procfs::reading::{Leader, Relative};
 
     #[test]
@@ -241,8 +241,8 @@ mod tests {
         };
         stat(50, 1, 400);
         stat(100, 50, 500);
-        let mut memory = Memory::new();
-        let first = proc.read_owner(&mut memory, 100, &[0]);
+        let mut earlier_looks = EarlierLooks::new();
+        let first = proc.read_owner(&mut earlier_looks, 100, &[0]);
         let lineage = first.lineage.expect("read with the owner");
         assert_eq!(
             (lineage.parent.pid, lineage.parent.start_time_ticks),
@@ -256,17 +256,26 @@ mod tests {
             "50 (server-v2) S 1 50 50 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 400 0",
         )
         .unwrap();
-        let again = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let again = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(again.parent_exit_seen_unix_seconds, None);
         // The server is killed: the worker is adopted by PID 1, and the exit is seen once.
         fs::remove_dir_all(proc.dir.path().join("50")).unwrap();
         stat(100, 1, 500);
-        let gone = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let gone = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         let seen = gone
             .parent_exit_seen_unix_seconds
             .expect("the exit is seen");
         assert_eq!(gone.parent.pid, 50, "the parent as first seen");
-        let later = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let later = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(later.parent_exit_seen_unix_seconds, Some(seen));
     }
 
@@ -294,7 +303,7 @@ mod tests {
         .unwrap();
         thread(100, 'Z', exiting);
         thread(101, 'S', 4_194_560);
-        let reader = Reader::with_memory(&proc.root, proc.placement(), &NOTHING_REMEMBERED);
+        let reader = Reader::with_earlier_looks(&proc.root, proc.placement(), &NOTHING_REMEMBERED);
         let stat = proc.root.stat(&dir).unwrap();
         // pthread_exit of the main thread: another thread runs on with the context.
         assert!(!reader.process_exiting(&dir, &stat));
@@ -327,21 +336,30 @@ mod tests {
             kill_pending_since_unix_seconds: None,
             ending_since_unix_millis: None,
         };
-        let mut memory = Memory::new();
-        remember_witnessed(&mut memory, &[witnessed(500, Some(1_796_300_000))]);
-        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let mut earlier_looks = EarlierLooks::new();
+        remember_witnessed(&mut earlier_looks, &[witnessed(500, Some(1_796_300_000))]);
+        let read = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(read.parent.pid, 50);
         assert_eq!(read.parent_exit_seen_unix_seconds, Some(1_796_300_000));
         // The parent seen alive before the restart, gone now: the exit is seen now.
-        let mut memory = Memory::new();
-        remember_witnessed(&mut memory, &[witnessed(500, None)]);
-        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let mut earlier_looks = EarlierLooks::new();
+        remember_witnessed(&mut earlier_looks, &[witnessed(500, None)]);
+        let read = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(read.parent.pid, 50, "the parent as first seen, not PID 1");
         assert!(read.parent_exit_seen_unix_seconds.is_some());
         // Another process under the PID: what was witnessed was of someone else.
-        let mut memory = Memory::new();
-        remember_witnessed(&mut memory, &[witnessed(499, Some(1_796_300_000))]);
-        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let mut earlier_looks = EarlierLooks::new();
+        remember_witnessed(&mut earlier_looks, &[witnessed(499, Some(1_796_300_000))]);
+        let read = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(read.parent.pid, 1);
         assert_eq!(read.parent_exit_seen_unix_seconds, None);
         // An exit said of a parent that lives, and is still the parent, was never seen.
@@ -351,9 +369,12 @@ mod tests {
             "100 (python3) S 50 50 50 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 500 0",
         )
         .unwrap();
-        let mut memory = Memory::new();
-        remember_witnessed(&mut memory, &[witnessed(500, Some(1_796_300_000))]);
-        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let mut earlier_looks = EarlierLooks::new();
+        remember_witnessed(&mut earlier_looks, &[witnessed(500, Some(1_796_300_000))]);
+        let read = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(read.parent_exit_seen_unix_seconds, None);
     }
 
@@ -361,9 +382,9 @@ mod tests {
     fn an_ending_owner_keeps_the_moment_it_was_first_seen_ending() {
         let proc = FakeProc::new();
         proc.process(100, 500, 'S', &[0]);
-        let mut memory = Memory::new();
+        let mut earlier_looks = EarlierLooks::new();
         assert_eq!(
-            proc.read_owner(&mut memory, 100, &[0])
+            proc.read_owner(&mut earlier_looks, 100, &[0])
                 .ending_since_unix_millis,
             None
         );
@@ -373,14 +394,14 @@ mod tests {
             fs::write(proc.dir.path().join("100/maps"), "").unwrap();
         };
         finished(500);
-        let first = proc.read_owner(&mut memory, 100, &[0]);
+        let first = proc.read_owner(&mut earlier_looks, 100, &[0]);
         assert!(first.finished());
         let since = first.ending_since_unix_millis.expect("ending");
-        let again = proc.read_owner(&mut memory, 100, &[0]);
+        let again = proc.read_owner(&mut earlier_looks, 100, &[0]);
         assert_eq!(again.ending_since_unix_millis, Some(since));
         // Another process under the PID is seen ending from now, not from then.
         finished(900);
-        let stranger = proc.read_owner(&mut memory, 100, &[0]);
+        let stranger = proc.read_owner(&mut earlier_looks, 100, &[0]);
         assert!(stranger.ending_since_unix_millis.unwrap() >= since);
         assert_eq!(stranger.start_time_ticks, 900);
     }
@@ -395,15 +416,15 @@ mod tests {
             "Name:\tpython3\nUid:\t0\t0\t0\t0\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\n",
         )
         .unwrap();
-        let mut memory = Memory::new();
-        let first = proc.read_owner(&mut memory, 100, &[0]);
+        let mut earlier_looks = EarlierLooks::new();
+        let first = proc.read_owner(&mut earlier_looks, 100, &[0]);
         let since = first.kill_pending_since_unix_seconds.expect("killed");
-        let again = proc.read_owner(&mut memory, 100, &[0]);
+        let again = proc.read_owner(&mut earlier_looks, 100, &[0]);
         assert_eq!(again.kill_pending_since_unix_seconds, Some(since));
         // Out of uninterruptible sleep, no kill is waiting.
         proc.process(100, 500, 'S', &[0]);
         assert_eq!(
-            proc.read_owner(&mut memory, 100, &[0])
+            proc.read_owner(&mut earlier_looks, 100, &[0])
                 .kill_pending_since_unix_seconds,
             None
         );

@@ -15,7 +15,7 @@ mod fake_proc;
 mod holder_scan;
 mod pipes;
 
-use super::memory::{open_stat_file, read_held_stat, Memory, Remembered};
+use super::earlier_looks::{open_stat_file, read_held_stat, EarlierLooks, Remembered};
 use super::parse::{self, Stat, Status};
 use super::placement::{Placement, Position};
 use super::reading::{Lineage, NodeSet, ProcessFacts, ProcfsView, References};
@@ -63,7 +63,7 @@ pub struct Reader<'a> {
     root: &'a ProcRoot,
     placement: Placement,
     /// What earlier looks found.
-    previous: &'a Memory,
+    previous: &'a EarlierLooks,
     /// The host's password file, read once when a user name is first needed.
     passwd: OnceLock<Option<String>>,
     /// Our PIDs to the procfs's, when it shows another namespace; built on first need.
@@ -80,21 +80,22 @@ pub struct Reader<'a> {
 /// and the minor numbers of the GPUs NVML lists them on.
 pub(crate) type OwnersRead = HashMap<u32, (u64, Vec<u32>)>;
 
-/// An empty memory, for a reader that starts from nothing.
-static NOTHING_REMEMBERED: std::sync::LazyLock<Memory> = std::sync::LazyLock::new(Memory::new);
+/// No earlier looks, for a reader that starts from nothing.
+static NOTHING_REMEMBERED: std::sync::LazyLock<EarlierLooks> =
+    std::sync::LazyLock::new(EarlierLooks::new);
 
 impl<'a> Reader<'a> {
     /// A reader of `root` that remembers nothing, locating the exporter in it.
     pub fn new(root: &'a ProcRoot) -> Reader<'a> {
-        Reader::with_memory(root, Placement::locate(root), &NOTHING_REMEMBERED)
+        Reader::with_earlier_looks(root, Placement::locate(root), &NOTHING_REMEMBERED)
     }
 
     /// A reader of `root` from `placement` that serves what `previous` remembers of a
     /// process while its start time is the same.
-    pub fn with_memory(
+    pub fn with_earlier_looks(
         root: &'a ProcRoot,
         placement: Placement,
-        previous: &'a Memory,
+        previous: &'a EarlierLooks,
     ) -> Reader<'a> {
         Reader {
             root,
@@ -106,6 +107,16 @@ impl<'a> Reader<'a> {
             hold_stat_files: false,
             until: None,
         }
+    }
+
+    /// [`Reader::with_earlier_looks`] under its former name, which the benches still call.
+    #[doc(hidden)]
+    pub fn with_memory(
+        root: &'a ProcRoot,
+        placement: Placement,
+        previous: &'a EarlierLooks,
+    ) -> Reader<'a> {
+        Reader::with_earlier_looks(root, placement, previous)
     }
 
     /// This reader, stopping any walk over every process that one owner's reading calls
@@ -123,7 +134,7 @@ impl<'a> Reader<'a> {
     }
 
     /// This reader, told which owners were read in this collection (with their readings
-    /// in its memory): the holder scan takes those readings as they are when they can
+    /// in its earlier looks): the holder scan takes those readings as they are when they can
     /// blame the owner for no GPU, instead of reading every owner's mappings again.
     pub(super) fn with_owners_read(mut self, owners_read: OwnersRead) -> Reader<'a> {
         self.owners_read = owners_read;
@@ -190,7 +201,7 @@ impl<'a> Reader<'a> {
     }
 
     /// An NVML-listed owner, `pid` of the procfs, which NVML lists on the GPUs whose nodes
-    /// have minor numbers `gpus`. What cannot change for a process is served from memory;
+    /// have minor numbers `gpus`. What cannot change for a process is served from earlier looks;
     /// its stat is read each time, and its descriptors and mappings again whenever they do
     /// not show a context on every one of those GPUs (or its main thread is a zombie), so
     /// that a verdict against it always rests on a fresh reading.
@@ -241,7 +252,7 @@ impl<'a> Reader<'a> {
                 Err(unread) => return Looked::failed(unread),
             }
         }
-        // The reading shared with the memory is copied only where this stat line and
+        // The reading shared with the earlier looks is copied only where this stat line and
         // the reads it calls for say something new: a live owner most often says nothing.
         let exiting = self.process_exiting(dir, &stat);
         let wchan = self.wchan(dir, &stat);
@@ -475,12 +486,15 @@ mod tests {
     fn a_remembered_process_is_served_while_its_start_time_holds() {
         let proc = FakeProc::new();
         proc.process(100, 500, 'S', &[0]);
-        let mut memory = Memory::new();
-        assert!(proc.read_owner(&mut memory, 100, &[0]).mappings.has_gpu(0));
+        let mut earlier_looks = EarlierLooks::new();
+        assert!(proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .mappings
+            .has_gpu(0));
         // Same process (same start), stopped since; its maps are not read again (here
         // they would say nothing), its stat is.
         proc.process(100, 500, 'T', &[]);
-        let facts = proc.read_owner(&mut memory, 100, &[0]);
+        let facts = proc.read_owner(&mut earlier_looks, 100, &[0]);
         assert!(facts.mappings.has_gpu(0), "served from memory");
         assert_eq!(facts.state, 'T', "the stat is read each time");
     }
@@ -489,26 +503,26 @@ mod tests {
     fn another_start_time_under_the_pid_is_a_stranger_read_afresh() {
         let proc = FakeProc::new();
         proc.process(100, 500, 'S', &[0]);
-        let mut memory = Memory::new();
-        proc.read_owner(&mut memory, 100, &[0]);
+        let mut earlier_looks = EarlierLooks::new();
+        proc.read_owner(&mut earlier_looks, 100, &[0]);
         // The PID came round again: a process that maps nothing.
         proc.process(100, 900, 'S', &[]);
-        let facts = proc.read_owner(&mut memory, 100, &[0]);
+        let facts = proc.read_owner(&mut earlier_looks, 100, &[0]);
         assert_eq!(facts.start_time_ticks, 900);
         assert!(!facts.mappings.has_gpu(0), "{:?}", facts.mappings);
     }
 
     #[test]
     fn an_owner_without_a_remembered_context_on_a_gpu_is_read_again() {
-        // A verdict against an owner never rests on memory: with no remembered mapping of
+        // A verdict against an owner never rests on earlier looks: with no remembered mapping of
         // a GPU it is listed on, its mappings are read now.
         let proc = FakeProc::new();
         proc.process(100, 500, 'S', &[0]);
-        let mut memory = Memory::new();
-        proc.read_owner(&mut memory, 100, &[0]);
+        let mut earlier_looks = EarlierLooks::new();
+        proc.read_owner(&mut earlier_looks, 100, &[0]);
         proc.process(100, 500, 'S', &[0, 1]);
         assert!(proc
-            .read_owner(&mut memory, 100, &[0, 1])
+            .read_owner(&mut earlier_looks, 100, &[0, 1])
             .mappings
             .has_gpu(1));
     }
@@ -528,8 +542,8 @@ mod tests {
              7f3c28400000-7f3c28401000 r--s 00000000 00:05 1065 /dev/nvidiactl\n",
         )
         .unwrap();
-        let mut memory = Memory::new();
-        let daemon = proc.read_owner(&mut memory, 300, &[0]);
+        let mut earlier_looks = EarlierLooks::new();
+        let daemon = proc.read_owner(&mut earlier_looks, 300, &[0]);
         let nodes = daemon.mappings.nodes().expect("read").clone();
         assert_eq!(nodes.gpus, [0]);
         assert!(nodes.control);
@@ -544,7 +558,7 @@ mod tests {
         );
         // Without a context on the GPU it is listed on, it is read again each time.
         proc.process(300, 500, 'S', &[0]);
-        let context = proc.read_owner(&mut memory, 300, &[0]);
+        let context = proc.read_owner(&mut earlier_looks, 300, &[0]);
         assert!(context.mappings.maps_gpu_read_write(0));
         let nodes = context.mappings.nodes().unwrap();
         assert!(nodes.gpus_without_read_write.is_empty());
