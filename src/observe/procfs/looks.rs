@@ -4,7 +4,7 @@
 use super::earlier_looks::{remember, EarlierLooks};
 use super::pidns::NamespaceInits;
 use super::placement::Placement;
-use super::reader::{OwnersRead, Reader};
+use super::process_reader::{OwnersRead, ProcessReader};
 use super::reading::{HolderScan, ProcessLookup, ProcfsView};
 use super::root::{ProcRoot, Unread};
 use std::collections::{BTreeMap, HashSet};
@@ -52,7 +52,7 @@ pub(crate) fn look_at_owners(
     scope: OwnersScope,
     deadline: Instant,
 ) -> Owners {
-    let reader = Reader::with_earlier_looks(root, placement, earlier_looks)
+    let reader = ProcessReader::with_earlier_looks(root, placement, earlier_looks)
         .holding_stat_files(scope.listed <= MAX_HELD_STAT_FILES)
         .until(deadline);
     let mut errors = BTreeMap::new();
@@ -115,7 +115,7 @@ pub(crate) fn look_at_owners(
 
 /// The holder scan of `root`, served from and adding to `earlier_looks`, stopping at
 /// `deadline`; `owners_read` are the owners this observation read (see
-/// [`Reader::with_owners_read`]).
+/// [`ProcessReader::with_owners_read`]).
 pub(crate) fn look_for_holders(
     root: &ProcRoot,
     placement: Placement,
@@ -123,8 +123,8 @@ pub(crate) fn look_for_holders(
     owners_read: OwnersRead,
     deadline: Instant,
 ) -> HolderScan {
-    let reader =
-        Reader::with_earlier_looks(root, placement, earlier_looks).with_owners_read(owners_read);
+    let reader = ProcessReader::with_earlier_looks(root, placement, earlier_looks)
+        .with_owners_read(owners_read);
     let (scan, learnt) = reader.scan_and_remember(deadline);
     drop(reader);
     // A complete scan saw every process: what it did not see has exited.

@@ -6,7 +6,8 @@
 //!   serialisable data.
 //! - `root`: the procfs mount and the small files read whole ([`ProcRoot`]).
 //! - `placement`: the exporter's own place in it, found once ([`Placement`]).
-//! - `reader`: the one reader, for NVML's owners and the holder scan ([`Reader`]).
+//! - `process_reader`: the one reader of processes, for NVML's owners and the holder scan
+//!   ([`ProcessReader`]).
 //! - `looks`: one observation's looks through it, served from and adding to
 //!   `earlier_looks`.
 //! - `references`: the descriptors and mappings of NVIDIA device files of one process.
@@ -25,7 +26,7 @@ mod own_process;
 pub mod parse;
 mod pidns;
 mod placement;
-mod reader;
+mod process_reader;
 mod reading;
 mod references;
 mod root;
@@ -40,8 +41,10 @@ pub use earlier_looks::{remember_witnessed, EarlierLooks, Remembered};
 pub(crate) use looks::{look_at_owners, look_for_holders, Owners, OwnersScope};
 pub use own_process::{OwnProcess, OwnProcessReading};
 pub use placement::Placement;
-pub(crate) use reader::OwnersRead;
-pub use reader::{Looked, Reader};
+pub(crate) use process_reader::OwnersRead;
+/// [`ProcessReader`] under its former name, which the benches still use.
+pub use process_reader::ProcessReader as Reader;
+pub use process_reader::{Looked, ProcessReader};
 pub use reading::{
     HolderScan, Identity, Leader, Lineage, NamespaceInit, NarrowAccess, NodeSet, ProcessFacts,
     ProcessLookup, ProcfsView, References, Relative, WitnessedProcess,

@@ -3,7 +3,7 @@
 //! session's leaders), whether the whole process is exiting, and since when a kill has
 //! waited on it in uninterruptible sleep, with the kernel function it sleeps in.
 
-use super::{Looked, Reader};
+use super::{Looked, ProcessReader};
 use crate::dates::{now_unix_millis, now_unix_seconds};
 use crate::observe::procfs::parse::{self, Stat, Status, PF_EXITING};
 use crate::observe::procfs::reading::{Leader, Lineage, ProcessFacts, Relative, WitnessedProcess};
@@ -12,7 +12,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-impl Reader<'_> {
+impl ProcessReader<'_> {
     /// The kernel function a process in uninterruptible sleep waits in.
     pub(super) fn wchan(&self, dir: &Path, stat: &Stat) -> Option<String> {
         (stat.state == b'D')
@@ -303,7 +303,8 @@ mod tests {
         .unwrap();
         thread(100, 'Z', exiting);
         thread(101, 'S', 4_194_560);
-        let reader = Reader::with_earlier_looks(&proc.root, proc.placement(), &NOTHING_REMEMBERED);
+        let reader =
+            ProcessReader::with_earlier_looks(&proc.root, proc.placement(), &NOTHING_REMEMBERED);
         let stat = proc.root.stat(&dir).unwrap();
         // pthread_exit of the main thread: another thread runs on with the context.
         assert!(!reader.process_exiting(&dir, &stat));

@@ -1,9 +1,11 @@
-//! The one reader of `/proc`: one walk over its processes, one descriptor scanner, one
-//! reader of stat, status and maps, used for NVML's owners and for the holder scan alike.
+//! The one reader of processes in `/proc`: one walk over its processes, one descriptor
+//! scanner, one reader of stat, status and maps, used for NVML's owners and for the holder
+//! scan alike. What it yields is `reading`'s plain data; it runs on the `/proc` reader
+//! thread, which the live host hands its looks (`observe::proc_reader`).
 //!
-//! - this file: the [`Reader`], and one process read whole (stat, status, descriptors,
-//!   mappings, cgroup), served from what an earlier look remembered while its start time
-//!   holds;
+//! - this file: the [`ProcessReader`], and one process read whole (stat, status,
+//!   descriptors, mappings, cgroup), served from what an earlier look remembered while its
+//!   start time holds;
 //! - `after_kill`: what tells a process's story after a kill: where it came from and
 //!   whether its parent has exited, whether it is exiting, whether a kill waits on it in
 //!   the driver;
@@ -59,7 +61,7 @@ impl Looked {
 
 /// Reads processes for one observation; cheap to make, shared by the scan's threads.
 #[derive(Debug)]
-pub struct Reader<'a> {
+pub struct ProcessReader<'a> {
     root: &'a ProcRoot,
     placement: Placement,
     /// What earlier looks found.
@@ -84,10 +86,10 @@ pub(crate) type OwnersRead = HashMap<u32, (u64, Vec<u32>)>;
 static NOTHING_REMEMBERED: std::sync::LazyLock<EarlierLooks> =
     std::sync::LazyLock::new(EarlierLooks::new);
 
-impl<'a> Reader<'a> {
+impl<'a> ProcessReader<'a> {
     /// A reader of `root` that remembers nothing, locating the exporter in it.
-    pub fn new(root: &'a ProcRoot) -> Reader<'a> {
-        Reader::with_earlier_looks(root, Placement::locate(root), &NOTHING_REMEMBERED)
+    pub fn new(root: &'a ProcRoot) -> ProcessReader<'a> {
+        ProcessReader::with_earlier_looks(root, Placement::locate(root), &NOTHING_REMEMBERED)
     }
 
     /// A reader of `root` from `placement` that serves what `previous` remembers of a
@@ -96,8 +98,8 @@ impl<'a> Reader<'a> {
         root: &'a ProcRoot,
         placement: Placement,
         previous: &'a EarlierLooks,
-    ) -> Reader<'a> {
-        Reader {
+    ) -> ProcessReader<'a> {
+        ProcessReader {
             root,
             placement,
             previous,
@@ -109,26 +111,26 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// [`Reader::with_earlier_looks`] under its former name, which the benches still call.
+    /// [`ProcessReader::with_earlier_looks`] under its former name, which the benches still call.
     #[doc(hidden)]
     pub fn with_memory(
         root: &'a ProcRoot,
         placement: Placement,
         previous: &'a EarlierLooks,
-    ) -> Reader<'a> {
-        Reader::with_earlier_looks(root, placement, previous)
+    ) -> ProcessReader<'a> {
+        ProcessReader::with_earlier_looks(root, placement, previous)
     }
 
     /// This reader, stopping any walk over every process that one owner's reading calls
     /// for at `until` (what it did not finish says nothing).
-    pub(super) fn until(mut self, until: Instant) -> Reader<'a> {
+    pub(super) fn until(mut self, until: Instant) -> ProcessReader<'a> {
         self.until = Some(until);
         self
     }
 
     /// This reader, holding the stat files of the owners it reads open for the next look
     /// (for a long-running exporter with a bounded number of owners).
-    pub(super) fn holding_stat_files(mut self, hold: bool) -> Reader<'a> {
+    pub(super) fn holding_stat_files(mut self, hold: bool) -> ProcessReader<'a> {
         self.hold_stat_files = hold;
         self
     }
@@ -136,7 +138,7 @@ impl<'a> Reader<'a> {
     /// This reader, told which owners were read in this collection (with their readings
     /// in its earlier looks): the holder scan takes those readings as they are when they can
     /// blame the owner for no GPU, instead of reading every owner's mappings again.
-    pub(super) fn with_owners_read(mut self, owners_read: OwnersRead) -> Reader<'a> {
+    pub(super) fn with_owners_read(mut self, owners_read: OwnersRead) -> ProcessReader<'a> {
         self.owners_read = owners_read;
         self
     }

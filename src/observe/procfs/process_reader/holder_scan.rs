@@ -3,7 +3,7 @@
 //! clients that hold the same files without a context. Each holder is read whole
 //! (descriptors and mappings), as an owner is.
 
-use super::Reader;
+use super::ProcessReader;
 use crate::observe::procfs::earlier_looks::Remembered;
 use crate::observe::procfs::pidns::NamespaceInits;
 use crate::observe::procfs::reading::{HolderScan, ProcessFacts, References};
@@ -32,8 +32,8 @@ const KNOWN_PER_NEW_PROCESS: usize = 25;
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags.
 const PF_KTHREAD: u32 = 0x0020_0000;
 
-impl<'a> Reader<'a> {
-    /// An NVML-listed owner's reading as [`Reader::read_owner`] left it in this
+impl<'a> ProcessReader<'a> {
+    /// An NVML-listed owner's reading as [`ProcessReader::read_owner`] left it in this
     /// collection (its stat read now; its descriptors and mappings by that method's
     /// rule), when the scan may take it as it is: the same process, holding NVIDIA files,
     /// its descriptors and mappings read and showing no GPU but those NVML lists it on,
@@ -302,7 +302,7 @@ mod tests {
         symlink("/dev/null", dir.join("fd/3")).unwrap();
         let placement = proc.placement();
         let empty = EarlierLooks::new();
-        let first = Reader::with_earlier_looks(&proc.root, placement, &empty);
+        let first = ProcessReader::with_earlier_looks(&proc.root, placement, &empty);
         let Scanned::Nothing(remember) = first.scan_one(200, None) else {
             panic!("no NVIDIA file yet")
         };
@@ -312,7 +312,7 @@ mod tests {
         // opens a device).
         fs::remove_file(dir.join("fd/3")).unwrap();
         symlink("/dev/nvidia0", dir.join("fd/3")).unwrap();
-        let reader = Reader::with_earlier_looks(&proc.root, placement, &earlier_looks);
+        let reader = ProcessReader::with_earlier_looks(&proc.root, placement, &earlier_looks);
         assert!(matches!(reader.scan_one(200, None), Scanned::Nothing(_)));
         // A new start time under the PID is listed afresh.
         proc.process(200, 900, 'S', &[0]);
@@ -328,14 +328,14 @@ mod tests {
         symlink("/dev/null", dir.join("fd/3")).unwrap();
         let placement = proc.placement();
         let empty = EarlierLooks::new();
-        let first = Reader::with_earlier_looks(&proc.root, placement, &empty);
+        let first = ProcessReader::with_earlier_looks(&proc.root, placement, &empty);
         let Scanned::Nothing(remember) = first.scan_one(300, None) else {
             panic!("no NVIDIA file")
         };
         let earlier_looks: EarlierLooks = [(300, remember)].into();
         // Its stat is not read again: were it, this line would make it unreadable.
         fs::write(dir.join("stat"), "not a stat line").unwrap();
-        let reader = Reader::with_earlier_looks(&proc.root, placement, &earlier_looks);
+        let reader = ProcessReader::with_earlier_looks(&proc.root, placement, &earlier_looks);
         assert!(matches!(reader.scan_one(300, None), Scanned::Nothing(_)));
         // Another directory under the PID is another process: read, and unreadable here.
         fs::rename(dir.join("fd"), dir.join("fd-then")).unwrap();
@@ -363,13 +363,13 @@ mod tests {
         let dir = kernel_thread(&proc, 2, "kthreadd");
         let placement = proc.placement();
         let empty = EarlierLooks::new();
-        let first = Reader::with_earlier_looks(&proc.root, placement, &empty);
+        let first = ProcessReader::with_earlier_looks(&proc.root, placement, &empty);
         let Scanned::Nothing(remember) = first.scan_one(2, None) else {
             panic!("a kernel thread holds nothing")
         };
         let earlier_looks: EarlierLooks = [(2, remember)].into();
         fs::write(dir.join("stat"), "not a stat line").unwrap();
-        let reader = Reader::with_earlier_looks(&proc.root, placement, &earlier_looks);
+        let reader = ProcessReader::with_earlier_looks(&proc.root, placement, &earlier_looks);
         assert!(matches!(reader.scan_one(2, None), Scanned::Nothing(_)));
     }
 
@@ -379,7 +379,7 @@ mod tests {
         let dir = kernel_thread(&proc, 3, "pool_workqueue_release");
         let placement = proc.placement();
         let empty = EarlierLooks::new();
-        let first = Reader::with_earlier_looks(&proc.root, placement, &empty);
+        let first = ProcessReader::with_earlier_looks(&proc.root, placement, &empty);
         let Scanned::Nothing(remember) = first.scan_one(3, Some(41)) else {
             panic!("a kernel thread holds nothing")
         };
@@ -387,7 +387,7 @@ mod tests {
         let earlier_looks: EarlierLooks = [(3, remember)].into();
         // Nothing is read again: its descriptor directory gone would make it gone.
         fs::remove_dir(dir.join("fd")).unwrap();
-        let reader = Reader::with_earlier_looks(&proc.root, placement, &earlier_looks);
+        let reader = ProcessReader::with_earlier_looks(&proc.root, placement, &earlier_looks);
         assert!(matches!(reader.scan_one(3, Some(41)), Scanned::Nothing(_)));
         // Another directory under the PID is another process, read again: a user process
         // that got the number, holding a GPU.

@@ -1,6 +1,6 @@
 //! A procfs tree for the reader's tests: the files it reads, for one process at a time.
 
-use super::Reader;
+use super::ProcessReader;
 use crate::observe::procfs::earlier_looks::EarlierLooks;
 use crate::observe::procfs::placement::{Placement, Position};
 use crate::observe::procfs::reading::ProcessFacts;
@@ -73,7 +73,7 @@ impl FakeProc {
         pid: u32,
         gpus: &[u32],
     ) -> ProcessFacts {
-        let reader = Reader::with_earlier_looks(&self.root, self.placement(), earlier_looks);
+        let reader = ProcessReader::with_earlier_looks(&self.root, self.placement(), earlier_looks);
         let looked = reader.read_owner(pid, gpus);
         let facts = ProcessFacts::clone(&looked.facts.expect("the process"));
         let remember = looked.remember.expect("something to remember");
