@@ -17,7 +17,9 @@
 //! sleep holding its memory map lock blocks reads of its maps) runs on a reader thread
 //! of its own (`worker`), which a look waits for only until its [`Deadlines`]: a source
 //! that does not answer by then is reported as such, with what it is stuck in, and the
-//! others are served as on a healthy host.
+//! others are served as on a healthy host. `procfs_jobs` is what the live host hands the
+//! `/proc` reader thread and how long it waits for each answer; `witnessed` keeps what a
+//! look witnessed in the witness state.
 
 pub(crate) mod containers;
 mod error_line;
@@ -26,8 +28,8 @@ pub(crate) mod kubernetes;
 mod lifespan;
 pub(crate) mod nvml;
 mod pod_uid;
-mod proc_reader;
 pub mod procfs;
+mod procfs_jobs;
 pub(crate) mod slurm;
 mod snapshot;
 pub mod witness;

@@ -1,7 +1,7 @@
 //! The one reader of processes in `/proc`: one walk over its processes, one descriptor
 //! scanner, one reader of stat, status and maps, used for NVML's owners and for the holder
 //! scan alike. What it yields is `reading`'s plain data; it runs on the `/proc` reader
-//! thread, which the live host hands its looks (`observe::proc_reader`).
+//! thread, which the live host hands its looks (`observe::procfs_jobs`).
 //!
 //! - this file: the [`ProcessReader`], and one process read whole (stat, status,
 //!   descriptors, mappings, cgroup), served from what an earlier look remembered while its

@@ -1,7 +1,8 @@
-//! What the live host asks of its `/proc` reader in a look: NVML's owners (started with
-//! the last look's PIDs before NVML answers), the holder scan (started beside them during
-//! an orphan episode), and Slurm's job steps; each answer awaited until its deadline, a
-//! reader that does not answer reported with the read it is stuck in.
+//! The jobs the live host hands its `/proc` reader thread in a look, and its waits for
+//! them: NVML's owners (started with the last look's PIDs before NVML answers), the holder
+//! scan (started beside them during an orphan episode), and Slurm's job steps; each answer
+//! awaited until its deadline, a reader that does not answer reported with the read it is
+//! stuck in. The looks themselves are `procfs`'s.
 
 use super::procfs::{self, EarlierLooks, Owners, OwnersRead, OwnersScope};
 use super::worker::{self, InCall, NoAnswer, Pending};
