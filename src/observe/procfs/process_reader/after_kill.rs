@@ -3,10 +3,10 @@
 //! session's leaders), whether the whole process is exiting, and since when a kill has
 //! waited on it in uninterruptible sleep, with the kernel function it sleeps in.
 
-use super::{Looked, ProcessReader};
-use crate::dates::{now_unix_millis, now_unix_seconds};
+use super::{Earlier, Looked, ProcessReader};
+use crate::dates::now_unix_seconds;
 use crate::observe::procfs::parse::{self, Stat, Status, PF_EXITING};
-use crate::observe::procfs::reading::{Leader, Lineage, ProcessFacts, Relative, WitnessedProcess};
+use crate::observe::procfs::reading::{Leader, Lineage, Relative};
 use crate::observe::procfs::root::gone;
 use std::fs;
 use std::path::Path;
@@ -182,49 +182,13 @@ impl ProcessReader<'_> {
     }
 }
 
-/// What earlier looks learnt of a process that no reading now can tell again: from the
-/// last reading of the same process, or from what an exporter saw before this one (the
-/// witness state); nothing for a process never seen before.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Earlier<'a> {
-    lineage: Option<&'a Lineage>,
-    kill_pending_since: Option<u64>,
-    ending_since: Option<u64>,
-}
-
-impl<'a> Earlier<'a> {
-    /// What the last reading `facts` learnt.
-    pub(super) fn of_facts(facts: &'a ProcessFacts) -> Earlier<'a> {
-        Earlier {
-            lineage: facts.lineage.as_ref(),
-            kill_pending_since: facts.kill_pending_since_unix_seconds,
-            ending_since: facts.ending_since_unix_millis,
-        }
-    }
-
-    /// What an exporter saw before this one.
-    pub(super) fn of_witnessed(witnessed: &'a WitnessedProcess) -> Earlier<'a> {
-        Earlier {
-            lineage: witnessed.lineage.as_ref(),
-            kill_pending_since: witnessed.kill_pending_since_unix_seconds,
-            ending_since: witnessed.ending_since_unix_millis,
-        }
-    }
-}
-
-/// Since when a process that is `ending` (see [`ProcessFacts::ending`]) has been seen so:
-/// carried from `earlier`, or now; `None` while it is not ending.
-pub(super) fn ending_since(ending: bool, earlier: Earlier) -> Option<u64> {
-    ending.then(|| earlier.ending_since.unwrap_or_else(now_unix_millis))
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::fake_proc::FakeProc;
     use super::super::NOTHING_REMEMBERED;
     use super::*;
     use crate::observe::procfs::earlier_looks::{remember_witnessed, EarlierLooks};
-    use crate::observe::procfs::reading::{Leader, Relative};
+    use crate::observe::procfs::reading::{Leader, Relative, WitnessedProcess};
 
     #[test]
     fn an_owner_remembers_its_first_parent_and_sees_it_exit() {

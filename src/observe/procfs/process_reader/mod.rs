@@ -20,10 +20,10 @@ mod pipes;
 use super::earlier_looks::{open_stat_file, read_held_stat, EarlierLooks, Remembered};
 use super::parse::{self, Stat, Status};
 use super::placement::{Placement, Position};
-use super::reading::{Lineage, NodeSet, ProcessFacts, ProcfsView, References};
+use super::reading::{Lineage, NodeSet, ProcessFacts, ProcfsView, References, WitnessedProcess};
 use super::references::{self, Descriptors, OpenFile};
 use super::root::{gone, ProcRoot, Unread};
-use after_kill::{ending_since, Earlier};
+use crate::dates::now_unix_millis;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs;
@@ -475,6 +475,42 @@ fn refresh_from_stat(facts: &mut ProcessFacts, stat: &Stat) {
     facts.pgid = stat.pgrp;
     facts.sid = stat.session;
     facts.threads = stat.threads;
+}
+
+/// What earlier looks learnt of a process that no reading now can tell again: from the
+/// last reading of the same process, or from what an exporter saw before this one (the
+/// witness state); nothing for a process never seen before.
+#[derive(Debug, Clone, Copy, Default)]
+struct Earlier<'a> {
+    lineage: Option<&'a Lineage>,
+    kill_pending_since: Option<u64>,
+    ending_since: Option<u64>,
+}
+
+impl<'a> Earlier<'a> {
+    /// What the last reading `facts` learnt.
+    fn of_facts(facts: &'a ProcessFacts) -> Earlier<'a> {
+        Earlier {
+            lineage: facts.lineage.as_ref(),
+            kill_pending_since: facts.kill_pending_since_unix_seconds,
+            ending_since: facts.ending_since_unix_millis,
+        }
+    }
+
+    /// What an exporter saw before this one.
+    fn of_witnessed(witnessed: &'a WitnessedProcess) -> Earlier<'a> {
+        Earlier {
+            lineage: witnessed.lineage.as_ref(),
+            kill_pending_since: witnessed.kill_pending_since_unix_seconds,
+            ending_since: witnessed.ending_since_unix_millis,
+        }
+    }
+}
+
+/// Since when a process that is `ending` (see [`ProcessFacts::ending`]) has been seen so:
+/// carried from `earlier`, or now; `None` while it is not ending.
+fn ending_since(ending: bool, earlier: Earlier) -> Option<u64> {
+    ending.then(|| earlier.ending_since.unwrap_or_else(now_unix_millis))
 }
 
 #[cfg(test)]
