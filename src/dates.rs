@@ -1,7 +1,28 @@
 //! The one calendar of the program: moments as people and log readers write them, in UTC,
 //! without a date crate.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Now, as the time since the Unix epoch; `None` on a clock set before it. The one
+/// reading of the wall clock for a date: the `now_unix_*` below are this in their unit.
+pub fn since_epoch_now() -> Option<Duration> {
+    SystemTime::now().duration_since(UNIX_EPOCH).ok()
+}
+
+/// Now, in milliseconds since the Unix epoch (0 on a clock set before it).
+pub fn now_unix_millis() -> u64 {
+    since_epoch_now().map_or(0, |since| since.as_millis() as u64)
+}
+
+/// Now, in whole seconds since the Unix epoch (0 on a clock set before it).
+pub fn now_unix_seconds() -> u64 {
+    since_epoch_now().map_or(0, |since| since.as_secs())
+}
+
+/// Now, in seconds since the Unix epoch with their fraction (0 on a clock set before it).
+pub fn now_unix_seconds_f64() -> f64 {
+    since_epoch_now().map_or(0.0, |since| since.as_secs_f64())
+}
 
 /// A moment in seconds since the Unix epoch as `2026-12-03 09:31:02 UTC`.
 pub fn utc_words(seconds: u64) -> String {

@@ -1,12 +1,13 @@
 //! `vram-exporter snapshot`: the raw observation as JSON, for a bug report.
 
 use super::{write_atomically, written_status};
+use crate::dates::now_unix_seconds;
 use crate::exporter::{Exporter, HolderScanPolicy};
 use crate::observe::Snapshot;
 use anyhow::Context;
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// Observe (with the holder scan) within `timeout` and write the snapshot to `output` or
 /// standard output; it is written whatever NVML does (what it did is part of the bug
@@ -23,9 +24,7 @@ pub fn run(
         format: Snapshot::FORMAT,
         exporter_version: env!("CARGO_PKG_VERSION").to_string(),
         hostname: exporter.hostname(),
-        taken_at_unix_seconds: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs()),
+        taken_at_unix_seconds: now_unix_seconds(),
         observation,
     };
     let mut json = serde_json::to_string_pretty(&snapshot)?;

@@ -3,7 +3,6 @@
 //! reasons (`E`).
 
 use serde::{Deserialize, Serialize};
-use std::time::SystemTime;
 
 /// How a source's last call went, and when one last succeeded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,11 +37,4 @@ impl<E> CallHealth<E> {
     pub fn up(&self) -> bool {
         self.error.is_none()
     }
-}
-
-/// Now, in seconds since the Unix epoch (0 on a clock set before it).
-pub(crate) fn unix_seconds_now() -> f64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0.0, |elapsed| elapsed.as_secs_f64())
 }

@@ -17,7 +17,9 @@
 //! sleep holding its memory map lock blocks reads of its maps) runs on a reader thread
 //! of its own (`worker`), which a look waits for only until its [`Deadlines`]: a source
 //! that does not answer by then is reported as such, with what it is stuck in, and the
-//! others are served as on a healthy host.
+//! others are served as on a healthy host. `procfs_jobs` is what the live host hands the
+//! `/proc` reader thread and how long it waits for each answer; `witnessed` keeps what a
+//! look witnessed in the witness state.
 
 pub(crate) mod containers;
 mod error_line;
@@ -26,8 +28,8 @@ pub(crate) mod kubernetes;
 mod lifespan;
 pub(crate) mod nvml;
 mod pod_uid;
-mod proc_reader;
 pub mod procfs;
+mod procfs_jobs;
 pub(crate) mod slurm;
 mod snapshot;
 pub mod witness;
@@ -48,16 +50,19 @@ pub use procfs::{
     SlurmStep,
 };
 pub use slurm::{RunningStep, SlurmReading};
-pub use snapshot::{read_snapshot, Observation, ObserveError, OwnerLookup, Snapshot, StuckRead};
-pub use witnessed::{FirstSeen, WitnessReading, Witnessed};
+pub use snapshot::{
+    read_snapshot, FirstSeen, Observation, ObserveError, OwnerLookup, Snapshot, StuckRead,
+    WitnessReading, Witnessed,
+};
 pub(crate) use worker::block_on;
 
 use self::containers::{ContainerWatch, ContainersConfig, Engine, Wanted};
 use self::kubernetes::{KubernetesConfig, KubernetesWatch};
 use self::nvml::{NvmlSource, NvmlThread};
-use self::procfs::{Memory, OwnersRead, Placement, ProcRoot};
+use self::procfs::{EarlierLooks, OwnersRead, Placement, ProcRoot};
 use self::slurm::Slurmstepds;
 use self::worker::{Pending, Worker};
+use crate::dates::since_epoch_now;
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -154,7 +159,7 @@ pub struct LiveHost {
     proc_root: ProcRoot,
     /// The one thread that reads `/proc`, keeping what earlier looks found of each
     /// process (served while its start time is the same).
-    procfs: Worker<Memory>,
+    procfs: Worker<EarlierLooks>,
     /// Whether the `/proc` reader was stuck at the last look, so it is logged once.
     procfs_stuck: Mutex<bool>,
     /// A server logs what does not answer; a one-shot command says it in its output.
@@ -203,15 +208,15 @@ impl LiveHost {
     ) -> Self {
         let witness =
             witnessed::Witness::read(state.directory, &proc_root.root, state.keep, lifespan);
-        let (mut memory, mut first_seen) = (Memory::new(), HashMap::new());
-        witness.seed(&mut memory, &mut first_seen);
+        let (mut earlier_looks, mut first_seen) = (EarlierLooks::new(), HashMap::new());
+        witness.seed(&mut earlier_looks, &mut first_seen);
         LiveHost {
             nvml: NvmlSource::new(nvml_library, lifespan),
             placement: Placement::locate(&proc_root),
             boot_time_unix_seconds: proc_root.boot_time(),
             mig_minors: proc_root.root.join(nvml::MIG_MINORS),
             proc_root,
-            procfs: Worker::start("procfs-reader", memory),
+            procfs: Worker::start("procfs-reader", earlier_looks),
             procfs_stuck: Mutex::new(false),
             lifespan,
             scan_budget,
@@ -340,9 +345,7 @@ impl LiveHost {
             owners = owners.len(),
             "observed"
         );
-        let taken_at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok();
+        let taken_at = since_epoch_now();
         let observation = Observation {
             nvml,
             host_pid_namespace: pid_namespace.is_host(),

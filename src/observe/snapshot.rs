@@ -1,13 +1,16 @@
 //! What one look at the host saw, as one value: the [`Observation`] that classification
-//! reads, and the [`Snapshot`] file that carries one to another machine, where it replays
-//! to the same verdict.
+//! reads (with what the witness state held as the look went by it, [`WitnessReading`]),
+//! and the [`Snapshot`] file that carries one to another machine, where it replays to the
+//! same verdict.
 
 use super::containers::ContainersReading;
 use super::kubernetes::KubernetesReading;
 use super::nvml::NvmlReading;
-use super::procfs::{HolderScan, Identity, OwnProcessReading, ProcessLookup, ProcfsView};
+use super::procfs::{
+    HolderScan, Identity, OwnProcessReading, ProcessLookup, ProcfsView, WitnessedProcess,
+};
 use super::slurm::SlurmReading;
-use super::witnessed::WitnessReading;
+use super::witness::NoState;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -117,6 +120,53 @@ pub struct OwnerLookup {
     pub first_seen: Option<Identity>,
     /// What `/proc` holds under this PID now.
     pub now: ProcessLookup,
+}
+
+/// The witness state as a look went by it: which file, and what it held, or why nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WitnessReading {
+    /// The state file.
+    pub path: PathBuf,
+    /// When it was written, in seconds since the Unix epoch, when it was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_unix_seconds: Option<u64>,
+    /// Why there is no state to go by, when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_state: Option<NoState>,
+    /// What it holds: nothing when there is no state.
+    #[serde(skip)]
+    pub witnessed: Arc<Witnessed>,
+}
+
+/// What a served exporter witnessed, as its state file keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Witnessed {
+    /// NVML's owners, by the procfs's PID and start time, with what was seen of each.
+    #[serde(default)]
+    pub processes: Vec<WitnessedProcess>,
+    /// The process first seen under each PID NVML lists (NVML's PIDs).
+    #[serde(default)]
+    pub owners_first_seen: Vec<FirstSeen>,
+}
+
+/// The process first seen under a PID that NVML lists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirstSeen {
+    /// NVML's PID.
+    pub pid: u32,
+    /// The process first seen under it.
+    pub identity: Identity,
+}
+
+impl Witnessed {
+    /// What was witnessed of process `pid` of the procfs, if it is the same process.
+    pub fn process(&self, pid: u32, start_time_ticks: u64) -> Option<&WitnessedProcess> {
+        self.processes
+            .binary_search_by_key(&pid, |process| process.pid)
+            .ok()
+            .map(|at| &self.processes[at])
+            .filter(|process| process.start_time_ticks == start_time_ticks)
+    }
 }
 
 /// An observation saved to a file, with what a bug report needs to know about where it came from.

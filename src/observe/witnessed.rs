@@ -1,15 +1,16 @@
-//! What a served exporter witnessed that no later look can see again, kept in the witness
-//! state (`witness`): each owner's parent as first seen and when its exit was seen, since
-//! when a kill has waited on it, since when it has been ending, and the process first seen
-//! under each PID NVML lists. `check` beside the exporter and the exporter after a restart
-//! start from it, so that every face gives the verdict of the one that watched.
+//! Keeping what a served exporter witnessed that no later look can see again in the
+//! witness state (`witness`): each owner's parent as first seen and when its exit was
+//! seen, since when a kill has waited on it, since when it has been ending, and the
+//! process first seen under each PID NVML lists. `check` beside the exporter and the
+//! exporter after a restart start from it, so that every face gives the verdict of the one
+//! that watched. What it holds ([`Witnessed`], [`WitnessReading`]) is part of an
+//! observation, so it is defined with it (`snapshot`); this file makes it from a look.
 
-use super::procfs::{self, Identity, Memory, ProcessLookup, WitnessedProcess};
-use super::snapshot::Observation;
+use super::procfs::{self, EarlierLooks, Identity, ProcessLookup, WitnessedProcess};
+use super::snapshot::{FirstSeen, Observation, WitnessReading, Witnessed};
 use super::witness::{self, NoState, StateDirectory};
 use super::{GpuState, Lifespan, NvmlReading};
 use crate::sync::lock;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -17,26 +18,6 @@ use std::sync::{Arc, Mutex};
 /// The most processes, and owners first seen, the state keeps: far more than the owners
 /// of a host's GPUs, and a bound on the file whatever NVML lists.
 pub const MAX_WITNESSED: usize = 4096;
-
-/// What a served exporter witnessed, as its state file keeps it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Witnessed {
-    /// NVML's owners, by the procfs's PID and start time, with what was seen of each.
-    #[serde(default)]
-    pub processes: Vec<WitnessedProcess>,
-    /// The process first seen under each PID NVML lists (NVML's PIDs).
-    #[serde(default)]
-    pub owners_first_seen: Vec<FirstSeen>,
-}
-
-/// The process first seen under a PID that NVML lists.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FirstSeen {
-    /// NVML's PID.
-    pub pid: u32,
-    /// The process first seen under it.
-    pub identity: Identity,
-}
 
 impl Witnessed {
     /// What `observation` witnessed of NVML's owners. When some GPU did not answer, its
@@ -129,15 +110,6 @@ impl Witnessed {
         }
         processes == self.processes.len() && first_seen == self.owners_first_seen.len()
     }
-
-    /// What was witnessed of process `pid` of the procfs, if it is the same process.
-    pub fn process(&self, pid: u32, start_time_ticks: u64) -> Option<&WitnessedProcess> {
-        self.processes
-            .binary_search_by_key(&pid, |process| process.pid)
-            .ok()
-            .map(|at| &self.processes[at])
-            .filter(|process| process.start_time_ticks == start_time_ticks)
-    }
 }
 
 /// Whether every GPU answered NVML, so that the owners a look lists are all there are.
@@ -148,22 +120,6 @@ fn answered_in_full(nvml: &NvmlReading) -> bool {
             .all(|gpu| matches!(gpu.state, GpuState::Ok { .. })),
         NvmlReading::Down { .. } => false,
     }
-}
-
-/// The witness state as a look went by it: which file, and what it held, or why nothing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WitnessReading {
-    /// The state file.
-    pub path: PathBuf,
-    /// When it was written, in seconds since the Unix epoch, when it was read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub written_unix_seconds: Option<u64>,
-    /// Why there is no state to go by, when there is none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub no_state: Option<NoState>,
-    /// What it holds: nothing when there is no state.
-    #[serde(skip)]
-    pub witnessed: Arc<Witnessed>,
 }
 
 /// The witness state of a live host: read when the host is first looked at, and, for an
@@ -245,9 +201,13 @@ impl Witness {
         }
     }
 
-    /// What the state held, for the `/proc` reader's memory and the first-seen identities.
-    pub(super) fn seed(&self, memory: &mut Memory, first_seen: &mut HashMap<u32, Identity>) {
-        procfs::remember_witnessed(memory, &self.read.witnessed.processes);
+    /// What the state held, for the `/proc` reader's earlier looks and the first-seen identities.
+    pub(super) fn seed(
+        &self,
+        earlier_looks: &mut EarlierLooks,
+        first_seen: &mut HashMap<u32, Identity>,
+    ) {
+        procfs::remember_witnessed(earlier_looks, &self.read.witnessed.processes);
         for first in &self.read.witnessed.owners_first_seen {
             first_seen
                 .entry(first.pid)

@@ -6,8 +6,8 @@
 use super::config::ContainersConfig;
 use super::engine::{self, is_id};
 use super::reading::{ContainerName, ContainersReading, Engine, EngineError, EngineHealth};
+use crate::dates::now_unix_seconds_f64;
 use crate::observe::error_line::one_line;
-use crate::observe::health::unix_seconds_now;
 use crate::observe::lifespan::Lifespan;
 use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -313,7 +313,7 @@ impl Thread {
             None => {
                 health.error = None;
                 health.message = None;
-                health.last_success_unix_seconds = Some(unix_seconds_now());
+                health.last_success_unix_seconds = Some(now_unix_seconds_f64());
             }
             Some(error) => {
                 health.error = Some(error.kind());

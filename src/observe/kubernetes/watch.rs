@@ -9,8 +9,8 @@ use super::pods::{read_pod_log_dirs, PodNameCache};
 use super::reading::{
     DeviceAssignment, KubeletSource, KubernetesReading, SourceError, SourceHealth,
 };
+use crate::dates::now_unix_seconds_f64;
 use crate::observe::error_line::one_line;
-use crate::observe::health::unix_seconds_now;
 use crate::observe::lifespan::Lifespan;
 use crate::sync::lock;
 use std::collections::BTreeMap;
@@ -157,7 +157,7 @@ fn refresh(
 ) {
     let answer = runtime.block_on(pod_resources::list(&config.pod_resources_socket, timeout));
     let listing = read_pod_log_dirs(&config.pod_logs);
-    let now = unix_seconds_now();
+    let now = now_unix_seconds_f64();
     let mut latest = lock(latest);
     let previous = latest.pod_resources.clone();
     match answer {

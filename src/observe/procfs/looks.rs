@@ -1,10 +1,10 @@
 //! One observation's looks at `/proc`, each served from and adding to what earlier looks
 //! found: NVML's owners on every scrape, and every process for holders when asked.
 
-use super::memory::{remember, Memory};
+use super::earlier_looks::{remember, EarlierLooks};
 use super::pidns::NamespaceInits;
 use super::placement::Placement;
-use super::reader::{OwnersRead, Reader};
+use super::process_reader::{OwnersRead, ProcessReader};
 use super::reading::{HolderScan, ProcessLookup, ProcfsView};
 use super::root::{ProcRoot, Unread};
 use std::collections::{BTreeMap, HashSet};
@@ -41,18 +41,18 @@ pub(crate) struct OwnersScope {
 }
 
 /// Reads each PID in `listed` (our PID to the minor numbers of the GPUs NVML lists it
-/// on) in `root`, served from and adding to `memory`. Which owners' containers have
+/// on) in `root`, served from and adding to `earlier_looks`. Which owners' containers have
 /// ended takes a short walk up from each owner in a nested PID namespace, and a pass over
 /// `/proc` at most once, which stops at `deadline`.
 pub(crate) fn look_at_owners(
     root: &ProcRoot,
     placement: Placement,
-    memory: &mut Memory,
+    earlier_looks: &mut EarlierLooks,
     listed: &BTreeMap<u32, Vec<u32>>,
     scope: OwnersScope,
     deadline: Instant,
 ) -> Owners {
-    let reader = Reader::with_memory(root, placement, memory)
+    let reader = ProcessReader::with_earlier_looks(root, placement, earlier_looks)
         .holding_stat_files(scope.listed <= MAX_HELD_STAT_FILES)
         .until(deadline);
     let mut errors = BTreeMap::new();
@@ -96,11 +96,11 @@ pub(crate) fn look_at_owners(
     let view = reader.view();
     drop(reader);
     for pid in gone {
-        memory.remove(&pid);
+        earlier_looks.remove(&pid);
     }
-    remember(memory, learnt);
+    remember(earlier_looks, learnt);
     if scope.every_owner {
-        for (pid, known) in memory.iter_mut() {
+        for (pid, known) in earlier_looks.iter_mut() {
             if !read_as_owners.contains(pid) {
                 known.let_go_of_stat_file();
             }
@@ -113,24 +113,25 @@ pub(crate) fn look_at_owners(
     }
 }
 
-/// The holder scan of `root`, served from and adding to `memory`, stopping at
+/// The holder scan of `root`, served from and adding to `earlier_looks`, stopping at
 /// `deadline`; `owners_read` are the owners this observation read (see
-/// [`Reader::with_owners_read`]).
+/// [`ProcessReader::with_owners_read`]).
 pub(crate) fn look_for_holders(
     root: &ProcRoot,
     placement: Placement,
-    memory: &mut Memory,
+    earlier_looks: &mut EarlierLooks,
     owners_read: OwnersRead,
     deadline: Instant,
 ) -> HolderScan {
-    let reader = Reader::with_memory(root, placement, memory).with_owners_read(owners_read);
+    let reader = ProcessReader::with_earlier_looks(root, placement, earlier_looks)
+        .with_owners_read(owners_read);
     let (scan, learnt) = reader.scan_and_remember(deadline);
     drop(reader);
     // A complete scan saw every process: what it did not see has exited.
     if !scan.cut_short {
         let seen: HashSet<u32> = learnt.iter().map(|(pid, _)| *pid).collect();
-        memory.retain(|pid, _| seen.contains(pid));
+        earlier_looks.retain(|pid, _| seen.contains(pid));
     }
-    remember(memory, learnt);
+    remember(earlier_looks, learnt);
     scan
 }

@@ -6,10 +6,13 @@
 //!   serialisable data.
 //! - `root`: the procfs mount and the small files read whole ([`ProcRoot`]).
 //! - `placement`: the exporter's own place in it, found once ([`Placement`]).
-//! - `reader`: the one reader, for NVML's owners and the holder scan ([`Reader`]).
-//! - `looks`: one observation's looks through it, served from and adding to `memory`.
+//! - `process_reader`: the one reader of processes, for NVML's owners and the holder scan
+//!   ([`ProcessReader`]).
+//! - `looks`: one observation's looks through it, served from and adding to
+//!   `earlier_looks`.
 //! - `references`: the descriptors and mappings of NVIDIA device files of one process.
-//! - `memory`: what is kept of each process from one look to the next ([`Memory`]).
+//! - `earlier_looks`: what is kept of each process from one look to the next
+//!   ([`EarlierLooks`]).
 //! - `pidns`: whether a process's container has ended, from its PID namespace.
 //! - `cgroup`: the container, pod and Slurm job step a process runs in
 //!   ([`CgroupAttribution`]).
@@ -17,13 +20,13 @@
 //! - [`parse`]: the text formats, parsed by hand where procfs-core cannot serve.
 
 mod cgroup;
+mod earlier_looks;
 mod looks;
-mod memory;
 mod own_process;
 pub mod parse;
 mod pidns;
 mod placement;
-mod reader;
+mod process_reader;
 mod reading;
 mod references;
 mod root;
@@ -32,12 +35,16 @@ pub use cgroup::{
     parse_cgroup_file, parse_cgroup_path, short_container_id, slurm_step_in, CgroupAttribution,
     Runtime, SlurmStep,
 };
+/// [`EarlierLooks`] under its former name, which the benches still use.
+pub use earlier_looks::EarlierLooks as Memory;
+pub use earlier_looks::{remember_witnessed, EarlierLooks, Remembered};
 pub(crate) use looks::{look_at_owners, look_for_holders, Owners, OwnersScope};
-pub use memory::{remember_witnessed, Memory, Remembered};
 pub use own_process::{OwnProcess, OwnProcessReading};
 pub use placement::Placement;
-pub(crate) use reader::OwnersRead;
-pub use reader::{Looked, Reader};
+pub(crate) use process_reader::OwnersRead;
+/// [`ProcessReader`] under its former name, which the benches still use.
+pub use process_reader::ProcessReader as Reader;
+pub use process_reader::{Looked, ProcessReader};
 pub use reading::{
     HolderScan, Identity, Leader, Lineage, NamespaceInit, NarrowAccess, NodeSet, ProcessFacts,
     ProcessLookup, ProcfsView, References, Relative, WitnessedProcess,

@@ -10,6 +10,7 @@
 //! written in another boot, of another format, too large, unparsable, unreadable or not
 //! trusted is no state, said in one warning, never a crash or an invented verdict.
 
+use crate::dates::now_unix_seconds;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -208,9 +209,7 @@ impl StateDirectory {
         let state = StateFile {
             format: FORMAT,
             boot_id: boot_id.to_string(),
-            written_unix_seconds: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |since| since.as_secs()),
+            written_unix_seconds: now_unix_seconds(),
             witnessed,
         };
         let text = serde_json::to_vec(&state).map_err(io::Error::other)?;

@@ -1,9 +1,10 @@
-//! What the live host asks of its `/proc` reader in a look: NVML's owners (started with
-//! the last look's PIDs before NVML answers), the holder scan (started beside them during
-//! an orphan episode), and Slurm's job steps; each answer awaited until its deadline, a
-//! reader that does not answer reported with the read it is stuck in.
+//! The jobs the live host hands its `/proc` reader thread in a look, and its waits for
+//! them: NVML's owners (started with the last look's PIDs before NVML answers), the holder
+//! scan (started beside them during an orphan episode), and Slurm's job steps; each answer
+//! awaited until its deadline, a reader that does not answer reported with the read it is
+//! stuck in. The looks themselves are `procfs`'s.
 
-use super::procfs::{self, Memory, Owners, OwnersRead, OwnersScope};
+use super::procfs::{self, EarlierLooks, Owners, OwnersRead, OwnersScope};
 use super::worker::{self, InCall, NoAnswer, Pending};
 use super::{
     nvml, scan_deadline, CgroupAttribution, Deadlines, HolderScan, Lifespan, LiveHost, NvmlReading,
@@ -47,21 +48,23 @@ impl LiveHost {
             every_owner: true,
         };
         if !scan_early {
-            let job = move |memory: &mut Memory| {
-                procfs::look_at_owners(&root, placement, memory, &guessed, scope, until)
+            let job = move |earlier_looks: &mut EarlierLooks| {
+                procfs::look_at_owners(&root, placement, earlier_looks, &guessed, scope, until)
             };
             return self.procfs.submit_if_idle(READING_OWNERS, job);
         }
         // It stops at NVML's deadline at the latest, so that a look at owners NVML lists
         // anew, queued behind it, still gets its time; a scan stopped short is made again.
         let (budget, scan_stops) = (self.scan_budget, deadlines.nvml);
-        let job = move |memory: &mut Memory, early: worker::Early<Owners>| {
-            let owners = procfs::look_at_owners(&root, placement, memory, &guessed, scope, until);
+        let job = move |earlier_looks: &mut EarlierLooks, early: worker::Early<Owners>| {
+            let owners =
+                procfs::look_at_owners(&root, placement, earlier_looks, &guessed, scope, until);
             let read = owners_read_of(owners.lookups.iter(), &guessed);
             early.answer(owners);
             worker::calling(SCANNING);
             let stops = scan_deadline(Instant::now(), budget, Some(scan_stops));
-            let scan = procfs::look_for_holders(&root, placement, memory, read.clone(), stops);
+            let scan =
+                procfs::look_for_holders(&root, placement, earlier_looks, read.clone(), stops);
             (read, scan)
         };
         let (owners, scan) = self.procfs.submit_two_if_idle(READING_OWNERS, job)?;
@@ -187,12 +190,13 @@ impl LiveHost {
         };
         let listed = Arc::clone(listed);
         let mig_minors = self.mig_minors.clone();
-        let job = move |memory: &mut Memory| {
+        let job = move |earlier_looks: &mut EarlierLooks| {
             if let Some(reading) = with_capabilities.as_mut() {
                 nvml::attach_capabilities(reading, &mig_minors);
             }
             let to_read = rest.as_ref().unwrap_or(&listed);
-            let owners = procfs::look_at_owners(&root, placement, memory, to_read, scope, until);
+            let owners =
+                procfs::look_at_owners(&root, placement, earlier_looks, to_read, scope, until);
             (with_capabilities, owners)
         };
         self.procfs.submit(READING_OWNERS, job)
@@ -226,8 +230,8 @@ impl LiveHost {
         }
         let stops = scan_deadline(started, self.scan_budget, Some(deadlines.scan_stops));
         let (root, placement) = (self.proc_root.clone(), self.placement);
-        let job = move |memory: &mut Memory| {
-            procfs::look_for_holders(&root, placement, memory, owners_read, stops)
+        let job = move |earlier_looks: &mut EarlierLooks| {
+            procfs::look_for_holders(&root, placement, earlier_looks, owners_read, stops)
         };
         match self.procfs.run(SCANNING, deadlines.scan_waited, job).await {
             Ok(scan) => {
@@ -293,7 +297,7 @@ impl LiveHost {
         }
         let deadline = scan_deadline(Instant::now(), self.scan_budget, Some(until));
         let (procfs, slurmstepds) = (self.proc_root.root.clone(), Arc::clone(&self.slurmstepds));
-        let job = move |_: &mut Memory| lock(&slurmstepds).look(&procfs, &wanted, deadline);
+        let job = move |_: &mut EarlierLooks| lock(&slurmstepds).look(&procfs, &wanted, deadline);
         Some(
             match self.procfs.run(LOOKING_FOR_SLURMSTEPDS, until, job).await {
                 Ok(reading) => {

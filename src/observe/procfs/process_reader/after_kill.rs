@@ -3,15 +3,16 @@
 //! session's leaders), whether the whole process is exiting, and since when a kill has
 //! waited on it in uninterruptible sleep, with the kernel function it sleeps in.
 
-use super::{Looked, Reader};
+use super::{Earlier, Looked, ProcessReader};
+use crate::dates::now_unix_seconds;
 use crate::observe::procfs::parse::{self, Stat, Status, PF_EXITING};
-use crate::observe::procfs::reading::{Leader, Lineage, ProcessFacts, Relative, WitnessedProcess};
+use crate::observe::procfs::reading::{Leader, Lineage, Relative};
 use crate::observe::procfs::root::gone;
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-impl Reader<'_> {
+impl ProcessReader<'_> {
     /// The kernel function a process in uninterruptible sleep waits in.
     pub(super) fn wchan(&self, dir: &Path, stat: &Stat) -> Option<String> {
         (stat.state == b'D')
@@ -181,61 +182,13 @@ impl Reader<'_> {
     }
 }
 
-/// What earlier looks learnt of a process that no reading now can tell again: from the
-/// last reading of the same process, or from what an exporter saw before this one (the
-/// witness state); nothing for a process never seen before.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Earlier<'a> {
-    lineage: Option<&'a Lineage>,
-    kill_pending_since: Option<u64>,
-    ending_since: Option<u64>,
-}
-
-impl<'a> Earlier<'a> {
-    /// What the last reading `facts` learnt.
-    pub(super) fn of_facts(facts: &'a ProcessFacts) -> Earlier<'a> {
-        Earlier {
-            lineage: facts.lineage.as_ref(),
-            kill_pending_since: facts.kill_pending_since_unix_seconds,
-            ending_since: facts.ending_since_unix_millis,
-        }
-    }
-
-    /// What an exporter saw before this one.
-    pub(super) fn of_witnessed(witnessed: &'a WitnessedProcess) -> Earlier<'a> {
-        Earlier {
-            lineage: witnessed.lineage.as_ref(),
-            kill_pending_since: witnessed.kill_pending_since_unix_seconds,
-            ending_since: witnessed.ending_since_unix_millis,
-        }
-    }
-}
-
-/// Since when a process that is `ending` (see [`ProcessFacts::ending`]) has been seen so:
-/// carried from `earlier`, or now; `None` while it is not ending.
-pub(super) fn ending_since(ending: bool, earlier: Earlier) -> Option<u64> {
-    ending.then(|| earlier.ending_since.unwrap_or_else(now_unix_millis))
-}
-
-/// Now, in seconds since the Unix epoch.
-fn now_unix_seconds() -> u64 {
-    now_unix_millis() / 1000
-}
-
-/// Now, in milliseconds since the Unix epoch.
-fn now_unix_millis() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::fake_proc::FakeProc;
     use super::super::NOTHING_REMEMBERED;
     use super::*;
-    use crate::observe::procfs::memory::{remember_witnessed, Memory};
-    use crate::observe::procfs::reading::{Leader, Relative};
+    use crate::observe::procfs::earlier_looks::{remember_witnessed, EarlierLooks};
+    use crate::observe::procfs::reading::{Leader, Relative, WitnessedProcess};
 
     #[test]
     fn an_owner_remembers_its_first_parent_and_sees_it_exit() {
@@ -252,8 +205,8 @@ mod tests {
         };
         stat(50, 1, 400);
         stat(100, 50, 500);
-        let mut memory = Memory::new();
-        let first = proc.read_owner(&mut memory, 100, &[0]);
+        let mut earlier_looks = EarlierLooks::new();
+        let first = proc.read_owner(&mut earlier_looks, 100, &[0]);
         let lineage = first.lineage.expect("read with the owner");
         assert_eq!(
             (lineage.parent.pid, lineage.parent.start_time_ticks),
@@ -267,17 +220,26 @@ mod tests {
             "50 (server-v2) S 1 50 50 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 400 0",
         )
         .unwrap();
-        let again = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let again = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(again.parent_exit_seen_unix_seconds, None);
         // The server is killed: the worker is adopted by PID 1, and the exit is seen once.
         fs::remove_dir_all(proc.dir.path().join("50")).unwrap();
         stat(100, 1, 500);
-        let gone = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let gone = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         let seen = gone
             .parent_exit_seen_unix_seconds
             .expect("the exit is seen");
         assert_eq!(gone.parent.pid, 50, "the parent as first seen");
-        let later = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let later = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(later.parent_exit_seen_unix_seconds, Some(seen));
     }
 
@@ -305,7 +267,8 @@ mod tests {
         .unwrap();
         thread(100, 'Z', exiting);
         thread(101, 'S', 4_194_560);
-        let reader = Reader::with_memory(&proc.root, proc.placement(), &NOTHING_REMEMBERED);
+        let reader =
+            ProcessReader::with_earlier_looks(&proc.root, proc.placement(), &NOTHING_REMEMBERED);
         let stat = proc.root.stat(&dir).unwrap();
         // pthread_exit of the main thread: another thread runs on with the context.
         assert!(!reader.process_exiting(&dir, &stat));
@@ -338,21 +301,30 @@ mod tests {
             kill_pending_since_unix_seconds: None,
             ending_since_unix_millis: None,
         };
-        let mut memory = Memory::new();
-        remember_witnessed(&mut memory, &[witnessed(500, Some(1_796_300_000))]);
-        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let mut earlier_looks = EarlierLooks::new();
+        remember_witnessed(&mut earlier_looks, &[witnessed(500, Some(1_796_300_000))]);
+        let read = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(read.parent.pid, 50);
         assert_eq!(read.parent_exit_seen_unix_seconds, Some(1_796_300_000));
         // The parent seen alive before the restart, gone now: the exit is seen now.
-        let mut memory = Memory::new();
-        remember_witnessed(&mut memory, &[witnessed(500, None)]);
-        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let mut earlier_looks = EarlierLooks::new();
+        remember_witnessed(&mut earlier_looks, &[witnessed(500, None)]);
+        let read = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(read.parent.pid, 50, "the parent as first seen, not PID 1");
         assert!(read.parent_exit_seen_unix_seconds.is_some());
         // Another process under the PID: what was witnessed was of someone else.
-        let mut memory = Memory::new();
-        remember_witnessed(&mut memory, &[witnessed(499, Some(1_796_300_000))]);
-        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let mut earlier_looks = EarlierLooks::new();
+        remember_witnessed(&mut earlier_looks, &[witnessed(499, Some(1_796_300_000))]);
+        let read = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(read.parent.pid, 1);
         assert_eq!(read.parent_exit_seen_unix_seconds, None);
         // An exit said of a parent that lives, and is still the parent, was never seen.
@@ -362,9 +334,12 @@ mod tests {
             "100 (python3) S 50 50 50 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 500 0",
         )
         .unwrap();
-        let mut memory = Memory::new();
-        remember_witnessed(&mut memory, &[witnessed(500, Some(1_796_300_000))]);
-        let read = proc.read_owner(&mut memory, 100, &[0]).lineage.unwrap();
+        let mut earlier_looks = EarlierLooks::new();
+        remember_witnessed(&mut earlier_looks, &[witnessed(500, Some(1_796_300_000))]);
+        let read = proc
+            .read_owner(&mut earlier_looks, 100, &[0])
+            .lineage
+            .unwrap();
         assert_eq!(read.parent_exit_seen_unix_seconds, None);
     }
 
@@ -372,9 +347,9 @@ mod tests {
     fn an_ending_owner_keeps_the_moment_it_was_first_seen_ending() {
         let proc = FakeProc::new();
         proc.process(100, 500, 'S', &[0]);
-        let mut memory = Memory::new();
+        let mut earlier_looks = EarlierLooks::new();
         assert_eq!(
-            proc.read_owner(&mut memory, 100, &[0])
+            proc.read_owner(&mut earlier_looks, 100, &[0])
                 .ending_since_unix_millis,
             None
         );
@@ -384,14 +359,14 @@ mod tests {
             fs::write(proc.dir.path().join("100/maps"), "").unwrap();
         };
         finished(500);
-        let first = proc.read_owner(&mut memory, 100, &[0]);
+        let first = proc.read_owner(&mut earlier_looks, 100, &[0]);
         assert!(first.finished());
         let since = first.ending_since_unix_millis.expect("ending");
-        let again = proc.read_owner(&mut memory, 100, &[0]);
+        let again = proc.read_owner(&mut earlier_looks, 100, &[0]);
         assert_eq!(again.ending_since_unix_millis, Some(since));
         // Another process under the PID is seen ending from now, not from then.
         finished(900);
-        let stranger = proc.read_owner(&mut memory, 100, &[0]);
+        let stranger = proc.read_owner(&mut earlier_looks, 100, &[0]);
         assert!(stranger.ending_since_unix_millis.unwrap() >= since);
         assert_eq!(stranger.start_time_ticks, 900);
     }
@@ -406,15 +381,15 @@ mod tests {
             "Name:\tpython3\nUid:\t0\t0\t0\t0\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\n",
         )
         .unwrap();
-        let mut memory = Memory::new();
-        let first = proc.read_owner(&mut memory, 100, &[0]);
+        let mut earlier_looks = EarlierLooks::new();
+        let first = proc.read_owner(&mut earlier_looks, 100, &[0]);
         let since = first.kill_pending_since_unix_seconds.expect("killed");
-        let again = proc.read_owner(&mut memory, 100, &[0]);
+        let again = proc.read_owner(&mut earlier_looks, 100, &[0]);
         assert_eq!(again.kill_pending_since_unix_seconds, Some(since));
         // Out of uninterruptible sleep, no kill is waiting.
         proc.process(100, 500, 'S', &[0]);
         assert_eq!(
-            proc.read_owner(&mut memory, 100, &[0])
+            proc.read_owner(&mut earlier_looks, 100, &[0])
                 .kill_pending_since_unix_seconds,
             None
         );

@@ -3,8 +3,8 @@
 //! clients that hold the same files without a context. Each holder is read whole
 //! (descriptors and mappings), as an owner is.
 
-use super::Reader;
-use crate::observe::procfs::memory::Remembered;
+use super::ProcessReader;
+use crate::observe::procfs::earlier_looks::Remembered;
 use crate::observe::procfs::pidns::NamespaceInits;
 use crate::observe::procfs::reading::{HolderScan, ProcessFacts, References};
 use crate::observe::procfs::references::{self, FdDirectory};
@@ -32,8 +32,8 @@ const KNOWN_PER_NEW_PROCESS: usize = 25;
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags.
 const PF_KTHREAD: u32 = 0x0020_0000;
 
-impl<'a> Reader<'a> {
-    /// An NVML-listed owner's reading as [`Reader::read_owner`] left it in this
+impl<'a> ProcessReader<'a> {
+    /// An NVML-listed owner's reading as [`ProcessReader::read_owner`] left it in this
     /// collection (its stat read now; its descriptors and mappings by that method's
     /// rule), when the scan may take it as it is: the same process, holding NVIDIA files,
     /// its descriptors and mappings read and showing no GPU but those NVML lists it on,
@@ -289,7 +289,7 @@ struct PartialScan {
 mod tests {
     use super::super::fake_proc::FakeProc;
     use super::*;
-    use crate::observe::procfs::memory::Memory;
+    use crate::observe::procfs::earlier_looks::EarlierLooks;
     use std::fs;
     use std::os::unix::fs::symlink;
 
@@ -301,18 +301,18 @@ mod tests {
         fs::remove_file(dir.join("fd/3")).unwrap();
         symlink("/dev/null", dir.join("fd/3")).unwrap();
         let placement = proc.placement();
-        let empty = Memory::new();
-        let first = Reader::with_memory(&proc.root, placement, &empty);
+        let empty = EarlierLooks::new();
+        let first = ProcessReader::with_earlier_looks(&proc.root, placement, &empty);
         let Scanned::Nothing(remember) = first.scan_one(200, None) else {
             panic!("no NVIDIA file yet")
         };
-        let memory: Memory = [(200, remember)].into();
+        let earlier_looks: EarlierLooks = [(200, remember)].into();
         // Same process, same number of descriptors: not listed again, so a target changed
         // behind the cache's back goes unseen (a real process's count changes when it
         // opens a device).
         fs::remove_file(dir.join("fd/3")).unwrap();
         symlink("/dev/nvidia0", dir.join("fd/3")).unwrap();
-        let reader = Reader::with_memory(&proc.root, placement, &memory);
+        let reader = ProcessReader::with_earlier_looks(&proc.root, placement, &earlier_looks);
         assert!(matches!(reader.scan_one(200, None), Scanned::Nothing(_)));
         // A new start time under the PID is listed afresh.
         proc.process(200, 900, 'S', &[0]);
@@ -327,15 +327,15 @@ mod tests {
         fs::remove_file(dir.join("fd/3")).unwrap();
         symlink("/dev/null", dir.join("fd/3")).unwrap();
         let placement = proc.placement();
-        let empty = Memory::new();
-        let first = Reader::with_memory(&proc.root, placement, &empty);
+        let empty = EarlierLooks::new();
+        let first = ProcessReader::with_earlier_looks(&proc.root, placement, &empty);
         let Scanned::Nothing(remember) = first.scan_one(300, None) else {
             panic!("no NVIDIA file")
         };
-        let memory: Memory = [(300, remember)].into();
+        let earlier_looks: EarlierLooks = [(300, remember)].into();
         // Its stat is not read again: were it, this line would make it unreadable.
         fs::write(dir.join("stat"), "not a stat line").unwrap();
-        let reader = Reader::with_memory(&proc.root, placement, &memory);
+        let reader = ProcessReader::with_earlier_looks(&proc.root, placement, &earlier_looks);
         assert!(matches!(reader.scan_one(300, None), Scanned::Nothing(_)));
         // Another directory under the PID is another process: read, and unreadable here.
         fs::rename(dir.join("fd"), dir.join("fd-then")).unwrap();
@@ -362,14 +362,14 @@ mod tests {
         let proc = FakeProc::new();
         let dir = kernel_thread(&proc, 2, "kthreadd");
         let placement = proc.placement();
-        let empty = Memory::new();
-        let first = Reader::with_memory(&proc.root, placement, &empty);
+        let empty = EarlierLooks::new();
+        let first = ProcessReader::with_earlier_looks(&proc.root, placement, &empty);
         let Scanned::Nothing(remember) = first.scan_one(2, None) else {
             panic!("a kernel thread holds nothing")
         };
-        let memory: Memory = [(2, remember)].into();
+        let earlier_looks: EarlierLooks = [(2, remember)].into();
         fs::write(dir.join("stat"), "not a stat line").unwrap();
-        let reader = Reader::with_memory(&proc.root, placement, &memory);
+        let reader = ProcessReader::with_earlier_looks(&proc.root, placement, &earlier_looks);
         assert!(matches!(reader.scan_one(2, None), Scanned::Nothing(_)));
     }
 
@@ -378,16 +378,16 @@ mod tests {
         let proc = FakeProc::new();
         let dir = kernel_thread(&proc, 3, "pool_workqueue_release");
         let placement = proc.placement();
-        let empty = Memory::new();
-        let first = Reader::with_memory(&proc.root, placement, &empty);
+        let empty = EarlierLooks::new();
+        let first = ProcessReader::with_earlier_looks(&proc.root, placement, &empty);
         let Scanned::Nothing(remember) = first.scan_one(3, Some(41)) else {
             panic!("a kernel thread holds nothing")
         };
         assert_eq!(remember.directory, Some(41));
-        let memory: Memory = [(3, remember)].into();
+        let earlier_looks: EarlierLooks = [(3, remember)].into();
         // Nothing is read again: its descriptor directory gone would make it gone.
         fs::remove_dir(dir.join("fd")).unwrap();
-        let reader = Reader::with_memory(&proc.root, placement, &memory);
+        let reader = ProcessReader::with_earlier_looks(&proc.root, placement, &earlier_looks);
         assert!(matches!(reader.scan_one(3, Some(41)), Scanned::Nothing(_)));
         // Another directory under the PID is another process, read again: a user process
         // that got the number, holding a GPU.

@@ -11,7 +11,7 @@
 //! process outside its process group holds. A daemon that double-forked keeps no such pair:
 //! it closes what its launcher gave it, or holds both ends of its own self-pipe.
 
-use super::Reader;
+use super::ProcessReader;
 use crate::observe::procfs::parse;
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -24,7 +24,7 @@ use std::time::Instant;
 /// to whatever started the process (a shell, a logger) and says nothing of a worker.
 const FIRST_OWN_DESCRIPTOR: u32 = 3;
 
-impl Reader<'_> {
+impl ProcessReader<'_> {
     /// Whether process `pid` (of group `pgid`, its directory `dir`) holds a pipe it only
     /// reads and another it only writes, beyond the standard streams, whose other ends no
     /// process outside its group holds. A look that does not finish by the reader's

@@ -1,7 +1,7 @@
 //! A procfs tree for the reader's tests: the files it reads, for one process at a time.
 
-use super::Reader;
-use crate::observe::procfs::memory::Memory;
+use super::ProcessReader;
+use crate::observe::procfs::earlier_looks::EarlierLooks;
 use crate::observe::procfs::placement::{Placement, Position};
 use crate::observe::procfs::reading::ProcessFacts;
 use crate::observe::procfs::root::ProcRoot;
@@ -66,14 +66,19 @@ impl FakeProc {
         }
     }
 
-    /// Read owner `pid` listed on `gpus` with `memory`, and remember what was read.
-    pub(super) fn read_owner(&self, memory: &mut Memory, pid: u32, gpus: &[u32]) -> ProcessFacts {
-        let reader = Reader::with_memory(&self.root, self.placement(), memory);
+    /// Read owner `pid` listed on `gpus` with `earlier_looks`, and remember what was read.
+    pub(super) fn read_owner(
+        &self,
+        earlier_looks: &mut EarlierLooks,
+        pid: u32,
+        gpus: &[u32],
+    ) -> ProcessFacts {
+        let reader = ProcessReader::with_earlier_looks(&self.root, self.placement(), earlier_looks);
         let looked = reader.read_owner(pid, gpus);
         let facts = ProcessFacts::clone(&looked.facts.expect("the process"));
         let remember = looked.remember.expect("something to remember");
         drop(reader);
-        memory.insert(pid, remember);
+        earlier_looks.insert(pid, remember);
         facts
     }
 }

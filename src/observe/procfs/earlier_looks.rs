@@ -1,5 +1,5 @@
-//! What the exporter keeps of processes from one look to the next, so that a scrape
-//! reads again only what can have changed.
+//! What the exporter keeps of processes from one look at `/proc` to the next
+//! ([`EarlierLooks`]), so that a scrape reads again only what can have changed.
 
 use super::parse::{self, Stat};
 use super::reading::{ProcessFacts, WitnessedProcess};
@@ -73,7 +73,7 @@ impl Remembered {
     }
 
     /// This entry without its reading and held file, for a look that read neither
-    /// again: merged into the memory, it keeps the reading and file the memory has.
+    /// again: merged into the earlier looks, it keeps the reading and file they have.
     pub(super) fn unchanged(&self) -> Remembered {
         Remembered {
             start_time_ticks: self.start_time_ticks,
@@ -117,35 +117,37 @@ impl Remembered {
 }
 
 /// Processes remembered from earlier looks, by the procfs's PID.
-pub type Memory = HashMap<u32, Remembered>;
+pub type EarlierLooks = HashMap<u32, Remembered>;
 
 /// Remember what an exporter saw of `processes` before this one looked (the witness
 /// state), as what earlier looks found: the first reading of each, if it is the same
 /// process, carries it on.
-pub fn remember_witnessed(memory: &mut Memory, processes: &[WitnessedProcess]) {
+pub fn remember_witnessed(earlier_looks: &mut EarlierLooks, processes: &[WitnessedProcess]) {
     for process in processes {
-        memory.entry(process.pid).or_insert_with(|| Remembered {
-            start_time_ticks: process.start_time_ticks,
-            facts: None,
-            nested: None,
-            fd_directory: None,
-            held_nvidia: false,
-            kernel_thread: false,
-            directory: None,
-            stat_file: None,
-            witnessed: Some(Arc::new(process.clone())),
-        });
+        earlier_looks
+            .entry(process.pid)
+            .or_insert_with(|| Remembered {
+                start_time_ticks: process.start_time_ticks,
+                facts: None,
+                nested: None,
+                fd_directory: None,
+                held_nvidia: false,
+                kernel_thread: false,
+                directory: None,
+                stat_file: None,
+                witnessed: Some(Arc::new(process.clone())),
+            });
     }
 }
 
-/// Add what a look learnt to the memory, keeping a reading the look did not redo.
-pub(super) fn remember(memory: &mut Memory, learnt: Vec<(u32, Remembered)>) {
+/// Add what a look learnt to the earlier looks, keeping a reading the look did not redo.
+pub(super) fn remember(earlier_looks: &mut EarlierLooks, learnt: Vec<(u32, Remembered)>) {
     for (pid, newer) in learnt {
-        let merged = match memory.remove(&pid) {
+        let merged = match earlier_looks.remove(&pid) {
             Some(older) => older.updated_by(newer),
             None => newer,
         };
-        memory.insert(pid, merged);
+        earlier_looks.insert(pid, merged);
     }
 }
 
