@@ -21,7 +21,9 @@ use std::hint::black_box;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use vram_exporter::observe::procfs::{Memory, Placement, ProcRoot, Reader, DEVICE_PREFIX};
+use vram_exporter::observe::procfs::{
+    EarlierLooks, Placement, ProcRoot, ProcessReader, DEVICE_PREFIX,
+};
 
 /// Open files per synthetic process.
 const FILES_PER_PROCESS: usize = 50;
@@ -147,7 +149,7 @@ fn bench_synthetic(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(9));
     for (processes, root, holders) in &tree.roots {
         let root = proc_root(root.clone());
-        let scan = Reader::new(&root).scan_holders(BUDGET);
+        let scan = ProcessReader::new(&root).scan_holders(BUDGET);
         assert!(!scan.cut_short && scan.permission_errors == 0, "{scan:?}");
         assert_eq!(scan.holders.len(), *holders);
         assert!(scan
@@ -162,19 +164,20 @@ fn bench_synthetic(c: &mut Criterion) {
         group.bench_with_input(
             BenchmarkId::new("first_scan_processes_x50_files", processes),
             &root,
-            |b, root| b.iter(|| black_box(Reader::new(root).scan_holders(BUDGET))),
+            |b, root| b.iter(|| black_box(ProcessReader::new(root).scan_holders(BUDGET))),
         );
         // The scans after it, one per scrape while memory stays orphaned: a process
         // remembered with no NVIDIA file and as many descriptors is not listed again.
         let placement = Placement::locate(&root);
-        let (_, learnt) = Reader::new(&root).scan_and_remember(std::time::Instant::now() + BUDGET);
-        let memory: Memory = learnt.into_iter().collect();
+        let (_, learnt) =
+            ProcessReader::new(&root).scan_and_remember(std::time::Instant::now() + BUDGET);
+        let earlier_looks: EarlierLooks = learnt.into_iter().collect();
         group.bench_with_input(
             BenchmarkId::new("next_scans_processes_x50_files", processes),
             &root,
             |b, root| {
                 b.iter(|| {
-                    let reader = Reader::with_memory(root, placement, &memory);
+                    let reader = ProcessReader::with_earlier_looks(root, placement, &earlier_looks);
                     black_box(reader.scan_holders(BUDGET))
                 })
             },
@@ -196,21 +199,21 @@ fn bench_synthetic(c: &mut Criterion) {
         |b, root| {
             b.iter_custom(|iterations| {
                 cpu_time_of(iterations, || {
-                    black_box(Reader::new(root).scan_holders(BUDGET));
+                    black_box(ProcessReader::new(root).scan_holders(BUDGET));
                 })
             })
         },
     );
     let placement = Placement::locate(&root);
-    let (_, learnt) = Reader::new(&root).scan_and_remember(Instant::now() + BUDGET);
-    let memory: Memory = learnt.into_iter().collect();
+    let (_, learnt) = ProcessReader::new(&root).scan_and_remember(Instant::now() + BUDGET);
+    let earlier_looks: EarlierLooks = learnt.into_iter().collect();
     group.bench_with_input(
         BenchmarkId::new("next_scans_processes_x50_files", processes),
         &root,
         |b, root| {
             b.iter_custom(|iterations| {
                 cpu_time_of(iterations, || {
-                    let reader = Reader::with_memory(root, placement, &memory);
+                    let reader = ProcessReader::with_earlier_looks(root, placement, &earlier_looks);
                     black_box(reader.scan_holders(BUDGET));
                 })
             })
@@ -263,7 +266,7 @@ fn bench_real_proc(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
     group.bench_function(BenchmarkId::new("processes", processes), |b| {
-        b.iter(|| black_box(Reader::new(&root).scan_holders(BUDGET)))
+        b.iter(|| black_box(ProcessReader::new(&root).scan_holders(BUDGET)))
     });
     group.finish();
 }

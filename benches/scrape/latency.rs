@@ -8,7 +8,7 @@ use crate::serve::{
 use crate::{Owners, SHAPES};
 use std::fs;
 use std::time::{Duration, Instant};
-use vram_exporter::observe::procfs::{Memory, Placement, ProcRoot, Reader};
+use vram_exporter::observe::procfs::{EarlierLooks, Placement, ProcRoot, ProcessReader};
 
 /// The end-to-end median of a scenario, and the exporter's own figure for the same scrapes.
 pub(crate) struct Latency {
@@ -152,13 +152,13 @@ pub(crate) fn breakdown(rig: &Rig, all: &mut Owners, latencies: &[Latency]) {
         // As a scrape does: each owner served from what an earlier scrape read, its stat
         // read again.
         let placement = Placement::locate(&proc_root);
-        let first_look = Reader::new(&proc_root);
-        let memory: Memory = pids
+        let first_look = ProcessReader::new(&proc_root);
+        let earlier_looks: EarlierLooks = pids
             .iter()
             .filter_map(|&pid| Some((pid, first_look.read_owner(pid, &[]).remember?)))
             .collect();
         let lookups = time_median(RUNS, || {
-            let reader = Reader::with_memory(&proc_root, placement, &memory);
+            let reader = ProcessReader::with_earlier_looks(&proc_root, placement, &earlier_looks);
             for &pid in pids {
                 let _ = std::hint::black_box(reader.read_owner(pid, &[]));
             }

@@ -35,15 +35,11 @@ pub use cgroup::{
     parse_cgroup_file, parse_cgroup_path, short_container_id, slurm_step_in, CgroupAttribution,
     Runtime, SlurmStep,
 };
-/// [`EarlierLooks`] under its former name, which the benches still use.
-pub use earlier_looks::EarlierLooks as Memory;
 pub use earlier_looks::{remember_witnessed, EarlierLooks, Remembered};
 pub(crate) use looks::{look_at_owners, look_for_holders, Owners, OwnersScope};
 pub use own_process::{OwnProcess, OwnProcessReading};
 pub use placement::Placement;
 pub(crate) use process_reader::OwnersRead;
-/// [`ProcessReader`] under its former name, which the benches still use.
-pub use process_reader::ProcessReader as Reader;
 pub use process_reader::{Looked, ProcessReader};
 pub use reading::{
     HolderScan, Identity, Leader, Lineage, NamespaceInit, NarrowAccess, NodeSet, ProcessFacts,

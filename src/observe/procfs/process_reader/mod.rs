@@ -111,16 +111,6 @@ impl<'a> ProcessReader<'a> {
         }
     }
 
-    /// [`ProcessReader::with_earlier_looks`] under its former name, which the benches still call.
-    #[doc(hidden)]
-    pub fn with_memory(
-        root: &'a ProcRoot,
-        placement: Placement,
-        previous: &'a EarlierLooks,
-    ) -> ProcessReader<'a> {
-        ProcessReader::with_earlier_looks(root, placement, previous)
-    }
-
     /// This reader, stopping any walk over every process that one owner's reading calls
     /// for at `until` (what it did not finish says nothing).
     pub(super) fn until(mut self, until: Instant) -> ProcessReader<'a> {
