@@ -988,7 +988,7 @@ fn regex_selection(values: &[String]) -> String {
 }
 
 /// The values `label_values(SELECTOR, LABEL)` offers, asked the way Grafana asks.
-fn label_values(prometheus: &super::e2e::Server, query: &str) -> Vec<String> {
+fn label_values(prometheus: &super::monitoring::Server, query: &str) -> Vec<String> {
     let inner = query
         .trim()
         .strip_prefix("label_values(")
@@ -998,7 +998,7 @@ fn label_values(prometheus: &super::e2e::Server, query: &str) -> Vec<String> {
     let answer = prometheus.api(&format!(
         "/api/v1/label/{}/values?match[]={}",
         label.trim(),
-        super::e2e::percent_encode(selector.trim())
+        super::monitoring::percent_encode(selector.trim())
     ));
     answer["data"]
         .as_array()
@@ -1056,7 +1056,7 @@ fn every_panel_has_data_from_a_real_prometheus_scraping_a_fork_orphan() {
     )
     .unwrap();
     let data = config.path().join("data");
-    let prometheus = super::e2e::Server::start("prometheus", |address| {
+    let prometheus = super::monitoring::Server::start("prometheus", |address| {
         let mut command = Command::new(&prometheus_binary);
         command
             .arg(format!("--config.file={}", prometheus_config.display()))

@@ -33,7 +33,7 @@
 //!
 //! Prometheus and Alertmanager are required: a machine without them fails, never skips.
 
-use super::e2e::{
+use super::monitoring::{
     assert_only_for_lines_differ, duration_ms, get, shorten_for_durations, unix_now, unix_seconds,
     Server, Webhook,
 };
