@@ -1,8 +1,9 @@
 //! grafana.com's import flow: the data source input the dashboard declares, what it
 //! requires, and what filling in the input leaves.
 
-use super::*;
-use std::collections::BTreeMap;
+use super::{all_panels, datasource_variable, load_dashboard, panel_name, refers_to, targets};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Every string of `value`, with where it is.
 fn strings<'a>(value: &'a Value, at: String, out: &mut Vec<(String, &'a str)>) {

@@ -1,10 +1,14 @@
 //! Every panel against a real Prometheus that scrapes the real exporter while a real
 //! child process holds a fork orphan's memory.
 
-use super::*;
+use super::{
+    all_panels, fleet_row_panels, load_dashboard, metric_names, substitute_with, targets,
+    REQUIRED_VARIABLES,
+};
 use crate::helpers::*;
 use crate::kubelet::{Behaviour, Pod, StandInKubelet};
-use std::collections::BTreeMap;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::Duration;
 

@@ -3,9 +3,14 @@
 //! PromQL that names no instance, asks only for the exporter's metrics (and the rules'
 //! recordings), is balanced and parses.
 
-use super::*;
-use std::collections::HashSet;
+use super::{
+    all_panels, dashboard_queries, datasource_variable, load_dashboard, metric_names, panel_name,
+    raw_queries, refers_to, substitute_variables, targets, unbalanced, CONTRACT_METRICS,
+    REQUIRED_VARIABLES,
+};
+use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
 /// The names the shipped rules record (`record:`), which dashboards may read besides the
 /// exporter's metrics.
