@@ -40,7 +40,7 @@ use super::monitoring::{
 use crate::helpers::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -253,6 +253,31 @@ fn alertmanager_config(divisor: u64, webhook: &str) -> (String, BTreeMap<String,
     (copy, durations)
 }
 
+/// Alertmanager running the shipped example as `alertmanager_config` rewrites it for
+/// `divisor` and `webhook`, with its configuration and storage in `config`; the durations
+/// it runs with, in seconds.
+fn start_alertmanager(
+    binary: &Path,
+    config: &Path,
+    divisor: u64,
+    webhook: &Webhook,
+) -> (Server, BTreeMap<String, f64>) {
+    let (am_text, am_durations) = alertmanager_config(divisor, &webhook.address.to_string());
+    let am_config = config.join("alertmanager.yml");
+    std::fs::write(&am_config, am_text).unwrap();
+    let am_data = config.join("alertmanager");
+    let alertmanager = Server::start("alertmanager", |address| {
+        let mut command = Command::new(binary);
+        command
+            .arg(format!("--config.file={}", am_config.display()))
+            .arg(format!("--storage.path={}", am_data.display()))
+            .arg(format!("--web.listen-address={address}"))
+            .arg("--cluster.listen-address=");
+        command
+    });
+    (alertmanager, am_durations)
+}
+
 /// Every alert of every notification: (arrival, notification's group key, alert).
 fn notified_alerts(webhook: &Webhook) -> Vec<(Instant, String, Value)> {
     webhook
@@ -391,19 +416,8 @@ fn a_fleet_pages_once_per_node_incident_and_boundedly_for_a_fleet_incident() {
     // rules (shortened `for:` only), and one agent per cluster.
     let webhook = Webhook::start();
     let config = tempfile::tempdir().expect("temporary folder");
-    let (am_text, am_durations) = alertmanager_config(divisor, &webhook.address.to_string());
-    let am_config = config.path().join("alertmanager.yml");
-    std::fs::write(&am_config, am_text).unwrap();
-    let am_data = config.path().join("alertmanager");
-    let alertmanager = Server::start("alertmanager", |address| {
-        let mut command = Command::new(&alertmanager_binary);
-        command
-            .arg(format!("--config.file={}", am_config.display()))
-            .arg(format!("--storage.path={}", am_data.display()))
-            .arg(format!("--web.listen-address={address}"))
-            .arg("--cluster.listen-address=");
-        command
-    });
+    let (alertmanager, am_durations) =
+        start_alertmanager(&alertmanager_binary, config.path(), divisor, &webhook);
     let shipped_rules =
         std::fs::read_to_string(repository().join("alerts/vram-exporter.rules.yml")).unwrap();
     let (rules, orphan_for_shipped) = shorten_for_durations(&shipped_rules, divisor);
@@ -896,19 +910,8 @@ fn the_example_alertmanager_silences_what_a_hung_gpu_or_a_node_without_nvml_cann
     let divisor = env_number("VRAM_FLEET_TIME_DIVISOR", 15);
     let webhook = Webhook::start();
     let config = tempfile::tempdir().expect("temporary folder");
-    let (am_text, durations) = alertmanager_config(divisor, &webhook.address.to_string());
-    let am_config = config.path().join("alertmanager.yml");
-    std::fs::write(&am_config, am_text).unwrap();
-    let am_data = config.path().join("alertmanager");
-    let alertmanager = Server::start("alertmanager", |address| {
-        let mut command = Command::new(&alertmanager_binary);
-        command
-            .arg(format!("--config.file={}", am_config.display()))
-            .arg(format!("--storage.path={}", am_data.display()))
-            .arg(format!("--web.listen-address={address}"))
-            .arg("--cluster.listen-address=");
-        command
-    });
+    let (alertmanager, durations) =
+        start_alertmanager(&alertmanager_binary, config.path(), divisor, &webhook);
 
     // (alert, cluster, node, gpu, whether the example must silence it). Node n1's GPU 0
     // does not answer; node n2 of cluster a has no NVML; cluster b has a node named n2
