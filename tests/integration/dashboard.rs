@@ -120,7 +120,8 @@ fn all_panels(dashboard: &Value) -> Vec<&Value> {
 }
 
 /// The title of the row that holds the fleet's panels: they read the fleet recording
-/// rules, by cluster and node, over a central store (fleet.rs runs them against one).
+/// rules, by cluster and node, over a central store (fleet/incidents.rs runs them against
+/// one).
 const FLEET_ROW: &str = "Fleet (clusters and nodes, from the fleet recording rules)";
 
 /// The panels of the Fleet row: those that follow it, up to the next row.

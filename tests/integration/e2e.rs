@@ -271,8 +271,8 @@ fn fork_orphan_alert_reaches_alertmanager_resolves_and_the_dashboard_has_data() 
 
     // Every dashboard query parses and has data while the orphan exists. The template
     // variables' own series (vram_build_info, vram_gpu_info) are checked with them.
-    // The Fleet row is left to fleet.rs, which has left-behind workers and clusters to
-    // show; this host has neither.
+    // The Fleet row is left to fleet/incidents.rs, which has left-behind workers and
+    // clusters to show; this host has neither.
     let fleet_row = super::dashboard::fleet_row_queries();
     let mut queries = super::dashboard::dashboard_queries();
     queries.retain(|query| !fleet_row.contains(query));

@@ -22,7 +22,8 @@ const EMPTY_IN_THE_LIVE_SCENARIO: &[(&str, &str)] = &[(
 )];
 
 /// Panels, each with its targets' PromQL, in the dashboard's order; the Fleet row is left
-/// to fleet.rs, which runs it over clusters of nodes and the recording rules it reads.
+/// to fleet/incidents.rs, which runs it over clusters of nodes and the recording rules it
+/// reads.
 fn panel_queries(dashboard: &Value) -> Vec<(String, Vec<String>)> {
     let fleet: Vec<&Value> = fleet_row_panels(dashboard);
     all_panels(dashboard)
