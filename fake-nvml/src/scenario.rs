@@ -156,15 +156,9 @@ pub struct Gpu {
     pub minor: u32,
     /// Framebuffer memory.
     pub memory: Memory,
-    /// Processes with a compute context.
-    #[serde(default)]
-    pub compute_processes: Vec<Process>,
-    /// Processes with a graphics context.
-    #[serde(default)]
-    pub graphics_processes: Vec<Process>,
-    /// Processes running through MPS.
-    #[serde(default)]
-    pub mps_processes: Vec<Process>,
+    /// The processes with a context on this device.
+    #[serde(flatten)]
+    pub processes: ProcessLists,
     /// Per exported symbol, the error that call returns for this device.
     #[serde(default)]
     pub errors: HashMap<String, Error>,
@@ -227,21 +221,29 @@ pub struct MigDevice {
     pub compute_instance_id: u32,
     /// The instance's memory.
     pub memory: Memory,
-    /// Processes with a compute context in this instance.
-    #[serde(default)]
-    pub compute_processes: Vec<Process>,
-    /// Processes with a graphics context in this instance.
-    #[serde(default)]
-    pub graphics_processes: Vec<Process>,
-    /// Processes running through MPS in this instance.
-    #[serde(default)]
-    pub mps_processes: Vec<Process>,
+    /// The processes with a context in this instance.
+    #[serde(flatten)]
+    pub processes: ProcessLists,
     /// Per exported symbol, the error that call returns for this MIG device.
     #[serde(default)]
     pub errors: HashMap<String, Error>,
     /// The hangs and delays of the calls on this MIG device (`*`: every call on it).
     #[serde(flatten)]
     pub faults: Faults,
+}
+
+/// The three process lists of a GPU or a MIG device, flattened into it as [`Faults`] is.
+#[derive(Debug, Default, Deserialize)]
+pub struct ProcessLists {
+    /// Processes with a compute context.
+    #[serde(default)]
+    pub compute_processes: Vec<Process>,
+    /// Processes with a graphics context.
+    #[serde(default)]
+    pub graphics_processes: Vec<Process>,
+    /// Processes running through MPS.
+    #[serde(default)]
+    pub mps_processes: Vec<Process>,
 }
 
 /// What `nvmlDeviceGetRemappedRows` answers.
