@@ -4,16 +4,15 @@
 //! `cargo bench --bench classify`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::Duration;
 use vram_exporter::classify::{classify, Report, Settings};
-use vram_exporter::exporter::{encode, Format};
+use vram_exporter::exporter::{encode, report_registry, Format};
 use vram_exporter::observe::Observation;
-use vram_exporter::render::prometheus::{encode_report, BuildInfo, RenderOptions, ScrapeTiming};
+use vram_exporter::render::prometheus::{BuildInfo, RenderOptions, ScrapeTiming};
 
 /// An H200's memory and its driver reservation.
 const TOTAL: u64 = 150_754_820_096;
@@ -82,37 +81,17 @@ fn observation(gpus: u32, owners: u32) -> Observation {
     .expect("an observation in the snapshot format")
 }
 
-/// Encodes a fixed report, as the exporter's own collector does after classifying.
-#[derive(Debug)]
-struct ReportCollector {
-    report: Report,
-    build: BuildInfo,
-    options: RenderOptions,
-}
-
-impl Collector for ReportCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        encode_report(
-            &mut encoder,
-            &self.report,
-            &self.build,
-            &self.options,
-            ScrapeTiming {
-                total_seconds: 0.0003,
-                scan_seconds: None,
-            },
-        )
-    }
-}
-
+/// The registry the exporter encodes after classifying, holding a fixed report.
 fn registry(report: Report) -> Registry {
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(ReportCollector {
-        report,
-        build: BuildInfo::current(),
-        options: RenderOptions::default(),
-    }));
-    registry
+    report_registry(
+        Arc::new(report),
+        ScrapeTiming {
+            total_seconds: 0.0003,
+            scan_seconds: None,
+        },
+        BuildInfo::current(),
+        RenderOptions::default(),
+    )
 }
 
 const SHAPES: [(u32, u32); 4] = [(1, 0), (1, 64), (8, 0), (8, 64)];

@@ -225,16 +225,15 @@ impl Exporter {
             return (verdict_json(&collection.report), collection);
         }
         let report = Arc::new(collection.report);
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(FinishedReport {
-            report: Arc::clone(&report),
-            timing: ScrapeTiming {
+        let registry = report_registry(
+            Arc::clone(&report),
+            ScrapeTiming {
                 total_seconds: collection.seconds,
                 scan_seconds: collection.scan_seconds,
             },
-            build: self.build.clone(),
-            options: self.options,
-        }));
+            self.build.clone(),
+            self.options,
+        );
         let expected = self.last_body_bytes.load(Ordering::Relaxed);
         let body = encode_sized(&registry, format, expected + expected / 8);
         self.last_body_bytes.store(body.len(), Ordering::Relaxed);
@@ -351,6 +350,24 @@ fn encode_sized(registry: &Registry, format: Format, capacity: usize) -> String 
     // Writing into a String cannot fail; an error would be a bug in the encoder.
     result.expect("encoding metrics into a String");
     body
+}
+
+/// The registry [`Exporter::encode`] encodes: its one collector renders `report` and reads
+/// nothing. Public for the benches, which encode a fixed report through it.
+pub fn report_registry(
+    report: Arc<Report>,
+    timing: ScrapeTiming,
+    build: BuildInfo,
+    options: RenderOptions,
+) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(FinishedReport {
+        report,
+        timing,
+        build,
+        options,
+    }));
+    registry
 }
 
 /// The prometheus-client collector of one finished report: it renders the report and

@@ -112,7 +112,7 @@ fn registered_delay(set: EventSet, scenario: &Scenario) -> Result<Duration, Erro
             .registered
             .keys()
             .filter_map(|&index| scenario.gpu(index).ok())
-            .filter_map(|gpu| gpu.delays_ms.get(WAIT_SYMBOL).copied())
+            .filter_map(|gpu| gpu.faults.delays_ms.get(WAIT_SYMBOL).copied())
             .max()
             .unwrap_or(0);
         Ok(Duration::from_millis(longest))

@@ -6,7 +6,9 @@ use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
 use std::{env, ptr};
 
-use crate::scenario::{Error, Gpu, Memory as MemoryFigures, MigDevice, Process, Scenario};
+use crate::scenario::{
+    Error, Gpu, Memory as MemoryFigures, MigDevice, Process, ProcessLists, Scenario,
+};
 
 /// Environment variable naming the file that records each call.
 const CALL_LOG_ENV: &str = "FAKE_NVML_CALL_LOG";
@@ -213,23 +215,19 @@ impl Target<'_> {
     /// The entries of one process list: a MIG device's own with its instance ids; a
     /// GPU's own followed by those of its MIG devices, since NVML answers the aggregate
     /// on the parent handle.
-    pub fn processes(
-        &self,
-        list: fn(&MigDevice) -> &[Process],
-        own: fn(&Gpu) -> &[Process],
-    ) -> Vec<ProcessInfo> {
+    pub fn processes(&self, list: fn(&ProcessLists) -> &[Process]) -> Vec<ProcessInfo> {
         let instance =
             |device: &MigDevice| Some((device.gpu_instance_id, device.compute_instance_id));
         match self {
-            Target::Mig { device, .. } => list(device)
+            Target::Mig { device, .. } => list(&device.processes)
                 .iter()
                 .map(|process| ProcessInfo::new(process, instance(device)))
                 .collect(),
-            Target::Gpu(gpu) => own(gpu)
+            Target::Gpu(gpu) => list(&gpu.processes)
                 .iter()
                 .map(|process| ProcessInfo::new(process, None))
                 .chain(gpu.mig_devices().iter().flat_map(|device| {
-                    list(device)
+                    list(&device.processes)
                         .iter()
                         .map(move |process| ProcessInfo::new(process, instance(device)))
                 }))

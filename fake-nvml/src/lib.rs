@@ -242,8 +242,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         "nvmlDeviceGetComputeRunningProcesses_v3",
         device,
         |_, target| {
-            let listed =
-                target.processes(|mig| &mig.compute_processes, |gpu| &gpu.compute_processes);
+            let listed = target.processes(|lists| &lists.compute_processes);
             // SAFETY: the caller's array holds `*info_count` entries.
             unsafe { ffi::write_processes(&listed, info_count, infos) }
         },
@@ -261,8 +260,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
         device,
         |_, target| {
-            let listed =
-                target.processes(|mig| &mig.graphics_processes, |gpu| &gpu.graphics_processes);
+            let listed = target.processes(|lists| &lists.graphics_processes);
             // SAFETY: the caller's array holds `*info_count` entries.
             unsafe { ffi::write_processes(&listed, info_count, infos) }
         },
@@ -280,7 +278,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
         "nvmlDeviceGetMPSComputeRunningProcesses_v3",
         device,
         |_, target| {
-            let listed = target.processes(|mig| &mig.mps_processes, |gpu| &gpu.mps_processes);
+            let listed = target.processes(|lists| &lists.mps_processes);
             // SAFETY: the caller's array holds `*info_count` entries.
             unsafe { ffi::write_processes(&listed, info_count, infos) }
         },

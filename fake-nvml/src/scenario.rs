@@ -57,13 +57,26 @@ pub struct Scenario {
     /// created before it appeared (see [`XidEvent::seq`]).
     #[serde(default)]
     pub xid_events: Vec<XidEvent>,
-    /// Per exported symbol (or `*` for every call), how long any call of it sleeps first,
-    /// whatever it is asked about: the library-level calls (`nvmlInit_v2`,
-    /// `nvmlDeviceGetCount_v2`, ...) are slowed here, and so is every call of a slow
-    /// driver.
+    /// Per exported symbol (or `*` for every call), how long any call of it sleeps first
+    /// and the hang it plays first, whatever it is asked about: the library-level calls
+    /// (`nvmlInit_v2`, `nvmlDeviceGetCount_v2`, ...) are slowed here, and so is every call
+    /// of a slow driver.
+    #[serde(flatten)]
+    pub faults: Faults,
+}
+
+/// Slow and hung calls: `delays_ms` and `hangs`, the same keys at each level of the file,
+/// where they apply to every call (the top level) or to the calls about one GPU or MIG
+/// device.
+// Flattened into each level: serde still refuses, for the level's `deny_unknown_fields`,
+// a key that neither the level's own fields nor these take.
+#[derive(Debug, Default, Deserialize)]
+pub struct Faults {
+    /// Per exported symbol (or `*` for every call), how long the call sleeps first; a
+    /// named entry wins over `*`.
     #[serde(default)]
     pub delays_ms: HashMap<String, u64>,
-    /// Per exported symbol (or `*`), a hang every call of it plays first (see [`Hang`]).
+    /// Per exported symbol (or `*`), a hang the call plays first (see [`Hang`]).
     #[serde(default)]
     pub hangs: HashMap<String, Hang>,
 }
@@ -143,25 +156,15 @@ pub struct Gpu {
     pub minor: u32,
     /// Framebuffer memory.
     pub memory: Memory,
-    /// Processes with a compute context.
-    #[serde(default)]
-    pub compute_processes: Vec<Process>,
-    /// Processes with a graphics context.
-    #[serde(default)]
-    pub graphics_processes: Vec<Process>,
-    /// Processes running through MPS.
-    #[serde(default)]
-    pub mps_processes: Vec<Process>,
+    /// The processes with a context on this device.
+    #[serde(flatten)]
+    pub processes: ProcessLists,
     /// Per exported symbol, the error that call returns for this device.
     #[serde(default)]
     pub errors: HashMap<String, Error>,
-    /// Per exported symbol (or `*` for every call on this device), how long that call
-    /// sleeps first.
-    #[serde(default)]
-    pub delays_ms: HashMap<String, u64>,
-    /// Per exported symbol (or `*`), a hang that call plays first on this device.
-    #[serde(default)]
-    pub hangs: HashMap<String, Hang>,
+    /// The hangs and delays of the calls on this device (`*`: every call on it).
+    #[serde(flatten)]
+    pub faults: Faults,
     /// MIG mode and MIG devices; absent on a GPU without MIG support.
     #[serde(default)]
     pub mig: Option<Mig>,
@@ -218,24 +221,29 @@ pub struct MigDevice {
     pub compute_instance_id: u32,
     /// The instance's memory.
     pub memory: Memory,
-    /// Processes with a compute context in this instance.
-    #[serde(default)]
-    pub compute_processes: Vec<Process>,
-    /// Processes with a graphics context in this instance.
-    #[serde(default)]
-    pub graphics_processes: Vec<Process>,
-    /// Processes running through MPS in this instance.
-    #[serde(default)]
-    pub mps_processes: Vec<Process>,
+    /// The processes with a context in this instance.
+    #[serde(flatten)]
+    pub processes: ProcessLists,
     /// Per exported symbol, the error that call returns for this MIG device.
     #[serde(default)]
     pub errors: HashMap<String, Error>,
-    /// Per exported symbol (or `*`), how long that call sleeps first on this MIG device.
+    /// The hangs and delays of the calls on this MIG device (`*`: every call on it).
+    #[serde(flatten)]
+    pub faults: Faults,
+}
+
+/// The three process lists of a GPU or a MIG device, flattened into it as [`Faults`] is.
+#[derive(Debug, Default, Deserialize)]
+pub struct ProcessLists {
+    /// Processes with a compute context.
     #[serde(default)]
-    pub delays_ms: HashMap<String, u64>,
-    /// Per exported symbol (or `*`), a hang that call plays first on this MIG device.
+    pub compute_processes: Vec<Process>,
+    /// Processes with a graphics context.
     #[serde(default)]
-    pub hangs: HashMap<String, Hang>,
+    pub graphics_processes: Vec<Process>,
+    /// Processes running through MPS.
+    #[serde(default)]
+    pub mps_processes: Vec<Process>,
 }
 
 /// What `nvmlDeviceGetRemappedRows` answers.
@@ -375,14 +383,15 @@ impl Scenario {
         })?;
         // A hang without an end would outlive the test that set it.
         let hangs = scenario
+            .faults
             .hangs
             .iter()
             .chain(scenario.gpus.iter().flat_map(|gpu| {
-                gpu.hangs.iter().chain(
-                    gpu.mig
-                        .iter()
-                        .flat_map(|mig| mig.devices.iter().flat_map(|device| &device.hangs)),
-                )
+                let devices = gpu.mig.iter().flat_map(|mig| &mig.devices);
+                gpu.faults
+                    .hangs
+                    .iter()
+                    .chain(devices.flat_map(|device| &device.faults.hangs))
             }));
         for (symbol, hang) in hangs {
             if !hang.ends() {
@@ -430,38 +439,36 @@ fn for_symbol<'a, T>(table: &'a HashMap<String, T>, symbol: &str) -> Option<&'a 
     table.get(symbol).or_else(|| table.get("*"))
 }
 
-/// Plays the hang and the delay that `hangs` and `delays` hold for `symbol`.
-pub fn slow_down(hangs: &HashMap<String, Hang>, delays: &HashMap<String, u64>, symbol: &str) {
-    if let Some(hang) = for_symbol(hangs, symbol) {
-        hang.play();
+impl Faults {
+    /// Plays the hang and the delay held for `symbol`.
+    pub fn slow_down(&self, symbol: &str) {
+        if let Some(hang) = for_symbol(&self.hangs, symbol) {
+            hang.play();
+        }
+        if let Some(&ms) = for_symbol(&self.delays_ms, symbol) {
+            thread::sleep(Duration::from_millis(ms));
+        }
     }
-    if let Some(&ms) = for_symbol(delays, symbol) {
-        thread::sleep(Duration::from_millis(ms));
-    }
-}
 
-/// Plays the hang, delay and injected error a device holds for `symbol`.
-fn enter(
-    hangs: &HashMap<String, Hang>,
-    delays: &HashMap<String, u64>,
-    errors: &HashMap<String, Error>,
-    symbol: &str,
-) -> Result<(), Error> {
-    slow_down(hangs, delays, symbol);
-    errors.get(symbol).map_or(Ok(()), |&err| Err(err))
+    /// Plays the hang and the delay held for `symbol`, then answers the error a device's
+    /// `errors` hold for it.
+    fn enter(&self, errors: &HashMap<String, Error>, symbol: &str) -> Result<(), Error> {
+        self.slow_down(symbol);
+        errors.get(symbol).map_or(Ok(()), |&err| Err(err))
+    }
 }
 
 impl Scenario {
     /// Plays the machine-wide hang and delay for the call `symbol`.
     pub fn slow_down(&self, symbol: &str) {
-        slow_down(&self.hangs, &self.delays_ms, symbol);
+        self.faults.slow_down(symbol);
     }
 }
 
 impl Gpu {
     /// Plays this device's hang, delay and injected error for the call `symbol`.
     pub fn enter(&self, symbol: &str) -> Result<(), Error> {
-        enter(&self.hangs, &self.delays_ms, &self.errors, symbol)
+        self.faults.enter(&self.errors, symbol)
     }
 
     /// The MIG devices reachable now: none unless MIG is enabled.
@@ -490,7 +497,7 @@ impl Gpu {
 impl MigDevice {
     /// Plays this MIG device's hang, delay and injected error for the call `symbol`.
     pub fn enter(&self, symbol: &str) -> Result<(), Error> {
-        enter(&self.hangs, &self.delays_ms, &self.errors, symbol)
+        self.faults.enter(&self.errors, symbol)
     }
 }
 

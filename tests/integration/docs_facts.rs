@@ -177,7 +177,7 @@ fn the_units_the_documents_and_help_name_are_those_the_errors_name_and_the_parse
 
 #[test]
 fn help_says_what_a_scrape_gets_while_an_nvml_call_hangs() {
-    // web::hung_nvml_call_is_answered_at_once_not_stacked_and_the_exporter_recovers
+    // web::bad_clients::hung_nvml_call_is_answered_at_once_not_stacked_and_the_exporter_recovers
     // proves it: a 200 with vram_gpu_error{error="timeout"}; a 503 only for a collection
     // that overruns all of the wait.
     let help = Command::new(exporter_binary())

@@ -1,10 +1,12 @@
 //! Integration tests: the real binary, the fake NVML, real processes and real /proc,
-//! compiled as one test binary. Two modules are shared rather than tests: `helpers` (the
-//! crate in `tests/helpers`, shared with the benches) and `kubelet` (a stand-in kubelet);
-//! every other module holds the tests of one subject.
+//! compiled as one test binary. Three modules are shared rather than tests: `helpers` (the
+//! crate in `tests/helpers`, shared with the benches), `kubelet` (a stand-in kubelet) and
+//! `monitoring` (a real Prometheus and Alertmanager, and the webhook Alertmanager
+//! notifies); every other module holds the tests of one subject.
 
 use test_helpers as helpers;
 mod kubelet;
+mod monitoring;
 
 mod after_kill;
 mod alerts;
