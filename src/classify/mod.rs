@@ -32,7 +32,6 @@ pub use account::{
     GpuAccount, LeftBehindBytes, NotCounted, OrphanReason, StateTally, UnattributedTrust,
 };
 pub use exporter_process::{exporter_process, ExporterProcess};
-use holders::scan::ScanSummary as HolderScan;
 pub use holders::scan::{Blindness, ScanSummary};
 use holders::Within;
 pub use holders::{Evidence, Role, Suspect};
@@ -141,8 +140,8 @@ pub fn classify(observation: &Observation, settings: &Settings) -> Report {
 }
 
 /// The holder scan as the verdict and the exporter's series state it.
-fn scan_summary(observation: &Observation) -> Option<HolderScan> {
-    observation.holder_scan.as_ref().map(|scan| HolderScan {
+fn scan_summary(observation: &Observation) -> Option<ScanSummary> {
+    observation.holder_scan.as_ref().map(|scan| ScanSummary {
         cut_short: scan.cut_short,
         permission_errors: scan.permission_errors,
         duration_seconds: scan.duration_seconds,
@@ -227,7 +226,7 @@ fn gpu_verdicts(
 
 /// The account of one GPU or MIG instance, and the verdict on it.
 fn judge(
-    memory: crate::observe::MemoryReading,
+    memory: MemoryReading,
     owners: Vec<Owner>,
     scope: AccountScope,
     host: &HostContext<'_>,
