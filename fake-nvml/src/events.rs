@@ -127,7 +127,7 @@ fn next_event(set: EventSet, scenario: &Scenario) -> Result<Option<EventData>, E
         for (&index, _) in state.registered.iter() {
             if let Ok(gpu) = scenario.gpu(index) {
                 // A lost GPU makes the wait fail, as it does with the real driver.
-                if let Some(&error) = gpu.errors.get(WAIT_SYMBOL) {
+                if let Some(&error) = gpu.faults.errors.get(WAIT_SYMBOL) {
                     return Err(error);
                 }
             }

@@ -65,13 +65,17 @@ pub struct Scenario {
     pub faults: Faults,
 }
 
-/// Slow and hung calls: `delays_ms` and `hangs`, the same keys at each level of the file,
-/// where they apply to every call (the top level) or to the calls about one GPU or MIG
-/// device.
+/// Failing, slow and hung calls: `errors`, `delays_ms` and `hangs`, the same keys at each
+/// level of the file, where they apply to every call (the top level) or to the calls
+/// about one GPU or MIG device. Only a device has `errors`: a library-level call fails by
+/// the scenario's own keys (`init_error`), and a top level with `errors` is refused.
 // Flattened into each level: serde still refuses, for the level's `deny_unknown_fields`,
 // a key that neither the level's own fields nor these take.
 #[derive(Debug, Default, Deserialize)]
 pub struct Faults {
+    /// Per exported symbol, the error that call returns for this device.
+    #[serde(default)]
+    pub errors: HashMap<String, Error>,
     /// Per exported symbol (or `*` for every call), how long the call sleeps first; a
     /// named entry wins over `*`.
     #[serde(default)]
@@ -159,10 +163,7 @@ pub struct Gpu {
     /// The processes with a context on this device.
     #[serde(flatten)]
     pub processes: ProcessLists,
-    /// Per exported symbol, the error that call returns for this device.
-    #[serde(default)]
-    pub errors: HashMap<String, Error>,
-    /// The hangs and delays of the calls on this device (`*`: every call on it).
+    /// The errors, hangs and delays of the calls on this device (`*`: every call on it).
     #[serde(flatten)]
     pub faults: Faults,
     /// MIG mode and MIG devices; absent on a GPU without MIG support.
@@ -224,10 +225,7 @@ pub struct MigDevice {
     /// The processes with a context in this instance.
     #[serde(flatten)]
     pub processes: ProcessLists,
-    /// Per exported symbol, the error that call returns for this MIG device.
-    #[serde(default)]
-    pub errors: HashMap<String, Error>,
-    /// The hangs and delays of the calls on this MIG device (`*`: every call on it).
+    /// The errors, hangs and delays of the calls on this MIG device (`*`: every call on it).
     #[serde(flatten)]
     pub faults: Faults,
 }
@@ -381,6 +379,14 @@ impl Scenario {
             eprintln!("fake-nvml: cannot parse {}: {err}", path.to_string_lossy());
             Error::Unknown
         })?;
+        // An error is a device's: at the top level it would silently do nothing.
+        if !scenario.faults.errors.is_empty() {
+            eprintln!(
+                "fake-nvml: cannot use {}: errors belong to a GPU or a MIG device (a library-level call fails by init_error)",
+                path.to_string_lossy()
+            );
+            return Err(Error::Unknown);
+        }
         // A hang without an end would outlive the test that set it.
         let hangs = scenario
             .faults
@@ -450,11 +456,10 @@ impl Faults {
         }
     }
 
-    /// Plays the hang and the delay held for `symbol`, then answers the error a device's
-    /// `errors` hold for it.
-    fn enter(&self, errors: &HashMap<String, Error>, symbol: &str) -> Result<(), Error> {
+    /// Plays the hang and the delay held for `symbol`, then answers the error held for it.
+    fn enter(&self, symbol: &str) -> Result<(), Error> {
         self.slow_down(symbol);
-        errors.get(symbol).map_or(Ok(()), |&err| Err(err))
+        self.errors.get(symbol).map_or(Ok(()), |&err| Err(err))
     }
 }
 
@@ -468,7 +473,7 @@ impl Scenario {
 impl Gpu {
     /// Plays this device's hang, delay and injected error for the call `symbol`.
     pub fn enter(&self, symbol: &str) -> Result<(), Error> {
-        self.faults.enter(&self.errors, symbol)
+        self.faults.enter(symbol)
     }
 
     /// The MIG devices reachable now: none unless MIG is enabled.
@@ -497,7 +502,7 @@ impl Gpu {
 impl MigDevice {
     /// Plays this MIG device's hang, delay and injected error for the call `symbol`.
     pub fn enter(&self, symbol: &str) -> Result<(), Error> {
-        self.faults.enter(&self.errors, symbol)
+        self.faults.enter(symbol)
     }
 }
 
@@ -520,5 +525,69 @@ impl Memory {
                 .saturating_sub(self.reserved)
                 .saturating_sub(self.used)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// One GPU with one MIG device, with `gpu` and `device` merged into them and `top`
+    /// into the scenario.
+    fn scenario(top: Value, gpu: Value, device: Value) -> Result<Scenario, Error> {
+        let merge = |mut base: Value, extra: Value| {
+            base.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            base
+        };
+        let memory = json!({"total": 100, "reserved": 1, "used": 0});
+        let device = merge(
+            json!({"uuid": "MIG-0", "name": "MIG 1g", "gpu_instance_id": 1,
+                   "compute_instance_id": 0, "memory": memory}),
+            device,
+        );
+        let gpu = merge(
+            json!({"uuid": "GPU-0", "name": "GPU", "pci_bus_id": "00000000:19:00.0",
+                   "minor": 0, "memory": memory,
+                   "mig": {"current": true, "devices": [device]}}),
+            gpu,
+        );
+        let text = merge(json!({"driver_version": "580.159.04", "gpus": [gpu]}), top);
+        Scenario::parse(
+            std::ffi::OsStr::new("a test's scenario"),
+            text.to_string().as_bytes(),
+        )
+    }
+
+    #[test]
+    fn each_level_takes_its_faults_and_refuses_a_key_it_does_not_know() {
+        let none = || json!({});
+        let faults = json!({"delays_ms": {"*": 5}, "hangs": {"nvmlShutdown": {"for_ms": 1}}});
+        let errors = json!({"errors": {"nvmlDeviceGetMemoryInfo_v2": "GpuLost"}});
+        let parsed = scenario(faults.clone(), errors.clone(), errors.clone()).unwrap();
+        assert_eq!(parsed.faults.delays_ms["*"], 5);
+        let gpu = &parsed.gpus[0];
+        assert_eq!(
+            gpu.faults.errors["nvmlDeviceGetMemoryInfo_v2"],
+            Error::GpuLost
+        );
+        let device = &gpu.mig.as_ref().unwrap().devices[0];
+        assert_eq!(
+            device.enter("nvmlDeviceGetMemoryInfo_v2"),
+            Err(Error::GpuLost)
+        );
+        assert!(scenario(none(), faults.clone(), faults).is_ok());
+        // A misspelt key at any level, and errors where no device is, are refused.
+        let misspelt = || json!({"delay_ms": {"*": 5}});
+        for (top, gpu, device) in [
+            (misspelt(), none(), none()),
+            (none(), misspelt(), none()),
+            (none(), none(), misspelt()),
+            (errors, none(), none()),
+        ] {
+            assert!(scenario(top, gpu, device).is_err());
+        }
     }
 }
