@@ -157,6 +157,13 @@ impl Selection<'_> {
         }
     }
 
+    /// Whether every GPU chosen answered and uses nothing.
+    pub fn all_idle(&self) -> bool {
+        self.gpus
+            .iter()
+            .all(|gpu| gpu.outcome.finding() == Some(FindingKind::Idle))
+    }
+
     /// Orphaned bytes over the GPUs chosen.
     pub fn orphaned_bytes(&self) -> u64 {
         orphaned_bytes_of(self.gpus.iter().copied())

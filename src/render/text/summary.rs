@@ -4,9 +4,7 @@
 //! which GPU, how much, why, and what would free it. The GPU it names and its status
 //! are classify's ([`Selection::headline`]); this only words them, shortly.
 
-use crate::classify::{
-    CheckStatus, FindingKind, GpuOutcome, Headed, Headline, NvmlStatus, Selection,
-};
+use crate::classify::{CheckStatus, GpuOutcome, Headed, Headline, NvmlStatus, Selection};
 use crate::render::words::{finding_shortly, pids_shortly};
 use crate::units::format_bytes;
 
@@ -59,11 +57,7 @@ fn clear_line(selection: &Selection, foreign: bool) -> String {
         .iter()
         .map(|gpu| gpu.index.to_string())
         .collect();
-    let idle = selection
-        .gpus
-        .iter()
-        .all(|gpu| gpu.outcome.finding() == Some(FindingKind::Idle));
-    let how = if idle {
+    let how = if selection.all_idle() {
         "idle"
     } else if foreign {
         "no memory held outside running jobs"
